@@ -1,0 +1,70 @@
+# Makefile: the one entry point. `make` builds libsbx.so, libsbx.a, the sbx CLI
+# and the Lua C module; `make deps` bootstraps the machine; `make check` runs
+# every suite; `make fuzz`, `make bench`, `make demo` as the README says.
+# Variables: B (build dir), CFLAGS (optimisation/sanitizers), CC.
+
+CC       ?= cc
+B        ?= build
+CFLAGS   ?= -O2 -g
+HARDEN   ?= -D_FORTIFY_SOURCE=2 -fstack-protector-strong
+PKGS     := lua5.4 libuv libcurl libcrypto
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhttp_parser
+SBX_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC $(HARDEN) $(PKG_CFLAGS) $(CFLAGS)
+
+LIB_SRC  := $(filter-out core/main.c,$(wildcard core/*.c))
+LIB_OBJ  := $(patsubst core/%.c,$(B)/obj/%.o,$(LIB_SRC))
+HDRS     := $(wildcard core/*.h)
+
+.PHONY: all deps check check-asan fuzz fuzz-check bench demo image clean
+
+all: $(B)/libsbx.so $(B)/libsbx.a $(B)/sbx $(B)/lua/sandbox/core.so
+
+$(B)/obj/%.o: core/%.c $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(SBX_CFLAGS) -c $< -o $@
+
+$(B)/libsbx.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/libsbx.so: $(LIB_OBJ)
+	$(CC) $(CFLAGS) -shared -o $@ $^ $(PKG_LIBS)
+
+# The same library under the name Lua's require expects (sandbox.core).
+$(B)/lua/sandbox/core.so: $(B)/libsbx.so
+	@mkdir -p $(@D)
+	cp $< $@
+
+$(B)/sbx: $(B)/obj/main.o $(B)/libsbx.a
+	$(CC) $(CFLAGS) -o $@ $^ $(PKG_LIBS) -lm -ldl
+
+$(B)/obj/main.o: core/main.c $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(SBX_CFLAGS) -c $< -o $@
+
+deps:
+	@bash scripts/deps.sh
+
+check: deps
+	@bash scripts/check.sh
+
+# The specs again against a sanitizer build of the core (run by check.sh).
+check-asan:
+	@$(MAKE) --no-print-directory B=build-asan HARDEN= \
+	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" all
+
+fuzz:
+	@bash scripts/fuzz.sh $${FUZZ_SECONDS:-60}
+
+fuzz-check:
+	@bash scripts/fuzz.sh $${FUZZ_SECONDS:-10}
+
+bench: all
+	@bash scripts/bench.sh
+
+demo: deps all
+	@echo "sbx demo: not built yet (the sealed worker and runtime are issue 3)"
+
+clean:
+	rm -rf build build-asan build-fuzz

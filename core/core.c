@@ -1,0 +1,110 @@
+/*
+ * core.c: assembles the Lua module `sandbox.core` from the per-concern files
+ * and holds the helpers they share (loop lookup, registry refs, protected
+ * callbacks, the operator log).
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sbx_internal.h"
+
+#define SBX_LOOP_KEY "sbx.loop"
+
+static int loop_gc(lua_State *L) {
+  sbx__loop_t *lp = luaL_checkudata(L, 1, SBX_LOOP_KEY);
+  if (lp->owned) {
+    /* Handles still open belong to objects being collected too; let libuv
+       run their close callbacks before the loop goes away. */
+    uv_walk(&lp->uv, NULL, NULL);
+    uv_run(&lp->uv, UV_RUN_NOWAIT);
+    uv_loop_close(&lp->uv);
+    lp->owned = 0;
+  }
+  return 0;
+}
+
+sbx__loop_t *sbx__loop(lua_State *L) {
+  sbx__loop_t *lp;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, SBX_LOOP_KEY) == LUA_TUSERDATA) {
+    lp = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    return lp;
+  }
+  lua_pop(L, 1);
+  lp = lua_newuserdatauv(L, sizeof *lp, 0);
+  memset(lp, 0, sizeof *lp);
+  if (uv_loop_init(&lp->uv) != 0) luaL_error(L, "cannot initialise the event loop");
+  lp->owned = 1;
+  lp->uv.data = lp;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  lp->L = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  if (luaL_newmetatable(L, SBX_LOOP_KEY)) {
+    lua_pushcfunction(L, loop_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_setmetatable(L, -2);
+  lua_setfield(L, LUA_REGISTRYINDEX, SBX_LOOP_KEY);
+  return lp;
+}
+
+int sbx__ref(lua_State *L, int idx) {
+  lua_pushvalue(L, idx);
+  return luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+void sbx__unref(lua_State *L, int *ref) {
+  if (*ref != LUA_NOREF && *ref != LUA_REFNIL) luaL_unref(L, LUA_REGISTRYINDEX, *ref);
+  *ref = LUA_NOREF;
+}
+
+int sbx__pcall(lua_State *L, int nargs) {
+  if (lua_pcall(L, nargs, 0, 0) != LUA_OK) {
+    if (getenv("SBX_DEBUG") != NULL)
+      sbx__log("error", "callback raised: %s", luaL_tolstring(L, -1, NULL));
+    else
+      sbx__log("error", "a host callback raised an error (details suppressed; set SBX_DEBUG=1 to see them)");
+    lua_settop(L, 0);
+    return -1;
+  }
+  return 0;
+}
+
+void sbx__log(const char *level, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "sbx: %s: %s\n", level, msg);
+}
+
+const char *sbx_strerror(int code) {
+  switch (code) {
+  case 0: return "ok";
+  case SBX_EINVAL: return "invalid input";
+  case SBX_EDEPTH: return "nesting too deep";
+  case SBX_ETOOBIG: return "too large";
+  case SBX_EREFLECT: return "credential reflection";
+  case SBX_EUTF8: return "invalid UTF-8";
+  case -ENOMEM: return "out of memory";
+  case -ETIMEDOUT: return "timed out";
+  default: return code < 0 && code > -4096 ? strerror(-code) : "error";
+  }
+}
+
+int luaopen_sandbox_core(lua_State *L) {
+  lua_newtable(L);
+  sbx__loop(L);
+  sbx__open_loop(L);
+  sbx__open_crypto(L);
+  sbx__open_json(L);
+  sbx__open_reflect(L);
+  sbx__open_listener(L);
+  sbx__open_upstream(L);
+  return 1;
+}

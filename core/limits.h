@@ -1,0 +1,23 @@
+/*
+ * limits.h: every bound of the broker in one place (spec/broker.md section 1).
+ * Change a number here and nowhere else.
+ */
+#ifndef SBX_LIMITS_H
+#define SBX_LIMITS_H
+
+#define SBX_MAX_CONNECTIONS        16
+#define SBX_HEADER_DEADLINE_MS     10000
+#define SBX_REQUEST_DEADLINE_MS    60000
+#define SBX_CALL_DEADLINE_MS       60000
+#define SBX_MAX_HEAD_BYTES         16384
+#define SBX_MAX_BODY_BYTES         262144
+#define SBX_MAX_UPSTREAM_BYTES     1048576
+#define SBX_MAX_REPLY_BYTES        1048576
+#define SBX_MAX_JSON_DEPTH         64
+#define SBX_MAX_SOCKET_PATH        100
+#define SBX_DEFAULT_MAX_CALLS      48
+#define SBX_MAX_CALLS_LIMIT        1000
+#define SBX_MAX_CREDENTIAL_BYTES   4096
+#define SBX_MAX_ROUTES             1024
+
+#endif

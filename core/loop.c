@@ -1,0 +1,219 @@
+/*
+ * loop.c: the event loop as Lua sees it: core.run(), core.now(),
+ * core.timer(ms, fn) and core.on_signal(signum, fn).
+ *
+ * Timers and signal watchers are userdata owning a uv handle; the handle's
+ * close callback is the only place the memory of the handle is released
+ * (libuv's rule). The Lua userdata keeps a pointer to a heap block so that a
+ * collected userdata never frees memory libuv still references.
+ */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "sbx_internal.h"
+
+#define TIMER_MT "sbx.timer"
+#define SIGNAL_MT "sbx.signal"
+
+typedef struct {
+  union { uv_timer_t timer; uv_signal_t sig; } h;
+  lua_State *L;          /* main state, for unref in close */
+  int fn_ref;
+  int closing;
+} watch_t;
+
+typedef struct { watch_t *w; } watch_box_t;
+
+static void watch_closed(uv_handle_t *h) {
+  watch_t *w = h->data;
+  free(w);
+}
+
+static void watch_close(watch_t *w) {
+  if (w == NULL || w->closing) return;
+  w->closing = 1;
+  sbx__unref(w->L, &w->fn_ref);
+  uv_close((uv_handle_t *)&w->h, watch_closed);
+}
+
+static void timer_fired(uv_timer_t *t) {
+  watch_t *w = t->data;
+  sbx__loop_t *lp = t->loop->data;
+  lua_State *L = lp->L;
+  int ref = w->fn_ref;
+  w->fn_ref = LUA_NOREF;
+  watch_close(w);                       /* one-shot: gone before the call */
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, ref);
+  sbx__pcall(L, 0);
+}
+
+static void signal_fired(uv_signal_t *s, int signum) {
+  watch_t *w = s->data;
+  sbx__loop_t *lp = s->loop->data;
+  lua_State *L = lp->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, w->fn_ref);
+  lua_pushinteger(L, signum);
+  sbx__pcall(L, 1);
+}
+
+static watch_t *check_watch(lua_State *L, int idx, const char *mt) {
+  watch_box_t *b = luaL_checkudata(L, idx, mt);
+  return b->w;
+}
+
+static int watch_stop(lua_State *L) {
+  watch_box_t *b = lua_touserdata(L, 1);
+  luaL_argcheck(L, b != NULL, 1, "watcher expected");
+  if (b->w != NULL && !b->w->closing) watch_close(b->w);
+  b->w = NULL;
+  return 0;
+}
+
+static watch_box_t *new_box(lua_State *L, const char *mt, watch_t *w) {
+  watch_box_t *b = lua_newuserdatauv(L, sizeof *b, 0);
+  b->w = w;
+  luaL_setmetatable(L, mt);
+  return b;
+}
+
+/* core.timer(ms, fn) -> timer; fn runs once after ms unless timer:stop(). */
+static int l_timer(lua_State *L) {
+  lua_Integer ms = luaL_checkinteger(L, 1);
+  sbx__loop_t *lp = sbx__loop(L);
+  watch_t *w;
+  luaL_argcheck(L, ms >= 0 && ms <= 86400000, 1, "timeout out of range");
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  w = calloc(1, sizeof *w);
+  if (w == NULL) return luaL_error(L, "out of memory");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  w->L = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  uv_timer_init(&lp->uv, &w->h.timer);
+  w->h.timer.data = w;
+  w->fn_ref = sbx__ref(L, 2);
+  uv_timer_start(&w->h.timer, timer_fired, (uint64_t)ms, 0);
+  new_box(L, TIMER_MT, w);
+  return 1;
+}
+
+/* Collected timers keep running (fire-and-forget); only stop() cancels. */
+static int timer_gc(lua_State *L) {
+  (void)L;
+  return 0;
+}
+
+/* core.on_signal(signum, fn) -> watcher; fn(signum) on each delivery. */
+static int l_on_signal(lua_State *L) {
+  lua_Integer signum = luaL_checkinteger(L, 1);
+  sbx__loop_t *lp = sbx__loop(L);
+  watch_t *w;
+  luaL_argcheck(L, signum > 0 && signum < 65, 1, "signal number out of range");
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  w = calloc(1, sizeof *w);
+  if (w == NULL) return luaL_error(L, "out of memory");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  w->L = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  uv_signal_init(&lp->uv, &w->h.sig);
+  w->h.sig.data = w;
+  w->fn_ref = sbx__ref(L, 2);
+  uv_signal_start(&w->h.sig, signal_fired, (int)signum);
+  new_box(L, SIGNAL_MT, w);
+  return 1;
+}
+
+static int signal_gc(lua_State *L) {
+  watch_box_t *b = lua_touserdata(L, 1);
+  if (b->w != NULL) watch_close(b->w);
+  b->w = NULL;
+  return 0;
+}
+
+/* core.run([mode]) runs the loop until nothing is active ("default") or
+ * once ("once", blocks for one event) or without blocking ("nowait").
+ * Callbacks run on the calling thread. Returns true when handles remain. */
+static int l_run(lua_State *L) {
+  static const char *const modes[] = {"default", "once", "nowait", NULL};
+  static const uv_run_mode uvm[] = {UV_RUN_DEFAULT, UV_RUN_ONCE, UV_RUN_NOWAIT};
+  int m = luaL_checkoption(L, 1, "default", modes);
+  sbx__loop_t *lp = sbx__loop(L);
+  lua_State *saved = lp->L;
+  int alive;
+  lp->uv.data = lp;
+  lp->L = L;
+  alive = uv_run(&lp->uv, uvm[m]);
+  lp->L = saved;
+  lua_pushboolean(L, alive != 0);
+  return 1;
+}
+
+/* core.stop() makes the running core.run() return after this iteration. */
+static int l_stop(lua_State *L) {
+  uv_stop(&sbx__loop(L)->uv);
+  return 0;
+}
+
+/* core.now() -> milliseconds on the loop's monotonic clock (fresh reading). */
+static int l_now(lua_State *L) {
+  sbx__loop_t *lp = sbx__loop(L);
+  uv_update_time(&lp->uv);
+  lua_pushinteger(L, (lua_Integer)uv_now(&lp->uv));
+  return 1;
+}
+
+/* core.hrtime() -> nanoseconds, for benchmarks. */
+static int l_hrtime(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)uv_hrtime());
+  return 1;
+}
+
+/* core.log(level, msg): one operator line on stderr. Never pass payloads. */
+static int l_log(lua_State *L) {
+  const char *level = luaL_checkstring(L, 1);
+  const char *msg = luaL_checkstring(L, 2);
+  sbx__log(level, "%s", msg);
+  return 0;
+}
+
+static int l_getuid(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)getuid());
+  lua_pushinteger(L, (lua_Integer)getgid());
+  return 2;
+}
+
+static int l_getpid(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)getpid());
+  return 1;
+}
+
+void sbx__open_loop(lua_State *L) {
+  static const luaL_Reg watch_methods[] = {{"stop", watch_stop}, {NULL, NULL}};
+  static const luaL_Reg fns[] = {
+    {"run", l_run}, {"stop", l_stop}, {"now", l_now}, {"hrtime", l_hrtime},
+    {"timer", l_timer}, {"on_signal", l_on_signal}, {"log", l_log},
+    {"getuid", l_getuid}, {"getpid", l_getpid}, {NULL, NULL}};
+  sbx__loop(L)->uv.data = sbx__loop(L);
+  if (luaL_newmetatable(L, TIMER_MT)) {
+    luaL_newlib(L, watch_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, timer_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+  if (luaL_newmetatable(L, SIGNAL_MT)) {
+    luaL_newlib(L, watch_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, signal_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+  (void)check_watch;
+  luaL_setfuncs(L, fns, 0);
+  lua_pushinteger(L, SIGINT);
+  lua_setfield(L, -2, "SIGINT");
+  lua_pushinteger(L, SIGTERM);
+  lua_setfield(L, -2, "SIGTERM");
+}
