@@ -68,3 +68,11 @@ demo: deps all
 
 clean:
 	rm -rf build build-asan build-fuzz
+
+# Benchmark programs: bench/<name>.c -> $(B)/bench/<name>, linked with libsbx.a.
+BENCH_SRC := $(wildcard bench/*.c)
+BENCH_BIN := $(patsubst bench/%.c,$(B)/bench/%,$(BENCH_SRC))
+bench-bins: $(BENCH_BIN)
+$(B)/bench/%: bench/%.c $(B)/libsbx.a $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(SBX_CFLAGS) -Icore -o $@ $< $(B)/libsbx.a $(PKG_LIBS) -lm -ldl
