@@ -1,0 +1,50 @@
+-- cli.lua: the `sbx` command's dispatcher. core/main.c calls main(argv) and
+-- exits with its return value. Each subcommand lives in sandbox/cli/<name>.lua
+-- and exports help (a string) and run(args) -> exit status.
+local M = {}
+
+M.COMMANDS = { "broker", "lua", "run", "chat", "doctor", "cleanup", "demo" }
+
+local SUMMARY = {
+  broker = "serve one bound turn's broker on a Unix socket",
+  lua = "run a Lua script with the sandbox modules and the event loop",
+  run = "run one sealed turn and print the reply",
+  chat = "an interactive guest channel in the terminal",
+  doctor = "check docker, image, uid and directories; print what to fix",
+  cleanup = "list (and with --force remove) stale sandbox containers",
+  demo = "run two turns against a built-in scripted model",
+}
+
+local function usage()
+  local lines = { "usage: sbx <command> [options]", "", "commands:" }
+  for _, name in ipairs(M.COMMANDS) do
+    lines[#lines + 1] = string.format("  %-8s %s", name, SUMMARY[name])
+  end
+  lines[#lines + 1] = ""
+  lines[#lines + 1] = "`sbx <command> --help` explains each command's flags."
+  return table.concat(lines, "\n") .. "\n"
+end
+
+function M.main(argv)
+  local name = argv[1]
+  if name == nil or name == "--help" or name == "-h" or name == "help" then
+    io.stdout:write(usage())
+    return name == nil and 2 or 0
+  end
+  if not SUMMARY[name] then
+    io.stderr:write("sbx: unknown command '", name, "'\n\n", usage())
+    return 2
+  end
+  local cmd = require("sandbox.cli." .. name)
+  local args = table.move(argv, 2, #argv, 1, {})
+  for _, a in ipairs(args) do
+    if a == "--help" or a == "-h" then
+      io.stdout:write(cmd.help)
+      return 0
+    end
+    if a == "--" then break end
+  end
+  return cmd.run(args)
+end
+
+return M

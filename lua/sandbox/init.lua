@@ -1,0 +1,70 @@
+-- init.lua: `local sandbox = require "sandbox"`. A config script returns
+-- `sandbox { ... }` with the option names of spec/runtime.md section 2.2.
+-- This module checks the option names and everything the broker uses, and
+-- hands out brokers bound to one turn. (The container runtime, channel state
+-- and claim build on the same options.)
+local broker = require "sandbox.broker"
+local broker_config = require "sandbox.broker_config"
+
+local M = {}
+
+M.OPTIONS = {
+  image = true, runRoot = true, workspaceRoot = true, stateFile = true, initialChannels = true,
+  provider = true, model = true, modelUrl = true, apiKey = true, prompt = true, tools = true,
+  mcp = true, uid = true, gid = true, limits = true, turnTimeoutMs = true, driver = true,
+  allowHttp = true,
+}
+
+M.DEFAULT_TURN_TIMEOUT_MS = 120000
+
+local Config = {}
+Config.__index = Config
+
+local function fail(msg) error(msg, 0) end
+
+-- Validates opts and returns a config object. Raises the spec's error string.
+function M.new(opts)
+  if type(opts) ~= "table" then fail("sandbox options must be a table") end
+  local unknown = {}
+  for k in pairs(opts) do
+    if not M.OPTIONS[k] then unknown[#unknown + 1] = tostring(k) end
+  end
+  table.sort(unknown)
+  if unknown[1] then fail("unknown sandbox option: " .. unknown[1]) end
+  if type(opts.model) ~= "string" or broker_config.is_blank(opts.model) then fail(broker_config.E_MODEL) end
+  if opts.apiKey ~= nil and type(opts.apiKey) ~= "function" then fail("apiKey must be a function") end
+  if opts.prompt ~= nil and (type(opts.prompt) ~= "string" or not utf8.len(opts.prompt)) then
+    fail("invalid prompt")
+  end
+  local timeout = opts.turnTimeoutMs
+  if timeout ~= nil and not (math.type(timeout) == "integer" and timeout >= 1000 and timeout <= 600000) then
+    fail("turnTimeoutMs must be 1000 to 600000")
+  end
+  -- The throw-away broker check of spec/runtime.md 3.1 step 14: no socket.
+  broker_config.check(opts)
+  local options = {}
+  for k, v in pairs(opts) do options[k] = v end
+  options.turnTimeoutMs = timeout or M.DEFAULT_TURN_TIMEOUT_MS
+  options.provider = options.provider or "openai"
+  return setmetatable({ options = options }, Config)
+end
+
+-- A broker bound to one turn: t = {channel=, speaker={id,name,principalId},
+-- signal=, audit=}.
+function Config:broker(t)
+  local o = self.options
+  if type(o.apiKey) ~= "function" then fail("apiKey is required when no host login is available") end
+  return broker.new {
+    model = o.model, modelUrl = o.modelUrl, allowHttp = o.allowHttp, apiKey = o.apiKey,
+    tools = o.tools, mcp = o.mcp, channel = t.channel, speaker = t.speaker, signal = t.signal,
+    audit = t.audit,
+  }
+end
+
+function M.is_config(v)
+  return getmetatable(v) == Config
+end
+
+M.broker = broker.new
+
+return setmetatable(M, { __call = function(_, opts) return M.new(opts) end })

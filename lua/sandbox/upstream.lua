@@ -1,0 +1,48 @@
+-- upstream.lua: one upstream POST for the broker, as a yielding call bounded
+-- by the call signal and the time left of the call deadline (spec/broker.md
+-- 7.2, 9.7, 9.8). The reply comes back as a decoded JSON value after the
+-- strict parse and, when a credential was used, the reflection filter.
+local async = require "sandbox.async"
+local core = require "sandbox.core"
+local json = require "sandbox.json"
+
+local M = {}
+
+M.MAX_BODY = 1048576
+
+-- opts: url, headers (array of lines), body (string), deadline (core.now()
+-- milliseconds), allow_http, credential (or nil), transport (trusted seam:
+-- {cainfo=, connectTo=}). Returns the decoded value, or nil and a short
+-- internal reason (never shown to the guest, never holding payload).
+function M.post_json(opts, signal)
+  if signal.aborted then return nil, "aborted" end
+  local left = opts.deadline - core.now()
+  if left <= 0 then return nil, "deadline" end
+  local transport = opts.transport or {}
+  local req
+  local res = async.await(function(resume)
+    req = core.http_post {
+      url = opts.url,
+      headers = opts.headers,
+      body = opts.body,
+      timeout_ms = left,
+      max_body = M.MAX_BODY,
+      allow_http = opts.allow_http,
+      cainfo = transport.cainfo,
+      connect_to = transport.connectTo,
+      on_done = resume,
+    }
+    signal:on_abort(function()
+      req:cancel()
+      resume({ ok = false, error = "aborted" })
+    end)
+  end)
+  if signal.aborted then return nil, "aborted" end
+  if not res.ok then return nil, res.error end
+  local filter = opts.credential and core.reflect_filter(opts.credential) or nil
+  local value, err = json.decode(res.body, filter)
+  if value == nil then return nil, err end
+  return value
+end
+
+return M
