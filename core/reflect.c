@@ -1,3 +1,375 @@
-/* reflect.c: placeholder until its owner lands it. */
+/*
+ * reflect.c: the credential reflection filter (spec/broker.md section 12).
+ *
+ * A filter holds the six encodings of one credential: raw, URI component
+ * (uppercase %XX outside A-Z a-z 0-9 - _ . ! ~ * ' ( )), standard base64
+ * with padding, base64url without padding, lowercase hex and uppercase hex.
+ * Needles that another needle already implies are dropped: duplicates (the
+ * URI form of an all-unreserved key is the raw key) and needles that contain
+ * a shorter needle (padded base64 contains base64url when the key encodes
+ * without '+' or '/'); any occurrence of the longer one is an occurrence of
+ * the shorter one, so the answer never changes.
+ *
+ * Scanning is one pass over the haystack: for each 16-byte block, SSE2
+ * compares the first byte of every needle at each start position and its
+ * last byte at start + len - 1; the rare positions where both match are
+ * verified with memcmp. A portable scalar loop does the same without SSE2.
+ *
+ * Lua: core.reflect_filter(key) -> filter with :hit(s) and :hit_value(v).
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 #include "sbx_internal.h"
-void sbx__open_reflect(lua_State *L) { (void)L; }
+
+#define REFLECT_MT "sbx.reflect"
+#define REFLECT_NEEDLES 6
+
+typedef struct {
+  const unsigned char *s;
+  size_t len;
+} needle_t;
+
+struct sbx_reflect {
+  size_t n;                         /* distinct needles kept, 1..6 */
+  size_t maxlen;                    /* longest kept needle */
+  needle_t nd[REFLECT_NEEDLES];
+  unsigned char store[];            /* the needle bytes, back to back */
+};
+
+/* ------------------------------------------------------------------ */
+/* Needles                                                             */
+/* ------------------------------------------------------------------ */
+
+static int uri_unreserved(unsigned char c) {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+         (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.' ||
+         c == '!' || c == '~' || c == '*' || c == '\'' || c == '(' || c == ')';
+}
+
+static size_t enc_uri(unsigned char *out, const unsigned char *k, size_t n) {
+  static const char hex[] = "0123456789ABCDEF";
+  size_t o = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (uri_unreserved(k[i])) {
+      out[o++] = k[i];
+    } else {
+      out[o++] = '%';
+      out[o++] = (unsigned char)hex[k[i] >> 4];
+      out[o++] = (unsigned char)hex[k[i] & 15];
+    }
+  }
+  return o;
+}
+
+/* Base64 of k[0..n): standard alphabet with '=' padding, or url-safe
+ * ('-', '_') without padding. */
+static size_t enc_b64(unsigned char *out, const unsigned char *k, size_t n, int url) {
+  const char *abc = url
+    ? "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    : "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  size_t o = 0, i = 0;
+  for (; i + 3 <= n; i += 3) {
+    uint32_t v = (uint32_t)k[i] << 16 | (uint32_t)k[i + 1] << 8 | k[i + 2];
+    out[o++] = (unsigned char)abc[v >> 18];
+    out[o++] = (unsigned char)abc[(v >> 12) & 63];
+    out[o++] = (unsigned char)abc[(v >> 6) & 63];
+    out[o++] = (unsigned char)abc[v & 63];
+  }
+  if (n - i == 1) {
+    uint32_t v = (uint32_t)k[i] << 16;
+    out[o++] = (unsigned char)abc[v >> 18];
+    out[o++] = (unsigned char)abc[(v >> 12) & 63];
+    if (!url) {
+      out[o++] = '=';
+      out[o++] = '=';
+    }
+  } else if (n - i == 2) {
+    uint32_t v = (uint32_t)k[i] << 16 | (uint32_t)k[i + 1] << 8;
+    out[o++] = (unsigned char)abc[v >> 18];
+    out[o++] = (unsigned char)abc[(v >> 12) & 63];
+    out[o++] = (unsigned char)abc[(v >> 6) & 63];
+    if (!url) out[o++] = '=';
+  }
+  return o;
+}
+
+static size_t enc_hex(unsigned char *out, const unsigned char *k, size_t n, int upper) {
+  const char *hex = upper ? "0123456789ABCDEF" : "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) {
+    out[2 * i] = (unsigned char)hex[k[i] >> 4];
+    out[2 * i + 1] = (unsigned char)hex[k[i] & 15];
+  }
+  return 2 * n;
+}
+
+static int contains(const needle_t *big, const needle_t *small) {
+  return small->len <= big->len &&
+         memmem(big->s, big->len, small->s, small->len) != NULL;
+}
+
+/*
+ * Keeps, in order of increasing length, each needle that contains no needle
+ * kept before it (equal needles included).
+ */
+static void prune(struct sbx_reflect *f, needle_t *all, size_t count) {
+  for (size_t i = 1; i < count; i++) {            /* insertion sort by length */
+    needle_t t = all[i];
+    size_t j = i;
+    while (j > 0 && all[j - 1].len > t.len) {
+      all[j] = all[j - 1];
+      j--;
+    }
+    all[j] = t;
+  }
+  f->n = 0;
+  f->maxlen = 0;
+  for (size_t i = 0; i < count; i++) {
+    int redundant = 0;
+    for (size_t j = 0; j < f->n && !redundant; j++) redundant = contains(&all[i], &f->nd[j]);
+    if (redundant) continue;
+    f->nd[f->n++] = all[i];
+    if (all[i].len > f->maxlen) f->maxlen = all[i].len;
+  }
+}
+
+int sbx_reflect_new(const char *key, size_t len, sbx_reflect_t **out) {
+  const unsigned char *k = (const unsigned char *)key;
+  size_t b64 = 4 * ((len + 2) / 3);
+  size_t total = len + 3 * len + 2 * b64 + 4 * len;
+  needle_t all[REFLECT_NEEDLES];
+  struct sbx_reflect *f;
+  unsigned char *p;
+  *out = NULL;
+  if (key == NULL || len == 0 || len > SBX_MAX_CREDENTIAL_BYTES) return SBX_EINVAL;
+  f = malloc(sizeof *f + total);
+  if (f == NULL) return -ENOMEM;
+  p = f->store;
+  memcpy(p, k, len);
+  all[0] = (needle_t){p, len};
+  p += len;
+  all[1] = (needle_t){p, enc_uri(p, k, len)};
+  p += all[1].len;
+  all[2] = (needle_t){p, enc_b64(p, k, len, 0)};
+  p += all[2].len;
+  all[3] = (needle_t){p, enc_b64(p, k, len, 1)};
+  p += all[3].len;
+  all[4] = (needle_t){p, enc_hex(p, k, len, 0)};
+  p += all[4].len;
+  all[5] = (needle_t){p, enc_hex(p, k, len, 1)};
+  prune(f, all, REFLECT_NEEDLES);
+  *out = f;
+  return 0;
+}
+
+void sbx_reflect_free(sbx_reflect_t *f) {
+  free(f);
+}
+
+/* ------------------------------------------------------------------ */
+/* Scanning                                                            */
+/* ------------------------------------------------------------------ */
+
+/* Whether needle nd, whose first and last bytes already match, is at h. */
+static inline int verify(const needle_t *nd, const unsigned char *h) {
+  return nd->len <= 2 || memcmp(h + 1, nd->s + 1, nd->len - 2) == 0;
+}
+
+/* Positions [from, to) of needle nd, byte by byte. */
+static int scan_scalar(const needle_t *nd, const unsigned char *h, size_t from, size_t to) {
+  unsigned char first = nd->s[0], last = nd->s[nd->len - 1];
+  size_t off = nd->len - 1;
+  for (size_t i = from; i < to; i++)
+    if (h[i] == first && h[i + off] == last && verify(nd, h + i)) return 1;
+  return 0;
+}
+
+#ifdef __SSE2__
+/* Candidate bits of needle nd for the 16 start positions at h. */
+static inline unsigned block_mask(const needle_t *nd, __m128i a, const unsigned char *h,
+                                  __m128i first, __m128i last) {
+  __m128i b = _mm_loadu_si128((const __m128i *)(h + nd->len - 1));
+  return (unsigned)_mm_movemask_epi8(
+      _mm_and_si128(_mm_cmpeq_epi8(a, first), _mm_cmpeq_epi8(b, last)));
+}
+
+static inline int verify_mask(const needle_t *nd, const unsigned char *h, unsigned m) {
+  while (m != 0) {
+    if (verify(nd, h + __builtin_ctz(m))) return 1;
+    m &= m - 1;
+  }
+  return 0;
+}
+
+/* Start positions [from, npos) of one needle, 16 at a time; the last block
+ * overlaps the one before rather than reading past the haystack. */
+static int scan_tail(const needle_t *nd, const unsigned char *h, size_t from, size_t npos) {
+  __m128i first, last;
+  if (npos - from < 16) {
+    if (npos < 16) return scan_scalar(nd, h, from, npos);
+    from = npos - 16;
+  }
+  first = _mm_set1_epi8((char)nd->s[0]);
+  last = _mm_set1_epi8((char)nd->s[nd->len - 1]);
+  for (size_t i = from;; i += 16) {
+    if (i > npos - 16) i = npos - 16;
+    __m128i a = _mm_loadu_si128((const __m128i *)(h + i));
+    unsigned m = block_mask(nd, a, h + i, first, last);
+    if (m != 0 && verify_mask(nd, h + i, m)) return 1;
+    if (i == npos - 16) return 0;
+  }
+}
+
+int sbx_reflect_hit(const sbx_reflect_t *f, const char *buf, size_t len) {
+  const unsigned char *h = (const unsigned char *)buf;
+  __m128i first[REFLECT_NEEDLES], last[REFLECT_NEEDLES];
+  size_t n = f->n, i = 0, common;
+  if (len < f->nd[0].len) return 0;               /* shorter than every needle */
+  if (len >= f->maxlen + 15) {
+    /* Blocks where every needle has 16 start positions: one pass. */
+    common = len - f->maxlen + 1;
+    for (size_t k = 0; k < n; k++) {
+      first[k] = _mm_set1_epi8((char)f->nd[k].s[0]);
+      last[k] = _mm_set1_epi8((char)f->nd[k].s[f->nd[k].len - 1]);
+    }
+    for (; i + 16 <= common; i += 16) {
+      __m128i a = _mm_loadu_si128((const __m128i *)(h + i));
+      for (size_t k = 0; k < n; k++) {
+        unsigned m = block_mask(&f->nd[k], a, h + i, first[k], last[k]);
+        if (m != 0 && verify_mask(&f->nd[k], h + i, m)) return 1;
+      }
+    }
+  }
+  for (size_t k = 0; k < n; k++) {
+    const needle_t *nd = &f->nd[k];
+    if (len >= nd->len && i < len - nd->len + 1 && scan_tail(nd, h, i, len - nd->len + 1))
+      return 1;
+  }
+  return 0;
+}
+#else
+int sbx_reflect_hit(const sbx_reflect_t *f, const char *buf, size_t len) {
+  const unsigned char *h = (const unsigned char *)buf;
+  for (size_t k = 0; k < f->n; k++)
+    if (len >= f->nd[k].len && scan_scalar(&f->nd[k], h, 0, len - f->nd[k].len + 1))
+      return 1;
+  return 0;
+}
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Lua binding                                                         */
+/* ------------------------------------------------------------------ */
+
+typedef struct {
+  sbx_reflect_t *f;
+} reflect_box_t;
+
+/* The filter of the core.reflect_filter userdata at idx (raises otherwise).
+ * json.c uses it for core.json_decode(s, filter). */
+const struct sbx_reflect *sbx__reflect_check(lua_State *L, int idx);
+
+const struct sbx_reflect *sbx__reflect_check(lua_State *L, int idx) {
+  reflect_box_t *b = luaL_checkudata(L, idx, REFLECT_MT);
+  luaL_argcheck(L, b->f != NULL, idx, "reflection filter is closed");
+  return b->f;
+}
+
+/* core.reflect_filter(key) -> filter | nil, err */
+static int l_reflect_filter(lua_State *L) {
+  size_t len;
+  const char *key = luaL_checklstring(L, 1, &len);
+  reflect_box_t *b;
+  int rc;
+  if (len == 0 || len > SBX_MAX_CREDENTIAL_BYTES) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "invalid key length");
+    return 2;
+  }
+  b = lua_newuserdatauv(L, sizeof *b, 0);
+  b->f = NULL;
+  luaL_setmetatable(L, REFLECT_MT);
+  rc = sbx_reflect_new(key, len, &b->f);
+  if (rc != 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, sbx_strerror(rc));
+    return 2;
+  }
+  return 1;
+}
+
+static int l_reflect_gc(lua_State *L) {
+  reflect_box_t *b = luaL_checkudata(L, 1, REFLECT_MT);
+  sbx_reflect_free(b->f);
+  b->f = NULL;
+  return 0;
+}
+
+/* filter:hit(s) -> boolean */
+static int l_reflect_hit(lua_State *L) {
+  const struct sbx_reflect *f = sbx__reflect_check(L, 1);
+  size_t len;
+  const char *s = luaL_checklstring(L, 2, &len);
+  lua_pushboolean(L, sbx_reflect_hit(f, s, len));
+  return 1;
+}
+
+/*
+ * 1 when the value at idx holds a needle: a string, or a table whose keys
+ * or values (recursively) do. Numbers, booleans, null never hit. Deeper
+ * than SBX_MAX_JSON_DEPTH tables (or a cycle) count as a hit: a walk that
+ * cannot finish must not pass a value on.
+ */
+static int hit_walk(lua_State *L, const struct sbx_reflect *f, int idx, int depth) {
+  size_t len;
+  const char *s;
+  switch (lua_type(L, idx)) {
+  case LUA_TSTRING:
+    s = lua_tolstring(L, idx, &len);
+    return sbx_reflect_hit(f, s, len);
+  case LUA_TTABLE:
+    if (depth >= SBX_MAX_JSON_DEPTH) return 1;
+    luaL_checkstack(L, 4, "reflection walk");
+    lua_pushnil(L);
+    while (lua_next(L, idx) != 0) {
+      int top = lua_gettop(L);
+      if (hit_walk(L, f, top - 1, depth + 1) || hit_walk(L, f, top, depth + 1)) {
+        lua_pop(L, 2);
+        return 1;
+      }
+      lua_pop(L, 1);
+    }
+    return 0;
+  default:
+    return 0;
+  }
+}
+
+/* filter:hit_value(v) -> boolean */
+static int l_reflect_hit_value(lua_State *L) {
+  const struct sbx_reflect *f = sbx__reflect_check(L, 1);
+  luaL_checkany(L, 2);
+  lua_settop(L, 2);
+  lua_pushboolean(L, hit_walk(L, f, 2, 0));
+  return 1;
+}
+
+void sbx__open_reflect(lua_State *L) {
+  static const luaL_Reg methods[] = {
+    {"hit", l_reflect_hit}, {"hit_value", l_reflect_hit_value}, {NULL, NULL}};
+  if (luaL_newmetatable(L, REFLECT_MT)) {
+    luaL_newlib(L, methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_reflect_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+  lua_pushcfunction(L, l_reflect_filter);
+  lua_setfield(L, -2, "reflect_filter");
+}
