@@ -20,4 +20,16 @@
 #define SBX_MAX_CREDENTIAL_BYTES   4096
 #define SBX_MAX_ROUTES             1024
 
+/* Listener internals (listener.c), not spec numbers. */
+#define SBX_LISTEN_BACKLOG         128     /* pending connects queued by the kernel */
+#define SBX_LINGER_MS              2000    /* after a reply: drain client bytes, then close */
+#define SBX_MAX_LINGER_BYTES       (SBX_MAX_HEAD_BYTES + SBX_MAX_BODY_BYTES)
+#define SBX_MAX_DISCARD_BYTES      (SBX_MAX_HEAD_BYTES + SBX_MAX_BODY_BYTES)
+#define SBX_HUP_POLL_MS            200     /* peer half-closed mid-call: check for hang-up */
+#define SBX_MAX_CONTENT_TYPE_BYTES 128
+
+/* Raw Unix-socket client (pipe_client.c). */
+#define SBX_CLIENT_MAX_BYTES       (SBX_MAX_REPLY_BYTES + 65536)
+#define SBX_CLIENT_TIMEOUT_MS      65000
+
 #endif

@@ -1,3 +1,935 @@
-/* listener.c: placeholder until its owner lands it. */
+/*
+ * listener.c: the broker's Unix-socket HTTP/1.1 listener (spec/broker.md
+ * sections 3, 5 steps 0-12, 6, 7.1) and the `call` object Lua's route
+ * handlers (step 13) receive.
+ *
+ * Objects and who frees what (libuv's rule: memory a handle uses is freed in
+ * its close callback and nowhere else):
+ *
+ *  - lst_t, the listener: one heap block holding the listening uv_pipe_t, the
+ *    route table, budget and in-flight flag, and the list of connections. It
+ *    is reference counted: the Lua listener userdata, the open server handle,
+ *    every connection and every `call` userdata each hold one reference; the
+ *    last release frees it. So a collected listener userdata never frees
+ *    memory libuv or a surviving `call` still uses.
+ *  - conn_t, one accepted connection: a uv_pipe_t and a uv_timer_t (head
+ *    deadline, then request deadline, then linger); freed when both handles'
+ *    close callbacks have run. Its head buffer, body buffer and reply buffer
+ *    are its own.
+ *  - call_t, the `call` userdata (Lua owns its memory): points at its
+ *    connection until that closes or the reply is written, and at the
+ *    listener (counted). Everything it does is harmless once the connection
+ *    is gone; its reply always releases the in-flight slot (step 14).
+ *
+ * Flow per connection: read the head into a buffer of SBX_MAX_HEAD_BYTES + 1;
+ * once it is complete, http_head.c decides steps 0-8; step 9 takes budget and
+ * the in-flight slot; the body (exactly Content-Length bytes) is read into its
+ * own buffer; steps 10-12 decode it with json.c; then opts.on_call(call).
+ * Every reply is built whole, written, our side is shut down, and bytes the
+ * client still sends are drained for at most SBX_LINGER_MS before the close,
+ * so a client still writing its refused body reads the reply instead of a
+ * reset.
+ *
+ * Lua is only called from libuv callbacks through sbx__loop(L)->L (the thread
+ * running core.run), or from the caller's own thread inside a method, and
+ * never once the listener userdata has been collected (state closing).
+ * Nothing here logs a payload, header value, credential or path.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
 #include "sbx_internal.h"
-void sbx__open_listener(lua_State *L) { (void)L; }
+#include "http_head.h"
+
+#define LISTENER_MT "sbx.listener"
+#define CALL_MT     "sbx.call"
+/* Registry keys where json.c keeps the metatables of decoded values. */
+#define JSON_OBJECT_MT_KEY "sbx.json.object_mt"
+#define JSON_ARRAY_MT_KEY  "sbx.json.array_mt"
+
+#define CT_TEXT "text/plain;charset=utf-8"
+#define CT_JSON "application/json;charset=utf-8"
+
+/* call userdata user values */
+#define UV_BODY     1
+#define UV_ON_CLOSE 2
+#define UV_ROUTE    3
+
+typedef struct lst lst_t;
+typedef struct conn conn_t;
+typedef struct call call_t;
+
+struct lst {
+  uv_pipe_t server;
+  sbx__loop_t *lp;
+  int refs;
+  int stopped;             /* stop() ran (or bind failed): no new work */
+  int lua_gone;            /* userdata collected: never call Lua again */
+  int turn_ended;
+  int in_flight;
+  lua_Integer budget;      /* calls left */
+  int echo;
+  uint64_t head_ms;
+  uint64_t request_ms;
+  int on_call_ref;
+  int self_ref;            /* the userdata, anchored until stop() */
+  sbx__route_t *routes;
+  size_t nroutes;
+  char *route_bytes;
+  conn_t *conns;
+  int nconns;
+};
+
+enum { C_HEAD, C_BODY, C_CALL, C_WRITING, C_SHUTDOWN, C_LINGER, C_CLOSING };
+
+struct conn {
+  uv_pipe_t pipe;
+  uv_timer_t timer;
+  uv_write_t wreq;
+  uv_shutdown_t sreq;
+  lst_t *lst;
+  conn_t *prev, *next;
+  int state;
+  int handles;             /* open handles; the struct is freed at 0 */
+  int reading;
+  int holds_slot;          /* accepted (step 9) and no call owns the slot yet */
+  int peer_eof;            /* read side ended (peer half-closed or left) */
+  int polling;             /* timer repeats to look for a hang-up */
+  uint64_t deadline;       /* loop time the current phase ends */
+  char *buf;               /* head (SBX_MAX_HEAD_BYTES + 1), then body */
+  size_t len;
+  size_t body_len;         /* Content-Length once accepted */
+  size_t route;
+  size_t drained;          /* bytes discarded after the request */
+  char *reply;
+  call_t *call;            /* the pending call, until reply or close */
+  int call_ref;            /* registry ref keeping that userdata alive */
+};
+
+struct call {
+  lst_t *lst;
+  conn_t *conn;            /* NULL once the connection closed or was replied to */
+  int replied;
+  int close_fired;
+};
+
+typedef struct { lst_t *lst; } lst_box_t;
+
+static char drain_buf[16384];   /* bytes we read only to throw away */
+
+/* ---- helpers ----------------------------------------------------------- */
+
+/* A write to a peer that left must fail with EPIPE, not kill the process. */
+static void ignore_sigpipe(void) {
+  struct sigaction sa;
+  if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_IGN;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGPIPE, &sa, NULL);
+  }
+}
+
+static void lst_release(lst_t *lst) {
+  if (--lst->refs > 0) return;
+  free(lst->routes);
+  free(lst->route_bytes);
+  free(lst);
+}
+
+static const char *reason(int status) {
+  switch (status) {
+  case 200: return "OK";
+  case 201: return "Created";
+  case 202: return "Accepted";
+  case 204: return "No Content";
+  case 400: return "Bad Request";
+  case 401: return "Unauthorized";
+  case 403: return "Forbidden";
+  case 404: return "Not Found";
+  case 408: return "Request Timeout";
+  case 410: return "Gone";
+  case 413: return "Payload Too Large";
+  case 429: return "Too Many Requests";
+  case 500: return "Internal Server Error";
+  case 502: return "Bad Gateway";
+  case 503: return "Service Unavailable";
+  case 504: return "Gateway Timeout";
+  default: return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
+  }
+}
+
+/* ---- connection teardown ------------------------------------------------ */
+
+static void conn_handle_closed(uv_handle_t *h) {
+  conn_t *c = h->data;
+  lst_t *lst;
+  if (--c->handles > 0) return;
+  lst = c->lst;
+  if (c->prev) c->prev->next = c->next; else lst->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  lst->nconns--;
+  free(c->buf);
+  free(c->reply);      /* normally freed by the write callback already */
+  free(c);
+  lst_release(lst);
+}
+
+/*
+ * Closes both handles (no reply). A connection holding the in-flight slot
+ * without a call (steps 9-12) gives it back. A pending call is detached; its
+ * on_close handler runs on L when fire is set (never after the listener
+ * userdata is gone). Safe to call more than once.
+ */
+static void conn_destroy(conn_t *c, lua_State *L, int fire) {
+  call_t *call;
+  int ref;
+  if (c->state == C_CLOSING) return;
+  c->state = C_CLOSING;
+  if (c->holds_slot) {
+    c->holds_slot = 0;
+    c->lst->in_flight = 0;
+  }
+  uv_close((uv_handle_t *)&c->pipe, conn_handle_closed);
+  uv_close((uv_handle_t *)&c->timer, conn_handle_closed);
+  call = c->call;
+  ref = c->call_ref;
+  c->call = NULL;
+  c->call_ref = LUA_NOREF;
+  if (call == NULL) return;
+  call->conn = NULL;
+  if (L == NULL || c->lst->lua_gone) {
+    /* The userdata stays referenced until its own __gc; leaking one
+       registry slot at state close is harmless. */
+    if (L != NULL) sbx__unref(L, &ref);
+    return;
+  }
+  if (fire && !call->replied && !call->close_fired) {
+    call->close_fired = 1;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+    if (lua_getiuservalue(L, -1, UV_ON_CLOSE) == LUA_TFUNCTION) {
+      lua_remove(L, -2);             /* the registry ref keeps the call alive */
+      sbx__pcall(L, 0);
+    } else {
+      lua_pop(L, 2);
+    }
+  }
+  sbx__unref(L, &ref);
+}
+
+static lua_State *loop_L(conn_t *c) {
+  return c->lst->lua_gone ? NULL : c->lst->lp->L;
+}
+
+/* ---- writing a reply ---------------------------------------------------- */
+
+static void start_read(conn_t *c);
+static void stop_read(conn_t *c);
+static void arm_timer(conn_t *c, uint64_t ms);
+
+static void linger_start(conn_t *c) {
+  if (c->peer_eof) { conn_destroy(c, loop_L(c), 1); return; }
+  c->state = C_LINGER;
+  c->drained = 0;
+  arm_timer(c, SBX_LINGER_MS);
+  start_read(c);
+  if (!c->reading) conn_destroy(c, loop_L(c), 1);
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status) {
+  conn_t *c = req->data;
+  if (c->state == C_CLOSING) return;
+  if (status < 0) { conn_destroy(c, loop_L(c), 1); return; }
+  linger_start(c);
+}
+
+static void on_written(uv_write_t *req, int status) {
+  conn_t *c = req->data;
+  free(c->reply);
+  c->reply = NULL;
+  if (c->state == C_CLOSING) return;
+  if (status < 0 || c->peer_eof) { conn_destroy(c, loop_L(c), 1); return; }
+  c->state = C_SHUTDOWN;
+  c->sreq.data = c;
+  if (uv_shutdown(&c->sreq, (uv_stream_t *)&c->pipe, on_shutdown) != 0)
+    conn_destroy(c, loop_L(c), 1);
+}
+
+/*
+ * Builds the whole reply (status line, the three headers, body) and writes
+ * it; the connection closes afterwards. Returns 0, or -1 when the connection
+ * was destroyed instead (no memory, write refused).
+ */
+static int conn_reply(conn_t *c, int status, const char *ctype,
+                      const char *body, size_t blen) {
+  char head[256 + SBX_MAX_CONTENT_TYPE_BYTES];
+  int n;
+  uv_buf_t b;
+  if (c->state == C_CLOSING) return -1;
+  n = snprintf(head, sizeof head,
+               "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+               "Connection: close\r\n\r\n", status, reason(status), ctype, blen);
+  if (n < 0 || (size_t)n >= sizeof head) { conn_destroy(c, loop_L(c), 1); return -1; }
+  c->reply = malloc((size_t)n + blen);
+  if (c->reply == NULL) { conn_destroy(c, loop_L(c), 1); return -1; }
+  memcpy(c->reply, head, (size_t)n);
+  if (blen > 0) memcpy(c->reply + n, body, blen);
+  stop_read(c);
+  c->state = C_WRITING;
+  c->polling = 0;
+  b = uv_buf_init(c->reply, (unsigned)((size_t)n + blen));
+  c->wreq.data = c;
+  if (uv_write(&c->wreq, (uv_stream_t *)&c->pipe, &b, 1, on_written) != 0) {
+    free(c->reply);
+    c->reply = NULL;
+    conn_destroy(c, loop_L(c), 1);
+    return -1;
+  }
+  return 0;
+}
+
+static void reply_text(conn_t *c, int status, const char *body) {
+  conn_reply(c, status, CT_TEXT, body, strlen(body));
+}
+
+/* A refusal from C after step 9: the slot goes back, the budget stays spent. */
+static void fail_accepted(conn_t *c, int status, const char *body) {
+  if (c->holds_slot) {
+    c->holds_slot = 0;
+    c->lst->in_flight = 0;
+  }
+  reply_text(c, status, body);
+}
+
+/* ---- timers ------------------------------------------------------------- */
+
+/* 1 when the peer closed both directions (POLLHUP), not just its write side. */
+static int peer_hung_up(conn_t *c) {
+  uv_os_fd_t fd;
+  struct pollfd p;
+  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) != 0) return 1;
+  p.fd = fd;
+  p.events = 0;
+  p.revents = 0;
+  if (poll(&p, 1, 0) < 0) return 0;
+  return (p.revents & (POLLHUP | POLLERR)) != 0;
+}
+
+static void on_timer(uv_timer_t *t) {
+  conn_t *c = t->data;
+  if (c->state == C_CLOSING) return;
+  if (c->polling) {
+    if (uv_now(t->loop) < c->deadline && !peer_hung_up(c)) return;
+    c->polling = 0;
+    uv_timer_stop(t);
+  }
+  /* Head deadline, request deadline or end of linger: close, no reply. */
+  conn_destroy(c, loop_L(c), 1);
+}
+
+static void arm_timer(conn_t *c, uint64_t ms) {
+  uv_timer_stop(&c->timer);
+  c->polling = 0;
+  c->deadline = uv_now(c->timer.loop) + ms;
+  uv_timer_start(&c->timer, on_timer, ms, 0);
+}
+
+/* Mid-call and no longer reading: look for a hang-up until the deadline. */
+static void start_polling(conn_t *c) {
+  uint64_t now = uv_now(c->timer.loop);
+  if (c->polling) return;
+  if (now >= c->deadline) { conn_destroy(c, loop_L(c), 1); return; }
+  uv_timer_stop(&c->timer);
+  c->polling = 1;
+  uv_timer_start(&c->timer, on_timer, SBX_HUP_POLL_MS, SBX_HUP_POLL_MS);
+}
+
+/* ---- the pipeline: steps 9-12 and the handoff to Lua ---------------------- */
+
+/* Is the value at idx a decoded JSON object (json.c's object metatable)? */
+static int is_json_object(lua_State *L, int idx) {
+  int ok;
+  if (lua_type(L, idx) != LUA_TTABLE) return 0;
+  if (!lua_getmetatable(L, idx)) return 0;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, JSON_OBJECT_MT_KEY) == LUA_TTABLE) {
+    ok = lua_rawequal(L, -1, -2);
+  } else {
+    /* json.c without the documented key: anything but an array. */
+    lua_pop(L, 1);
+    lua_getfield(L, LUA_REGISTRYINDEX, JSON_ARRAY_MT_KEY);
+    ok = !lua_rawequal(L, -1, -2);
+  }
+  lua_pop(L, 2);
+  return ok;
+}
+
+/*
+ * Protected (lua_pcall) part of steps 10-12 so that a Lua memory error never
+ * unwinds through libuv. Argument: the connection (light userdata). Returns
+ * the status that decides (0 = hand a call to Lua, 200 = echo) and, for 0,
+ * the call userdata, anchored by conn->call_ref and by a second ref returned
+ * as the third value (released by the caller after on_call).
+ */
+static int prep_call(lua_State *L) {
+  conn_t *c = lua_touserdata(L, 1);
+  lst_t *lst = c->lst;
+  call_t *call;
+  if (sbx__json_decode(L, c->buf, c->body_len, NULL) != 0) {          /* 10 */
+    lua_pushinteger(L, 502);
+    return 1;
+  }
+  if (!is_json_object(L, -1)) { lua_pushinteger(L, 400); return 1; }  /* 11 */
+  if (lst->turn_ended || c->peer_eof) {                               /* 12 */
+    lua_pushinteger(L, 502);
+    return 1;
+  }
+  if (lst->echo) { lua_pushinteger(L, 200); return 1; }
+  call = lua_newuserdatauv(L, sizeof *call, 3);
+  memset(call, 0, sizeof *call);
+  luaL_setmetatable(L, CALL_MT);
+  lua_pushvalue(L, 2);
+  lua_setiuservalue(L, -2, UV_BODY);
+  lua_pushlstring(L, lst->routes[c->route].s, lst->routes[c->route].len);
+  lua_setiuservalue(L, -2, UV_ROUTE);
+  c->call_ref = sbx__ref(L, -1);
+  lua_pushinteger(L, 0);
+  lua_pushvalue(L, -2);
+  lua_pushinteger(L, sbx__ref(L, -1));
+  /* Only now, with nothing left that can raise, does the call own things. */
+  call->lst = lst;
+  lst->refs++;
+  call->conn = c;
+  c->call = call;
+  return 3;
+}
+
+static void body_complete(conn_t *c) {
+  lst_t *lst = c->lst;
+  lua_State *L = loop_L(c);
+  int status, pin;
+  call_t *call;
+
+  if (L == NULL) { conn_destroy(c, NULL, 0); return; }
+  lua_pushcfunction(L, prep_call);
+  lua_pushlightuserdata(L, c);
+  if (lua_pcall(L, 1, 3, 0) != LUA_OK) {
+    lua_pop(L, 1);
+    if (c->call_ref != LUA_NOREF && c->call == NULL) sbx__unref(L, &c->call_ref);
+    fail_accepted(c, 502, SBX_BODY_CALL_FAILED);
+    return;
+  }
+  status = (int)lua_tointeger(L, -3);
+  if (status != 0) {
+    lua_pop(L, 3);
+    if (status == 200) {
+      if (c->holds_slot) { c->holds_slot = 0; lst->in_flight = 0; }
+      conn_reply(c, 200, CT_JSON, c->buf, c->body_len);
+    } else {
+      fail_accepted(c, status, status == 400 ? SBX_BODY_INVALID_INPUT : SBX_BODY_CALL_FAILED);
+    }
+    return;
+  }
+  call = lua_touserdata(L, -2);
+  pin = (int)lua_tointeger(L, -1);
+  lua_pop(L, 3);
+  c->holds_slot = 0;                 /* the call owns the slot now */
+  c->state = C_CALL;
+  free(c->buf);                      /* the decoded value is all Lua needs */
+  c->buf = NULL;
+  c->drained = 0;
+
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lst->on_call_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, pin);
+  if (sbx__pcall(L, 1) != 0 && !call->replied) {
+    /* A handler error is step 13's 502; the slot is released by the reply. */
+    call->replied = 1;
+    lst->in_flight = 0;
+    if (call->conn != NULL) {
+      conn_t *cc = call->conn;
+      int ref = cc->call_ref;
+      cc->call = NULL;
+      cc->call_ref = LUA_NOREF;
+      call->conn = NULL;
+      sbx__unref(L, &ref);
+      reply_text(cc, 502, SBX_BODY_CALL_FAILED);
+    }
+  }
+  luaL_unref(L, LUA_REGISTRYINDEX, pin);
+}
+
+/* Step 9 onwards, once the head is complete and steps 0-8 passed. */
+static void accept_call(conn_t *c, size_t head_len, const sbx__head_result_t *r) {
+  lst_t *lst = c->lst;
+  size_t have = c->len - head_len;
+  char *body;
+
+  lst->in_flight = 1;                                            /* 9 */
+  lst->budget--;
+  c->holds_slot = 1;
+  c->route = r->route;
+  if (!r->has_length || r->length == 0 || r->length > SBX_MAX_BODY_BYTES) {
+    fail_accepted(c, 502, SBX_BODY_CALL_FAILED);                 /* 10 */
+    return;
+  }
+  c->body_len = (size_t)r->length;
+  body = malloc(c->body_len);
+  if (body == NULL) { fail_accepted(c, 502, SBX_BODY_CALL_FAILED); return; }
+  if (have > c->body_len) have = c->body_len;     /* bytes after it: ignored */
+  memcpy(body, c->buf + head_len, have);
+  free(c->buf);
+  c->buf = body;
+  c->len = have;
+  if (have == c->body_len) { body_complete(c); return; }
+  c->state = C_BODY;
+}
+
+static void head_complete(conn_t *c, size_t head_len) {
+  lst_t *lst = c->lst;
+  sbx__head_ctx_t ctx;
+  sbx__head_result_t r;
+
+  arm_timer(c, lst->request_ms);               /* request deadline starts */
+  ctx.routes = lst->routes;
+  ctx.nroutes = lst->nroutes;
+  ctx.turn_ended = lst->turn_ended;
+  ctx.busy = lst->in_flight || lst->budget <= 0;
+  sbx__head_decide(c->buf, head_len, &ctx, &r);
+  if (r.status != 0) { reply_text(c, r.status, r.body); return; }
+  accept_call(c, head_len, &r);
+}
+
+/* ---- reading ------------------------------------------------------------ */
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
+  conn_t *c = h->data;
+  (void)suggested;
+  if (c->state == C_HEAD)
+    *b = uv_buf_init(c->buf + c->len, (unsigned)(SBX_MAX_HEAD_BYTES + 1 - c->len));
+  else if (c->state == C_BODY)
+    *b = uv_buf_init(c->buf + c->len, (unsigned)(c->body_len - c->len));
+  else
+    *b = uv_buf_init(drain_buf, sizeof drain_buf);
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b) {
+  conn_t *c = s->data;
+  size_t end, from;
+  (void)b;
+  if (nread == 0 || c->state == C_CLOSING) return;
+  if (nread < 0) {
+    c->reading = 0;
+    c->peer_eof = 1;
+    if (nread != UV_EOF) {                      /* reset: the peer is gone */
+      conn_destroy(c, loop_L(c), 1);
+      return;
+    }
+    switch (c->state) {
+    case C_BODY: fail_accepted(c, 502, SBX_BODY_CALL_FAILED); return;  /* 10 */
+    case C_CALL:
+      if (peer_hung_up(c)) conn_destroy(c, loop_L(c), 1);
+      else start_polling(c);
+      return;
+    default: conn_destroy(c, loop_L(c), 1); return;   /* head, linger */
+    }
+  }
+  switch (c->state) {
+  case C_HEAD:
+    from = c->len;
+    c->len += (size_t)nread;
+    end = sbx__head_end(c->buf, c->len, from);
+    if (end == 0 && c->len <= SBX_MAX_HEAD_BYTES) return;
+    if (end == 0 || end > SBX_MAX_HEAD_BYTES) {           /* step 0: too big */
+      reply_text(c, 400, SBX_BODY_BAD_REQUEST);
+      return;
+    }
+    head_complete(c, end);
+    return;
+  case C_BODY:
+    c->len += (size_t)nread;
+    if (c->len == c->body_len) body_complete(c);
+    return;
+  case C_CALL:
+    c->drained += (size_t)nread;
+    if (c->drained > SBX_MAX_DISCARD_BYTES) { stop_read(c); start_polling(c); }
+    return;
+  case C_LINGER:
+    c->drained += (size_t)nread;
+    if (c->drained > SBX_MAX_LINGER_BYTES) conn_destroy(c, loop_L(c), 1);
+    return;
+  default:
+    return;
+  }
+}
+
+static void start_read(conn_t *c) {
+  if (c->reading || c->peer_eof) return;
+  if (uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0) c->reading = 1;
+}
+
+static void stop_read(conn_t *c) {
+  if (!c->reading) return;
+  uv_read_stop((uv_stream_t *)&c->pipe);
+  c->reading = 0;
+}
+
+/* ---- accepting ---------------------------------------------------------- */
+
+static void reject_closed(uv_handle_t *h) { free(h); }
+
+static void on_connection(uv_stream_t *server, int status) {
+  lst_t *lst = server->data;
+  conn_t *c;
+  if (status < 0 || lst->stopped) return;
+  if (lst->nconns >= SBX_MAX_CONNECTIONS) {
+    /* Over the cap: accept and close at once, writing nothing. */
+    uv_pipe_t *p = malloc(sizeof *p);
+    if (p == NULL) return;
+    uv_pipe_init(server->loop, p, 0);
+    uv_accept(server, (uv_stream_t *)p);
+    uv_close((uv_handle_t *)p, reject_closed);
+    return;
+  }
+  c = calloc(1, sizeof *c);
+  if (c == NULL) return;
+  c->buf = malloc(SBX_MAX_HEAD_BYTES + 1);
+  if (c->buf == NULL) { free(c); return; }
+  c->lst = lst;
+  c->call_ref = LUA_NOREF;
+  c->state = C_HEAD;
+  uv_pipe_init(server->loop, &c->pipe, 0);
+  uv_timer_init(server->loop, &c->timer);
+  c->pipe.data = c;
+  c->timer.data = c;
+  c->handles = 2;
+  lst->refs++;
+  c->next = lst->conns;
+  if (lst->conns) lst->conns->prev = c;
+  lst->conns = c;
+  lst->nconns++;
+  if (uv_accept(server, (uv_stream_t *)&c->pipe) != 0) { conn_destroy(c, NULL, 0); return; }
+  arm_timer(c, lst->head_ms);                    /* head deadline from accept */
+  start_read(c);
+  if (!c->reading) conn_destroy(c, NULL, 0);
+}
+
+/* ---- listener lifecycle ----------------------------------------------- */
+
+static void server_closed(uv_handle_t *h) {
+  lst_release(h->data);
+}
+
+/*
+ * Forced stop: closes the listening socket (libuv unlinks its path on close)
+ * and destroys every connection, firing pending calls' on_close on L (when L
+ * is non-NULL). Idempotent.
+ */
+static void lst_stop(lst_t *lst, lua_State *L) {
+  conn_t *c;
+  if (lst->stopped) return;
+  lst->stopped = 1;
+  uv_close((uv_handle_t *)&lst->server, server_closed);
+  /* Connections leave the list only in close callbacks, which never run
+     synchronously, so the list is stable while on_close handlers run. */
+  for (c = lst->conns; c != NULL; c = c->next) conn_destroy(c, L, L != NULL);
+  if (L != NULL) {
+    sbx__unref(L, &lst->on_call_ref);
+    sbx__unref(L, &lst->self_ref);
+  }
+}
+
+static lst_t *check_lst(lua_State *L, int idx) {
+  lst_box_t *b = luaL_checkudata(L, idx, LISTENER_MT);
+  return b->lst;
+}
+
+static lua_Integer opt_int_field(lua_State *L, int t, const char *k, lua_Integer dflt,
+                                 lua_Integer lo, lua_Integer hi) {
+  lua_Integer v;
+  int isnum;
+  if (lua_getfield(L, t, k) == LUA_TNIL) { lua_pop(L, 1); return dflt; }
+  v = lua_tointegerx(L, -1, &isnum);
+  if (!isnum || v < lo || v > hi)
+    luaL_error(L, "broker_listen: opts.%s must be an integer in %d..%d", k, (int)lo, (int)hi);
+  lua_pop(L, 1);
+  return v;
+}
+
+/* Copies opts.routes into lst (one block of bytes plus an index). */
+static void read_routes(lua_State *L, lst_t *lst) {
+  size_t n, i, total = 0, off = 0;
+  if (lua_getfield(L, 1, "routes") != LUA_TTABLE)
+    luaL_error(L, "broker_listen: opts.routes must be an array of strings");
+  n = (size_t)lua_rawlen(L, -1);
+  if (n > SBX_MAX_ROUTES) luaL_error(L, "broker_listen: too many routes");
+  for (i = 1; i <= n; i++) {
+    size_t len;
+    if (lua_rawgeti(L, -1, (lua_Integer)i) != LUA_TSTRING)
+      luaL_error(L, "broker_listen: opts.routes must be an array of strings");
+    lua_tolstring(L, -1, &len);
+    if (len == 0 || len > SBX_MAX_HEAD_BYTES) luaL_error(L, "broker_listen: invalid route");
+    total += len;
+    lua_pop(L, 1);
+  }
+  lst->routes = calloc(n ? n : 1, sizeof *lst->routes);
+  lst->route_bytes = malloc(total ? total : 1);
+  if (lst->routes == NULL || lst->route_bytes == NULL) luaL_error(L, "out of memory");
+  for (i = 1; i <= n; i++) {
+    size_t len;
+    const char *s;
+    lua_rawgeti(L, -1, (lua_Integer)i);
+    s = lua_tolstring(L, -1, &len);
+    memcpy(lst->route_bytes + off, s, len);
+    lst->routes[i - 1].s = lst->route_bytes + off;
+    lst->routes[i - 1].len = len;
+    off += len;
+    lua_pop(L, 1);
+  }
+  lst->nroutes = n;
+  lua_pop(L, 1);
+}
+
+/* Frees a listener that never got a server handle (argument errors). */
+static int lst_gc_unbound(lua_State *L) {
+  lst_t **pp = lua_touserdata(L, 1);
+  if (*pp != NULL) {
+    free((*pp)->routes);
+    free((*pp)->route_bytes);
+    free(*pp);
+    *pp = NULL;
+  }
+  return 0;
+}
+
+/* core.broker_listen(opts) -> listener | nil, err */
+static int l_broker_listen(lua_State *L) {
+  sbx__loop_t *lp = sbx__loop(L);
+  const char *path;
+  size_t path_len;
+  lst_t *lst, **guard;
+  lst_box_t *box;
+  mode_t old;
+  int rc;
+
+  luaL_checktype(L, 1, LUA_TTABLE);
+  /* A guard userdata frees the half-built listener if an argument raises. */
+  guard = lua_newuserdatauv(L, sizeof *guard, 0);
+  *guard = NULL;
+  lua_newtable(L);
+  lua_pushcfunction(L, lst_gc_unbound);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  lst = calloc(1, sizeof *lst);
+  if (lst == NULL) return luaL_error(L, "out of memory");
+  *guard = lst;
+  lst->lp = lp;
+  lst->on_call_ref = LUA_NOREF;
+  lst->self_ref = LUA_NOREF;
+
+  if (lua_getfield(L, 1, "path") != LUA_TSTRING)
+    return luaL_error(L, "broker_listen: opts.path must be a string");
+  path = lua_tolstring(L, -1, &path_len);       /* stays on the stack */
+  read_routes(L, lst);
+  lst->budget = opt_int_field(L, 1, "max_calls", SBX_DEFAULT_MAX_CALLS, 1, SBX_MAX_CALLS_LIMIT);
+  lst->head_ms = (uint64_t)opt_int_field(L, 1, "header_timeout_ms", SBX_HEADER_DEADLINE_MS,
+                                         1, SBX_HEADER_DEADLINE_MS);
+  lst->request_ms = (uint64_t)opt_int_field(L, 1, "request_timeout_ms", SBX_REQUEST_DEADLINE_MS,
+                                            1, SBX_REQUEST_DEADLINE_MS);
+  lua_getfield(L, 1, "echo");
+  lst->echo = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  if (lua_getfield(L, 1, "on_call") != LUA_TFUNCTION && !lst->echo)
+    return luaL_error(L, "broker_listen: opts.on_call must be a function");
+  if (strlen(path) != path_len || path_len == 0)
+    return luaL_error(L, "broker_listen: opts.path must be a non-empty path");
+  if (path_len > SBX_MAX_SOCKET_PATH) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "broker socket path too long");
+    return 2;
+  }
+
+  /* From here the server handle owns one reference and frees lst. */
+  box = lua_newuserdatauv(L, sizeof *box, 0);
+  box->lst = NULL;
+  luaL_setmetatable(L, LISTENER_MT);
+  *guard = NULL;
+  ignore_sigpipe();
+  uv_pipe_init(&lp->uv, &lst->server, 0);
+  lst->server.data = lst;
+  lst->refs = 1;
+  old = umask(077);
+  rc = uv_pipe_bind(&lst->server, path);
+  umask(old);
+  if (rc == 0 && chmod(path, 0600) != 0) rc = -errno;
+  if (rc == 0) rc = uv_listen((uv_stream_t *)&lst->server, SBX_LISTEN_BACKLOG, on_connection);
+  if (rc != 0) {
+    lst->stopped = 1;
+    uv_close((uv_handle_t *)&lst->server, server_closed);   /* unlinks if bound */
+    lua_pushnil(L);
+    lua_pushfstring(L, "cannot listen on the broker socket: %s", uv_strerror(rc));
+    return 2;
+  }
+  if (lua_type(L, -2) == LUA_TFUNCTION) lst->on_call_ref = sbx__ref(L, -2);
+  box->lst = lst;
+  lst->refs++;                                  /* the userdata's */
+  lst->self_ref = sbx__ref(L, -1);
+  return 1;
+}
+
+static int l_lst_end_turn(lua_State *L) {
+  check_lst(L, 1)->turn_ended = 1;
+  return 0;
+}
+
+static int l_lst_stop(lua_State *L) {
+  lst_t *lst = check_lst(L, 1);
+  if (lst != NULL) lst_stop(lst, L);
+  return 0;
+}
+
+static int l_lst_stats(lua_State *L) {
+  lst_t *lst = check_lst(L, 1);
+  lua_createtable(L, 0, 4);
+  lua_pushinteger(L, lst ? lst->nconns : 0);
+  lua_setfield(L, -2, "connections");
+  lua_pushinteger(L, lst ? lst->budget : 0);
+  lua_setfield(L, -2, "budget");
+  lua_pushboolean(L, lst ? lst->in_flight : 0);
+  lua_setfield(L, -2, "in_flight");
+  lua_pushboolean(L, lst ? lst->turn_ended : 0);
+  lua_setfield(L, -2, "turn_ended");
+  return 1;
+}
+
+static int l_lst_gc(lua_State *L) {
+  lst_box_t *b = luaL_checkudata(L, 1, LISTENER_MT);
+  lst_t *lst = b->lst;
+  if (lst == NULL) return 0;
+  b->lst = NULL;
+  /* Only reached after stop() or at state close: never call Lua from here. */
+  lst->lua_gone = 1;
+  lst_stop(lst, NULL);
+  lst_release(lst);
+  return 0;
+}
+
+/* ---- call --------------------------------------------------------------- */
+
+static call_t *check_call(lua_State *L) {
+  return luaL_checkudata(L, 1, CALL_MT);
+}
+
+static int l_call_route(lua_State *L) {
+  check_call(L);
+  lua_getiuservalue(L, 1, UV_ROUTE);
+  return 1;
+}
+
+static int l_call_body(lua_State *L) {
+  check_call(L);
+  lua_getiuservalue(L, 1, UV_BODY);
+  return 1;
+}
+
+static int l_call_is_open(lua_State *L) {
+  call_t *call = check_call(L);
+  lua_pushboolean(L, call->conn != NULL && call->conn->state == C_CALL);
+  return 1;
+}
+
+/* call:on_close(fn): fn() once if the connection closes before the reply
+   (at once when it already has). */
+static int l_call_on_close(lua_State *L) {
+  call_t *call = check_call(L);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_settop(L, 2);
+  lua_setiuservalue(L, 1, UV_ON_CLOSE);
+  if (call->conn == NULL && !call->replied && !call->close_fired) {
+    call->close_fired = 1;
+    lua_getiuservalue(L, 1, UV_ON_CLOSE);
+    lua_call(L, 0, 0);
+  }
+  return 0;
+}
+
+/* call:reply(status, body [, content_type]) -> true if written, false if the
+   connection was gone or a reply was already given. */
+static int l_call_reply(lua_State *L) {
+  call_t *call = check_call(L);
+  lua_Integer status = luaL_checkinteger(L, 2);
+  size_t blen, ctlen, i;
+  const char *body = luaL_checklstring(L, 3, &blen);
+  const char *ct = luaL_optlstring(L, 4, status == 200 ? CT_JSON : CT_TEXT, &ctlen);
+  conn_t *c;
+  int ref;
+
+  luaL_argcheck(L, status >= 200 && status <= 599, 2, "status out of range");
+  luaL_argcheck(L, ctlen > 0 && ctlen <= SBX_MAX_CONTENT_TYPE_BYTES, 4, "invalid content type");
+  for (i = 0; i < ctlen; i++)
+    luaL_argcheck(L, ct[i] >= 0x20 && ct[i] < 0x7f, 4, "invalid content type");
+  if (call->replied) { lua_pushboolean(L, 0); return 1; }
+  call->replied = 1;
+  if (call->lst != NULL) call->lst->in_flight = 0;        /* step 14 */
+  c = call->conn;
+  if (c == NULL || c->state != C_CALL) { lua_pushboolean(L, 0); return 1; }
+  call->conn = NULL;
+  ref = c->call_ref;
+  c->call = NULL;
+  c->call_ref = LUA_NOREF;
+  if (blen > SBX_MAX_REPLY_BYTES) {
+    status = 502;
+    body = SBX_BODY_CALL_FAILED;
+    blen = strlen(body);
+    ct = CT_TEXT;
+  }
+  lua_pushboolean(L, conn_reply(c, (int)status, ct, body, blen) == 0);
+  sbx__unref(L, &ref);            /* last: may let this userdata be collected */
+  return 1;
+}
+
+static int l_call_gc(lua_State *L) {
+  call_t *call = lua_touserdata(L, 1);
+  if (call->conn != NULL) {
+    call->conn->call = NULL;
+    call->conn = NULL;
+  }
+  if (call->lst != NULL) {
+    /* Unreachable without a reply: nobody can settle it any more. */
+    if (!call->replied) call->lst->in_flight = 0;
+    call->replied = 1;
+    lst_release(call->lst);
+    call->lst = NULL;
+  }
+  return 0;
+}
+
+void sbx__open_listener(lua_State *L) {
+  static const luaL_Reg lst_methods[] = {
+    {"end_turn", l_lst_end_turn}, {"stop", l_lst_stop}, {"stats", l_lst_stats},
+    {NULL, NULL}};
+  static const luaL_Reg call_methods[] = {
+    {"route", l_call_route}, {"body", l_call_body}, {"reply", l_call_reply},
+    {"on_close", l_call_on_close}, {"is_open", l_call_is_open}, {NULL, NULL}};
+  if (luaL_newmetatable(L, LISTENER_MT)) {
+    luaL_newlib(L, lst_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_lst_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+  if (luaL_newmetatable(L, CALL_MT)) {
+    luaL_newlib(L, call_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_call_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+  lua_pushcfunction(L, l_broker_listen);
+  lua_setfield(L, -2, "broker_listen");
+  sbx__open_pipe_client(L);
+}

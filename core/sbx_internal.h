@@ -52,6 +52,8 @@ void sbx__open_json(lua_State *L);
 void sbx__open_reflect(lua_State *L);
 void sbx__open_listener(lua_State *L);
 void sbx__open_upstream(lua_State *L);
+/* core.unix_request (pipe_client.c); opened by sbx__open_listener. */
+void sbx__open_pipe_client(lua_State *L);
 
 /*
  * JSON (json.c). Strict decode of buf into one Lua value pushed on L

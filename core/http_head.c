@@ -1,0 +1,276 @@
+/*
+ * http_head.c: steps 0-8 of the broker pipeline (spec/broker.md section 5)
+ * for one complete request head, as a pure function of the bytes, the route
+ * table and two bits of turn state. It owns nothing and allocates nothing;
+ * the listener (listener.c) owns sockets, budget and Lua.
+ *
+ * Framing is shared between our own checks and http_parser 2.9.4 (Debian's
+ * libhttp-parser, built non-strict):
+ *
+ *  - The request line is checked here, byte by byte: `method SP target SP
+ *    version CRLF`, with exactly one SP on each side of the target, the method
+ *    a token and the version exactly `HTTP/1.0` or `HTTP/1.1`. http_parser is
+ *    then fed the head with the request line replaced by `POST / <version>`,
+ *    because its URL grammar would refuse targets the spec wants routed to a
+ *    404 (`\model`), would turn bytes >= 0x80 into a framing error in some
+ *    positions but not others, and because it refuses method names it does
+ *    not know where the spec wants `not POST` (404). Target bytes: controls
+ *    other than HT and FF, and DEL, are malformed (400 `bad request`); HT, FF
+ *    (which http_parser's non-strict URL table lets through) and bytes >= 0x80
+ *    are step 1 (400 `invalid URL`), decided only once framing is valid.
+ *  - Header lines are framed by http_parser (tokens, value characters,
+ *    Content-Length digits and overflow, repeated Content-Length, Content-Length
+ *    with Transfer-Encoding). We add what it lets through but the spec
+ *    forbids: bare CR or LF line endings, obsolete line folding (a line that
+ *    starts with SP or HT), whitespace or other non-token bytes in a header
+ *    name (it accepts `Host : x`), and a Content-Length that is not plain
+ *    digits after trimming. Header values are trimmed of SP/HT on both sides
+ *    (http_parser trims only the left).
+ *
+ * Header names are matched case-insensitively against the permitted list of
+ * section 7.1; a name outside it (the forbidden list is a subset) or a
+ * permitted name seen twice is step 3.
+ */
+#include <string.h>
+
+#include <http_parser.h>
+
+#include "http_head.h"
+#include "limits.h"
+
+/* Permitted header names (section 7.1), lower case. Index = bit in seen. */
+static const char *const permitted[] = {
+  "host", "content-type", "content-length", "accept", "accept-encoding",
+  "authorization", "user-agent"};
+enum { H_HOST, H_CONTENT_TYPE, H_CONTENT_LENGTH, H_ACCEPT, H_ACCEPT_ENCODING,
+       H_AUTHORIZATION, H_USER_AGENT, H_NPERMITTED };
+
+typedef struct {
+  const char *name;         /* header being collected (points into input) */
+  size_t nlen;
+  const char *val;
+  size_t vlen;
+  int have_name;
+  int in_value;
+  int bad;                  /* step 0: framing error */
+  int refused;              /* step 3: forbidden, unknown or repeated name */
+  unsigned seen;            /* bit per permitted name seen */
+  int te;                   /* a Transfer-Encoding header was present */
+  int has_cl;
+  uint64_t cl;
+  const char *auth;
+  size_t auth_len;
+  const char *host;
+  size_t host_len;
+  int complete;             /* on_headers_complete ran */
+} scan_t;
+
+static int is_tchar(unsigned char c) {
+  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
+    return 1;
+  return c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+static int is_token(const char *s, size_t n) {
+  size_t i;
+  if (n == 0) return 0;
+  for (i = 0; i < n; i++)
+    if (!is_tchar((unsigned char)s[i])) return 0;
+  return 1;
+}
+
+/* ASCII case-insensitive equality of s[0..n) with the lower-case word w. */
+static int name_is(const char *s, size_t n, const char *w) {
+  size_t i;
+  if (strlen(w) != n) return 0;
+  for (i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c >= 'A' && c <= 'Z') c = (unsigned char)(c - 'A' + 'a');
+    if (c != (unsigned char)w[i]) return 0;
+  }
+  return 1;
+}
+
+static int eq(const char *s, size_t n, const char *w) {
+  return strlen(w) == n && memcmp(s, w, n) == 0;
+}
+
+static void finish_header(scan_t *sc) {
+  const char *v = sc->val ? sc->val : "";
+  size_t vn = sc->val ? sc->vlen : 0;
+  int idx = -1, i;
+
+  sc->have_name = 0;
+  sc->in_value = 0;
+  while (vn > 0 && (v[0] == ' ' || v[0] == '\t')) { v++; vn--; }
+  while (vn > 0 && (v[vn - 1] == ' ' || v[vn - 1] == '\t')) vn--;
+  if (!is_token(sc->name, sc->nlen)) { sc->bad = 1; return; }
+
+  for (i = 0; i < H_NPERMITTED; i++)
+    if (name_is(sc->name, sc->nlen, permitted[i])) { idx = i; break; }
+  if (name_is(sc->name, sc->nlen, "transfer-encoding")) sc->te = 1;
+  if (idx < 0) { sc->refused = 1; return; }
+
+  if (idx == H_CONTENT_LENGTH) {
+    size_t k;
+    uint64_t n = 0;
+    if (sc->has_cl || vn == 0) { sc->bad = 1; return; }   /* repeated or empty */
+    for (k = 0; k < vn; k++) {
+      unsigned d = (unsigned char)v[k] - '0';
+      if (d > 9) { sc->bad = 1; return; }
+      n = n > (UINT64_MAX - d) / 10 ? UINT64_MAX : n * 10 + d;
+    }
+    sc->has_cl = 1;
+    sc->cl = n;
+  }
+  if (sc->seen & (1u << idx)) { sc->refused = 1; return; }
+  sc->seen |= 1u << idx;
+  if (idx == H_AUTHORIZATION) { sc->auth = v; sc->auth_len = vn; }
+  if (idx == H_HOST) { sc->host = v; sc->host_len = vn; }
+}
+
+static int on_field(http_parser *p, const char *at, size_t n) {
+  scan_t *sc = p->data;
+  if (sc->in_value) finish_header(sc);
+  if (sc->have_name) {
+    /* One execute over one buffer: a name arrives in one piece. */
+    if (at != sc->name + sc->nlen) sc->bad = 1;
+    sc->nlen += n;
+    return 0;
+  }
+  sc->have_name = 1;
+  sc->name = at;
+  sc->nlen = n;
+  sc->val = NULL;
+  sc->vlen = 0;
+  return 0;
+}
+
+static int on_value(http_parser *p, const char *at, size_t n) {
+  scan_t *sc = p->data;
+  if (!sc->have_name) { sc->bad = 1; return 0; }
+  sc->in_value = 1;
+  if (sc->val == NULL) { sc->val = at; sc->vlen = n; return 0; }
+  if (at != sc->val + sc->vlen) sc->bad = 1;   /* folded continuation */
+  sc->vlen += n;
+  return 0;
+}
+
+static int on_headers_complete(http_parser *p) {
+  scan_t *sc = p->data;
+  if (sc->have_name) finish_header(sc);
+  sc->complete = 1;
+  return 0;
+}
+
+size_t sbx__head_end(const char *buf, size_t len, size_t from) {
+  const char *p = buf + from, *end = buf + len;
+  if (from >= len) return 0;
+  while ((p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+    size_t i = (size_t)(p - buf);
+    if (i == 0 || buf[i - 1] == '\n') return i + 1;                 /* LF LF */
+    if (buf[i - 1] == '\r' && (i == 1 || buf[i - 2] == '\n')) return i + 1;
+    p++;
+  }
+  return 0;
+}
+
+static void refuse(sbx__head_result_t *out, int step, int status, const char *body) {
+  out->status = status;
+  out->step = step;
+  out->body = body;
+}
+
+/* Line endings are CRLF only, and no line after the first starts with SP/HT. */
+static int lines_ok(const char *h, size_t len) {
+  size_t i;
+  for (i = 0; i < len; i++) {
+    if (h[i] == '\r' && (i + 1 == len || h[i + 1] != '\n')) return 0;
+    if (h[i] == '\n') {
+      if (i == 0 || h[i - 1] != '\r') return 0;
+      if (i + 1 < len && (h[i + 1] == ' ' || h[i + 1] == '\t')) return 0;
+    }
+  }
+  return 1;
+}
+
+void sbx__head_decide(const char *head, size_t len, const sbx__head_ctx_t *ctx,
+                      sbx__head_result_t *out) {
+  static const char prefix[] = "POST / ";
+  char in[SBX_MAX_HEAD_BYTES + 16];
+  http_parser parser;
+  http_parser_settings settings;
+  scan_t sc;
+  const char *eol, *sp1, *sp2, *target, *ver;
+  size_t line_len, tlen, vlen, inlen, nparsed, i;
+  int bad_url = 0, is_post;
+
+  memset(out, 0, sizeof *out);
+  refuse(out, 0, 400, SBX_BODY_BAD_REQUEST);
+  if (head == NULL || len == 0 || len > SBX_MAX_HEAD_BYTES) return;
+  if (sbx__head_end(head, len, 0) != len || !lines_ok(head, len)) return;
+
+  /* Request line: method SP target SP version CRLF. */
+  eol = memchr(head, '\n', len);
+  line_len = (size_t)(eol - head) - 1;          /* without CRLF; lines_ok: CR */
+  sp1 = memchr(head, ' ', line_len);
+  if (sp1 == NULL || !is_token(head, (size_t)(sp1 - head))) return;
+  target = sp1 + 1;
+  sp2 = memchr(target, ' ', line_len - (size_t)(target - head));
+  if (sp2 == NULL || sp2 == target) return;
+  tlen = (size_t)(sp2 - target);
+  ver = sp2 + 1;
+  vlen = line_len - (size_t)(ver - head);
+  if (!eq(ver, vlen, "HTTP/1.1") && !eq(ver, vlen, "HTTP/1.0")) return;
+  for (i = 0; i < tlen; i++) {
+    unsigned char c = (unsigned char)target[i];
+    if (c >= 0x80 || c == '\t' || c == '\f') bad_url = 1;
+    else if (c < 0x21 || c == 0x7f) return;
+  }
+  is_post = eq(head, (size_t)(sp1 - head), "POST");
+
+  /* Headers: http_parser over `POST / <version>` + the rest of the head. */
+  inlen = sizeof prefix - 1 + (len - (size_t)(ver - head));
+  if (inlen > sizeof in) return;
+  memcpy(in, prefix, sizeof prefix - 1);
+  memcpy(in + sizeof prefix - 1, ver, len - (size_t)(ver - head));
+
+  memset(&sc, 0, sizeof sc);
+  memset(&settings, 0, sizeof settings);
+  settings.on_header_field = on_field;
+  settings.on_header_value = on_value;
+  settings.on_headers_complete = on_headers_complete;
+  http_parser_init(&parser, HTTP_REQUEST);
+  parser.data = &sc;
+  nparsed = http_parser_execute(&parser, &settings, in, inlen);
+  if (HTTP_PARSER_ERRNO(&parser) != HPE_OK || !sc.complete || sc.bad) return;
+  if (nparsed != inlen && !parser.upgrade) return;
+  if (sc.te && sc.has_cl) return;
+
+  if (bad_url) { refuse(out, 1, 400, SBX_BODY_INVALID_URL); return; }
+  if (!is_post || memchr(target, '?', tlen) != NULL || memchr(target, '#', tlen) != NULL) {
+    refuse(out, 2, 404, SBX_BODY_NOT_FOUND);
+    return;
+  }
+  if (sc.refused) { refuse(out, 3, 403, SBX_BODY_FORBIDDEN_HDR); return; }
+  if (sc.auth != NULL && !eq(sc.auth, sc.auth_len, SBX_DUMMY_AUTHORIZATION)) {
+    refuse(out, 4, 403, SBX_BODY_FORBIDDEN_CRED);
+    return;
+  }
+  if (sc.host == NULL || !eq(sc.host, sc.host_len, SBX_BROKER_HOST)) {
+    refuse(out, 5, 403, SBX_BODY_FORBIDDEN_HOST);
+    return;
+  }
+  for (i = 0; ctx != NULL && i < ctx->nroutes; i++)
+    if (ctx->routes[i].len == tlen && memcmp(ctx->routes[i].s, target, tlen) == 0) break;
+  if (ctx == NULL || i == ctx->nroutes) { refuse(out, 6, 404, SBX_BODY_NOT_FOUND); return; }
+  if (ctx->turn_ended) { refuse(out, 7, 410, SBX_BODY_TURN_ENDED); return; }
+  if (ctx->busy) { refuse(out, 8, 429, SBX_BODY_BUSY); return; }
+
+  out->status = 0;
+  out->step = 9;
+  out->body = NULL;
+  out->route = i;
+  out->has_length = sc.has_cl;
+  out->length = sc.cl;
+}

@@ -1,0 +1,68 @@
+/*
+ * http_head.h: the broker's decision on one request head (spec/broker.md
+ * sections 3, 5 steps 0-8, 6 and 7.1), as a pure function: no libuv, no Lua,
+ * no allocation. The listener calls it once a head is complete; the fuzzer
+ * (fuzz/request_fuzz.c) calls it with arbitrary bytes.
+ */
+#ifndef SBX_HTTP_HEAD_H
+#define SBX_HTTP_HEAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* One configured request-target, compared byte for byte. */
+typedef struct sbx__route {
+  const char *s;
+  size_t len;
+} sbx__route_t;
+
+/* What the decision needs besides the bytes. */
+typedef struct sbx__head_ctx {
+  const sbx__route_t *routes;
+  size_t nroutes;
+  int turn_ended;     /* step 7: the turn signal has aborted */
+  int busy;           /* step 8: a call is in flight or no budget remains */
+} sbx__head_ctx_t;
+
+typedef struct sbx__head_result {
+  int status;         /* 0: accepted (step 9 may run); else 400/403/404/410/429 */
+  int step;           /* the step that decided: 0..8, or 9 when accepted */
+  const char *body;   /* the fixed refusal body (NUL-terminated), NULL if accepted */
+  size_t route;       /* accepted: index into ctx->routes */
+  int has_length;     /* accepted: a Content-Length header was present */
+  uint64_t length;    /* accepted: its value, saturated at UINT64_MAX */
+} sbx__head_result_t;
+
+/*
+ * Where the head ends: the offset just past the first empty line (the line
+ * terminator is LF, optionally preceded by CR), or 0 when buf[0..len) holds
+ * no complete head yet. Only LFs at offsets >= from are examined, so a
+ * caller that appends bytes can resume the scan at its previous length.
+ */
+size_t sbx__head_end(const char *buf, size_t len, size_t from);
+
+/*
+ * Decides steps 0-8 for head[0..len), which must be exactly one complete head
+ * (as delimited by sbx__head_end) of at most SBX_MAX_HEAD_BYTES; anything else
+ * is a framing error (400). Always fills *out.
+ */
+void sbx__head_decide(const char *head, size_t len, const sbx__head_ctx_t *ctx,
+                      sbx__head_result_t *out);
+
+/* The fixed refusal bodies of spec/broker.md section 5. */
+#define SBX_BODY_BAD_REQUEST   "bad request"
+#define SBX_BODY_INVALID_URL   "invalid URL"
+#define SBX_BODY_NOT_FOUND     "not found"
+#define SBX_BODY_FORBIDDEN_HDR "forbidden header"
+#define SBX_BODY_FORBIDDEN_CRED "forbidden credential"
+#define SBX_BODY_FORBIDDEN_HOST "forbidden host"
+#define SBX_BODY_TURN_ENDED    "turn ended"
+#define SBX_BODY_BUSY          "call budget exhausted or busy"
+#define SBX_BODY_CALL_FAILED   "broker call failed"
+#define SBX_BODY_INVALID_INPUT "invalid input"
+
+/* The only credential and Host value a guest may present (section 1). */
+#define SBX_DUMMY_AUTHORIZATION "Bearer sandbox-dummy-key"
+#define SBX_BROKER_HOST         "broker"
+
+#endif
