@@ -46,7 +46,9 @@ enum { H_HOST, H_CONTENT_TYPE, H_CONTENT_LENGTH, H_ACCEPT, H_ACCEPT_ENCODING,
        H_AUTHORIZATION, H_USER_AGENT, H_NPERMITTED };
 
 typedef struct {
-  const char *name;         /* header being collected (points into input) */
+  const char *in_base;      /* where the original bytes at orig_base were copied */
+  const char *orig_base;
+  const char *name;         /* header being collected (points into the original) */
   size_t nlen;
   const char *val;
   size_t vlen;
@@ -129,8 +131,14 @@ static void finish_header(scan_t *sc) {
   if (idx == H_HOST) { sc->host = v; sc->host_len = vn; }
 }
 
+/* The parser runs over a copy; names and values are read in the original. */
+static const char *orig(const scan_t *sc, const char *at) {
+  return sc->orig_base + (at - sc->in_base);
+}
+
 static int on_field(http_parser *p, const char *at, size_t n) {
   scan_t *sc = p->data;
+  at = orig(sc, at);
   if (sc->in_value) finish_header(sc);
   if (sc->have_name) {
     /* One execute over one buffer: a name arrives in one piece. */
@@ -148,6 +156,7 @@ static int on_field(http_parser *p, const char *at, size_t n) {
 
 static int on_value(http_parser *p, const char *at, size_t n) {
   scan_t *sc = p->data;
+  at = orig(sc, at);
   if (!sc->have_name) { sc->bad = 1; return 0; }
   sc->in_value = 1;
   if (sc->val == NULL) { sc->val = at; sc->vlen = n; return 0; }
@@ -194,6 +203,27 @@ static int lines_ok(const char *h, size_t len) {
   return 1;
 }
 
+/*
+ * In the parser's copy, zeroes the digits of a Content-Length made of more
+ * digits than a uint64 holds: http_parser refuses those as invalid, where the
+ * spec wants any plain decimal over SBX_MAX_BODY_BYTES refused at step 10
+ * (502). Our own scan reads the original digits and saturates.
+ */
+static void defuse_long_lengths(char *in, size_t len) {
+  char *line = memchr(in, '\n', len), *end = in + len;
+  while (line != NULL && ++line < end) {
+    char *eol = memchr(line, '\n', (size_t)(end - line)), *colon, *v, *d;
+    if (eol == NULL) break;
+    colon = memchr(line, ':', (size_t)(eol - line));
+    if (colon != NULL && name_is(line, (size_t)(colon - line), "content-length")) {
+      for (v = colon + 1; v < eol && (*v == ' ' || *v == '\t'); v++) {}
+      for (d = v; d < eol && *d >= '0' && *d <= '9'; d++) {}
+      if (d - v >= 19) memset(v, '0', (size_t)(d - v));
+    }
+    line = eol;
+  }
+}
+
 void sbx__head_decide(const char *head, size_t len, const sbx__head_ctx_t *ctx,
                       sbx__head_result_t *out) {
   static const char prefix[] = "POST / ";
@@ -235,7 +265,11 @@ void sbx__head_decide(const char *head, size_t len, const sbx__head_ctx_t *ctx,
   memcpy(in, prefix, sizeof prefix - 1);
   memcpy(in + sizeof prefix - 1, ver, len - (size_t)(ver - head));
 
+  defuse_long_lengths(in, inlen);
+
   memset(&sc, 0, sizeof sc);
+  sc.in_base = in + sizeof prefix - 1;
+  sc.orig_base = ver;
   memset(&settings, 0, sizeof settings);
   settings.on_header_field = on_field;
   settings.on_header_value = on_value;

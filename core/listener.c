@@ -843,13 +843,13 @@ static int l_call_is_open(lua_State *L) {
 }
 
 /* call:on_close(fn): fn() once if the connection closes before the reply
-   (at once when it already has). */
+   (at once when it already has). Replaces an earlier handler. */
 static int l_call_on_close(lua_State *L) {
   call_t *call = check_call(L);
   luaL_checktype(L, 2, LUA_TFUNCTION);
   lua_settop(L, 2);
   lua_setiuservalue(L, 1, UV_ON_CLOSE);
-  if (call->conn == NULL && !call->replied && !call->close_fired) {
+  if (call->conn == NULL && !call->replied) {
     call->close_fired = 1;
     lua_getiuservalue(L, 1, UV_ON_CLOSE);
     lua_call(L, 0, 0);
