@@ -1,3 +1,741 @@
-/* upstream.c: placeholder until its owner lands it. */
+/*
+ * upstream.c: core.http_post(opts), the broker's only way out (spec/broker.md
+ * 7.2, 9.7, 9.8, 11.2, 11.3): one POST over HTTP(S) through libcurl's multi
+ * interface, driven by the same libuv loop as everything else.
+ *
+ * Design
+ * - One curl multi handle per loop ("multi"), created on first use and kept
+ *   in the Lua registry as a userdata whose __gc tears it down. curl tells us
+ *   which sockets to watch (CURLMOPT_SOCKETFUNCTION -> one uv_poll_t per
+ *   socket) and when to call back (CURLMOPT_TIMERFUNCTION -> one uv_timer_t);
+ *   libuv events are fed back with curl_multi_socket_action and finished
+ *   transfers are collected with curl_multi_info_read (CURLMSG_DONE).
+ * - Lua is only ever called from a libuv callback, after curl has returned
+ *   (never from inside a curl callback), so a Lua callback may start or
+ *   cancel any request, this one included.
+ * - A request (up_req_t) is owned by the multi from http_post until it
+ *   finishes or is cancelled; then it is removed from the multi and freed at
+ *   once. The Lua userdata only points at it; both sides clear the pointer
+ *   when they go away, so a collected userdata never frees memory curl still
+ *   uses, and a dropped userdata does not stop the request (on_done is held
+ *   in the registry). uv handles are freed only in their close callbacks.
+ * - on_done(res) runs exactly once, on the next loop turn at the earliest,
+ *   and never after request:cancel().
+ *
+ * Policy: the headers sent are the caller's lines plus Host and
+ * Content-Length, nothing else (no User-Agent, Accept, Accept-Encoding,
+ * Expect or the form Content-Type libcurl would add). No redirects, no
+ * proxy (environment ignored), no netrc, no cookies, no connection reuse
+ * (one request, one connection: a POST is never silently retried on a stale
+ * connection), HTTP/1.1, TLS verified. The final status line decides: a
+ * non-2xx stops the transfer before any body byte is read, 1xx interim
+ * responses are skipped. A Content-Encoding other than identity stops it
+ * too. The body is read up to max_body bytes; one more stops it.
+ *
+ * Nothing here logs a URL, header, body or curl error text.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <curl/curl.h>
+
 #include "sbx_internal.h"
-void sbx__open_upstream(lua_State *L) { (void)L; }
+
+#define MULTI_KEY "sbx.upstream.multi"
+#define REQ_MT "sbx.upstream.request"
+
+/* Bounds on what a caller may hand us (the caller is host Lua). */
+#define UP_MAX_URL           8192
+#define UP_MAX_HEADERS       64
+#define UP_MAX_HEADER_LINE   8192
+#define UP_MAX_REQUEST_BODY  (4 * 1024 * 1024)
+#define UP_MAX_BODY_LIMIT    (64 * 1024 * 1024)
+#define UP_MAX_TIMEOUT_MS    600000
+#define UP_MAX_CONNECT_TO    16
+#define UP_MAX_SEAM_STRING   4096
+#define UP_BUF_START         16384
+
+/* Outcome kinds; 0 while undecided. */
+enum { UP_OK = 1, UP_STATUS, UP_ENCODING, UP_TOO_LARGE, UP_TIMEOUT, UP_NETWORK };
+
+typedef struct up_multi up_multi_t;
+typedef struct up_req up_req_t;
+typedef struct up_sock up_sock_t;
+
+struct up_multi {
+  CURLM *multi;          /* NULL once torn down */
+  uv_timer_t timer;      /* curl's timeout; m is freed in its close callback */
+  sbx__loop_t *lp;
+  up_req_t *reqs;        /* in-flight requests */
+  up_sock_t *socks;      /* watched sockets */
+};
+
+typedef struct { up_multi_t *m; } up_multi_box_t;
+typedef struct { up_req_t *r; } up_req_box_t;
+
+struct up_sock {
+  uv_poll_t poll;        /* freed in its close callback */
+  curl_socket_t fd;
+  up_multi_t *m;
+  up_sock_t *prev, *next;
+};
+
+struct up_req {
+  up_req_t *prev, *next;
+  up_multi_t *m;
+  up_req_box_t *box;     /* Lua side, or NULL once collected */
+  CURL *easy;
+  struct curl_slist *headers, *connect_to;
+  char *body;            /* our copy of the request body (POSTFIELDS) */
+  char *buf;             /* response body so far */
+  size_t len, cap, max_body;
+  long status;           /* last status line read; 0 before any */
+  int final_seen;        /* a non-1xx status line was read */
+  int last_was_ce;       /* previous header line was Content-Encoding */
+  int err;               /* UP_* decided by a curl callback, else 0 */
+  int done_ref;          /* on_done in the registry */
+};
+
+/* What on_done receives; built on the C stack, turned into a table in Lua. */
+typedef struct {
+  int kind;
+  long status;
+  const char *body;
+  size_t len;
+} up_outcome_t;
+
+/* ---- curl global state ------------------------------------------------ */
+
+static pthread_once_t global_once = PTHREAD_ONCE_INIT;
+static CURLcode global_rc = CURLE_FAILED_INIT;
+
+static void global_init(void) {
+  global_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+/* ---- lists ------------------------------------------------------------ */
+
+static void req_link(up_multi_t *m, up_req_t *r) {
+  r->prev = NULL;
+  r->next = m->reqs;
+  if (m->reqs != NULL) m->reqs->prev = r;
+  m->reqs = r;
+}
+
+static void req_unlink(up_multi_t *m, up_req_t *r) {
+  if (r->prev != NULL) r->prev->next = r->next; else m->reqs = r->next;
+  if (r->next != NULL) r->next->prev = r->prev;
+  r->prev = r->next = NULL;
+}
+
+/* ---- sockets and timer ------------------------------------------------ */
+
+static void sock_closed(uv_handle_t *h) {
+  free(h->data);
+}
+
+/* Stops watching s and schedules its memory to be freed. */
+static void sock_close(up_multi_t *m, up_sock_t *s) {
+  if (s->prev != NULL) s->prev->next = s->next; else m->socks = s->next;
+  if (s->next != NULL) s->next->prev = s->prev;
+  s->prev = s->next = NULL;
+  uv_poll_stop(&s->poll);
+  uv_close((uv_handle_t *)&s->poll, sock_closed);
+}
+
+static void check_done(up_multi_t *m);
+
+static void on_poll(uv_poll_t *h, int status, int events) {
+  up_sock_t *s = h->data;
+  up_multi_t *m = s->m;
+  int flags = 0, running = 0;
+  if (status < 0) {
+    flags = CURL_CSELECT_ERR;
+  } else {
+    if (events & UV_READABLE) flags |= CURL_CSELECT_IN;
+    if (events & UV_WRITABLE) flags |= CURL_CSELECT_OUT;
+  }
+  /* s may be closed by curl's socket callback in here; not used after. */
+  curl_multi_socket_action(m->multi, s->fd, flags, &running);
+  check_done(m);
+}
+
+static void on_uv_timer(uv_timer_t *t) {
+  up_multi_t *m = t->data;
+  int running = 0;
+  if (m->multi == NULL) return;
+  curl_multi_socket_action(m->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+  check_done(m);
+}
+
+/* CURLMOPT_SOCKETFUNCTION: watch, re-arm or forget one socket. */
+static int on_curl_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp) {
+  up_multi_t *m = userp;
+  up_sock_t *s = socketp;
+  int events = 0;
+  (void)easy;
+  if (what == CURL_POLL_REMOVE) {
+    if (s != NULL) {
+      sock_close(m, s);
+      curl_multi_assign(m->multi, fd, NULL);
+    }
+    return 0;
+  }
+  if (s == NULL) {
+    s = calloc(1, sizeof *s);
+    if (s == NULL) return -1;
+    if (uv_poll_init_socket(&m->lp->uv, &s->poll, fd) != 0) {
+      free(s);
+      return -1;
+    }
+    s->poll.data = s;
+    s->fd = fd;
+    s->m = m;
+    s->next = m->socks;
+    if (m->socks != NULL) m->socks->prev = s;
+    m->socks = s;
+    curl_multi_assign(m->multi, fd, s);
+  }
+  if (what == CURL_POLL_IN || what == CURL_POLL_INOUT) events |= UV_READABLE;
+  if (what == CURL_POLL_OUT || what == CURL_POLL_INOUT) events |= UV_WRITABLE;
+  if (uv_poll_start(&s->poll, events, on_poll) != 0) return -1;
+  return 0;
+}
+
+/* CURLMOPT_TIMERFUNCTION: -1 stops the timer; 0 means "as soon as you can",
+ * which a 0 ms uv timer gives on the next loop turn (never re-entering curl
+ * from inside this callback). */
+static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp) {
+  up_multi_t *m = userp;
+  (void)multi;
+  if (timeout_ms < 0) uv_timer_stop(&m->timer);
+  else uv_timer_start(&m->timer, on_uv_timer, (uint64_t)timeout_ms, 0);
+  return 0;
+}
+
+/* ---- request lifetime ------------------------------------------------- */
+
+/* Removes r from curl and frees it; its buffer is handed back when keep_buf
+ * is non-NULL. Never calls Lua. L is any thread of the state (for unref). */
+static void req_destroy(lua_State *L, up_req_t *r, char **keep_buf) {
+  up_multi_t *m = r->m;
+  req_unlink(m, r);
+  if (r->easy != NULL) {
+    if (m->multi != NULL) curl_multi_remove_handle(m->multi, r->easy);
+    curl_easy_cleanup(r->easy);
+  }
+  curl_slist_free_all(r->headers);
+  curl_slist_free_all(r->connect_to);
+  free(r->body);
+  if (keep_buf != NULL) *keep_buf = r->buf; else free(r->buf);
+  if (L != NULL) sbx__unref(L, &r->done_ref);
+  if (r->box != NULL) r->box->r = NULL;
+  free(r);
+}
+
+/* Runs inside lua_pcall: (fn, outcome) -> fn(res). */
+static int deliver(lua_State *L) {
+  const up_outcome_t *o = lua_touserdata(L, 2);
+  static const char *const names[] = {
+    NULL, NULL, "status", "encoding", "too large", "timeout", "network"};
+  lua_pushvalue(L, 1);
+  lua_createtable(L, 0, 3);
+  lua_pushboolean(L, o->kind == UP_OK);
+  lua_setfield(L, -2, "ok");
+  if (o->status > 0) {
+    lua_pushinteger(L, (lua_Integer)o->status);
+    lua_setfield(L, -2, "status");
+  }
+  if (o->kind == UP_OK) {
+    lua_pushlstring(L, o->body != NULL ? o->body : "", o->len);
+    lua_setfield(L, -2, "body");
+  } else {
+    lua_pushstring(L, names[o->kind]);
+    lua_setfield(L, -2, "error");
+  }
+  lua_call(L, 1, 0);
+  return 0;
+}
+
+/* One transfer is over: decide its outcome, free it, then call on_done. */
+static void finish(up_multi_t *m, up_req_t *r, CURLcode rc) {
+  lua_State *L = m->lp->L;
+  up_outcome_t o;
+  long code = 0;
+  char *buf = NULL;
+  int ref;
+  memset(&o, 0, sizeof o);
+  curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &code);
+  if (r->err != 0) {
+    o.kind = r->err;
+  } else if (rc == CURLE_OK) {
+    if (!r->final_seen || code < 100) o.kind = UP_NETWORK;
+    else if (code >= 200 && code <= 299) o.kind = UP_OK;
+    else o.kind = UP_STATUS;
+  } else if (rc == CURLE_OPERATION_TIMEDOUT) {
+    o.kind = UP_TIMEOUT;
+  } else {
+    o.kind = UP_NETWORK;
+  }
+  if (r->final_seen) o.status = code > 0 ? code : r->status;
+  o.len = r->len;
+  ref = r->done_ref;
+  r->done_ref = LUA_NOREF;
+  req_destroy(NULL, r, &buf);
+  o.body = buf;
+  lua_pushcfunction(L, deliver);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, ref);
+  lua_pushlightuserdata(L, &o);
+  sbx__pcall(L, 2);
+  free(buf);
+}
+
+/* Collects finished transfers. One message at a time: a Lua callback may
+ * remove other handles, which drops their pending messages. */
+static void check_done(up_multi_t *m) {
+  CURLMsg *msg;
+  int left = 0;
+  while (m->multi != NULL && (msg = curl_multi_info_read(m->multi, &left)) != NULL) {
+    CURL *easy = msg->easy_handle;
+    CURLcode rc = msg->data.result;
+    char *priv = NULL;
+    if (msg->msg != CURLMSG_DONE) continue;
+    curl_easy_getinfo(easy, CURLINFO_PRIVATE, &priv);
+    if (priv != NULL) finish(m, (up_req_t *)priv, rc);
+  }
+}
+
+/* ---- curl easy callbacks (never call Lua) ----------------------------- */
+
+static int is_ows(char c) { return c == ' ' || c == '\t'; }
+
+/* "HTTP/x[.y] NNN ..." -> NNN, or -1. */
+static long parse_status(const char *p, size_t n) {
+  size_t i = 5;
+  long code = 0;
+  int k;
+  while (i < n && p[i] != ' ') i++;
+  while (i < n && p[i] == ' ') i++;
+  for (k = 0; k < 3; k++, i++) {
+    if (i >= n || p[i] < '0' || p[i] > '9') return -1;
+    code = code * 10 + (p[i] - '0');
+  }
+  if (i < n && p[i] != ' ' && p[i] != '\r' && p[i] != '\n') return -1;
+  return code;
+}
+
+/* Is the header line a Content-Encoding whose trimmed value is not
+ * "identity"? Sets *is_ce when the name matches at all. */
+static int bad_encoding(const char *p, size_t n, int *is_ce) {
+  const char *colon = memchr(p, ':', n);
+  size_t nl, vs, ve;
+  *is_ce = 0;
+  if (colon == NULL) return 0;
+  nl = (size_t)(colon - p);
+  while (nl > 0 && is_ows(p[nl - 1])) nl--;
+  if (nl != 16 || strncasecmp(p, "content-encoding", 16) != 0) return 0;
+  *is_ce = 1;
+  vs = (size_t)(colon - p) + 1;
+  ve = n;
+  while (vs < ve && is_ows(p[vs])) vs++;
+  while (ve > vs && (is_ows(p[ve - 1]) || p[ve - 1] == '\r' || p[ve - 1] == '\n')) ve--;
+  return !(ve - vs == 8 && strncasecmp(p + vs, "identity", 8) == 0);
+}
+
+/* CURLOPT_HEADERFUNCTION: sees every header line of every response of the
+ * transfer (interim 1xx ones too). Returning less than n aborts. */
+static size_t on_header(char *p, size_t size, size_t nitems, void *ud) {
+  up_req_t *r = ud;
+  size_t n = size * nitems;
+  int is_ce = 0;
+  if (r->err != 0) return 0;
+  if (n >= 5 && memcmp(p, "HTTP/", 5) == 0) {
+    long code = parse_status(p, n);
+    r->last_was_ce = 0;
+    if (code < 100) { r->err = UP_NETWORK; return 0; }
+    r->status = code;
+    if (code < 200) return n;              /* interim: wait for the final one */
+    r->final_seen = 1;
+    if (code > 299) { r->err = UP_STATUS; return 0; }   /* body never read */
+    return n;
+  }
+  if (!r->final_seen) return n;            /* a 1xx response's own headers */
+  if (n > 0 && is_ows(p[0])) {             /* obs-fold continuation */
+    if (r->last_was_ce) { r->err = UP_ENCODING; return 0; }
+    return n;
+  }
+  if (bad_encoding(p, n, &is_ce)) { r->err = UP_ENCODING; return 0; }
+  r->last_was_ce = is_ce;
+  return n;                                /* every other header: discarded */
+}
+
+/* CURLOPT_WRITEFUNCTION: the body of a final 2xx, bounded by max_body. */
+static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
+  up_req_t *r = ud;
+  size_t n = size * nmemb;
+  if (r->err != 0 || !r->final_seen) { if (r->err == 0) r->err = UP_NETWORK; return 0; }
+  if (n == 0) return 0;
+  if (n > r->max_body - r->len) { r->err = UP_TOO_LARGE; return 0; }
+  if (r->len + n > r->cap) {
+    size_t cap = r->cap > 0 ? r->cap : UP_BUF_START;
+    char *nb;
+    while (cap < r->len + n) cap = cap > SIZE_MAX / 2 ? SIZE_MAX : cap * 2;
+    if (cap > r->max_body) cap = r->max_body;
+    nb = realloc(r->buf, cap);
+    if (nb == NULL) { r->err = UP_NETWORK; return 0; }
+    r->buf = nb;
+    r->cap = cap;
+  }
+  memcpy(r->buf + r->len, p, n);
+  r->len += n;
+  return n;
+}
+
+/* ---- the multi, one per loop ------------------------------------------ */
+
+static void multi_freed(uv_handle_t *h) {
+  free(h->data);
+}
+
+/* Tears the multi down without calling Lua: in-flight requests are dropped
+ * (their on_done never runs: the state is going away). */
+static int multi_gc(lua_State *L) {
+  up_multi_box_t *b = luaL_checkudata(L, 1, MULTI_KEY);
+  up_multi_t *m = b->m;
+  if (m == NULL) return 0;
+  b->m = NULL;
+  while (m->reqs != NULL) req_destroy(L, m->reqs, NULL);
+  curl_multi_cleanup(m->multi);
+  m->multi = NULL;
+  while (m->socks != NULL) sock_close(m, m->socks);
+  uv_timer_stop(&m->timer);
+  uv_close((uv_handle_t *)&m->timer, multi_freed);
+  return 0;
+}
+
+static up_multi_t *get_multi(lua_State *L) {
+  up_multi_box_t *b;
+  up_multi_t *m;
+  sbx__loop_t *lp;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, MULTI_KEY) == LUA_TUSERDATA) {
+    b = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    return b->m;
+  }
+  lua_pop(L, 1);
+  pthread_once(&global_once, global_init);
+  if (global_rc != CURLE_OK) return NULL;
+  lp = sbx__loop(L);
+  m = calloc(1, sizeof *m);
+  if (m == NULL) return NULL;
+  m->lp = lp;
+  m->multi = curl_multi_init();
+  if (m->multi == NULL) { free(m); return NULL; }
+  curl_multi_setopt(m->multi, CURLMOPT_SOCKETFUNCTION, on_curl_socket);
+  curl_multi_setopt(m->multi, CURLMOPT_SOCKETDATA, m);
+  curl_multi_setopt(m->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
+  curl_multi_setopt(m->multi, CURLMOPT_TIMERDATA, m);
+  uv_timer_init(&lp->uv, &m->timer);
+  m->timer.data = m;
+  b = lua_newuserdatauv(L, sizeof *b, 0);
+  b->m = m;
+  if (luaL_newmetatable(L, MULTI_KEY)) {
+    lua_pushcfunction(L, multi_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_setmetatable(L, -2);
+  lua_setfield(L, LUA_REGISTRYINDEX, MULTI_KEY);
+  return m;
+}
+
+/* ---- argument checks (programming errors raise) ----------------------- */
+
+/* A string field, at most max bytes (NUL bytes refused unless allow_nul);
+ * NULL when absent. The string stays alive in the opts table. */
+static const char *opt_string(lua_State *L, const char *field, size_t max, size_t *len,
+                              int allow_nul) {
+  const char *s;
+  size_t n;
+  int t = lua_getfield(L, 1, field);
+  if (t == LUA_TNIL) { lua_pop(L, 1); return NULL; }
+  if (t != LUA_TSTRING) luaL_error(L, "http_post: opts.%s must be a string", field);
+  s = lua_tolstring(L, -1, &n);
+  lua_pop(L, 1);
+  if (n > max) luaL_error(L, "http_post: opts.%s is too long", field);
+  if (!allow_nul && memchr(s, '\0', n) != NULL)
+    luaL_error(L, "http_post: opts.%s holds a NUL byte", field);
+  if (len != NULL) *len = n;
+  return s;
+}
+
+static int is_tchar(unsigned char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
+}
+
+/* "Name: value": token name, non-empty value of HTAB/SP/VCHAR/obs-text.
+ * Framing headers are the client's own and refused. Returns the name
+ * length, or raises. */
+static size_t check_header_line(lua_State *L, const char *s, size_t n) {
+  static const char *const framing[] = {
+    "host", "content-length", "transfer-encoding", "expect", "connection", NULL};
+  size_t i = 0, k;
+  int has_value = 0;
+  while (i < n && is_tchar((unsigned char)s[i])) i++;
+  if (i == 0 || i >= n || s[i] != ':')
+    luaL_error(L, "http_post: header lines must be 'Name: value'");
+  for (k = 0; framing[k] != NULL; k++)
+    if (strlen(framing[k]) == i && strncasecmp(s, framing[k], i) == 0)
+      luaL_error(L, "http_post: the %s header is set by the client", framing[k]);
+  for (k = i + 1; k < n; k++) {
+    unsigned char c = (unsigned char)s[k];
+    if (c != '\t' && (c < 0x20 || c == 0x7f))
+      luaL_error(L, "http_post: header value holds a control character");
+    if (c != ' ' && c != '\t') has_value = 1;
+  }
+  if (!has_value) luaL_error(L, "http_post: header lines must be 'Name: value'");
+  return i;
+}
+
+static lua_Integer opt_integer(lua_State *L, const char *field, lua_Integer dflt,
+                               lua_Integer lo, lua_Integer hi, int required) {
+  lua_Integer v;
+  int isnum = 0;
+  int t = lua_getfield(L, 1, field);
+  if (t == LUA_TNIL) {
+    lua_pop(L, 1);
+    if (required) luaL_error(L, "http_post: opts.%s is required", field);
+    return dflt;
+  }
+  if (t == LUA_TNUMBER) v = lua_tointegerx(L, -1, &isnum);
+  else v = 0;
+  lua_pop(L, 1);
+  if (!isnum || v < lo || v > hi)
+    luaL_error(L, "http_post: opts.%s must be an integer in %I..%I", field, lo, hi);
+  return v;
+}
+
+/* Checks opts.headers and opts.connect_to; raises on anything malformed.
+ * Runs before anything is allocated, so a raise leaks nothing. */
+static void check_lists(lua_State *L) {
+  lua_Integer i, n = 0;
+  int t = lua_getfield(L, 1, "headers");
+  if (t != LUA_TNIL && t != LUA_TTABLE) luaL_error(L, "http_post: opts.headers must be an array");
+  if (t == LUA_TTABLE) n = (lua_Integer)lua_rawlen(L, -1);
+  if (n > UP_MAX_HEADERS) luaL_error(L, "http_post: too many header lines");
+  for (i = 1; i <= n; i++) {
+    size_t len;
+    const char *s;
+    if (lua_rawgeti(L, -1, i) != LUA_TSTRING) luaL_error(L, "http_post: header lines must be strings");
+    s = lua_tolstring(L, -1, &len);
+    if (len > UP_MAX_HEADER_LINE) luaL_error(L, "http_post: header line too long");
+    check_header_line(L, s, len);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  t = lua_getfield(L, 1, "connect_to");
+  n = 0;
+  if (t != LUA_TNIL && t != LUA_TTABLE) luaL_error(L, "http_post: opts.connect_to must be an array");
+  if (t == LUA_TTABLE) n = (lua_Integer)lua_rawlen(L, -1);
+  if (n > UP_MAX_CONNECT_TO) luaL_error(L, "http_post: too many connect_to entries");
+  for (i = 1; i <= n; i++) {
+    size_t len;
+    const char *s;
+    if (lua_rawgeti(L, -1, i) != LUA_TSTRING) luaL_error(L, "http_post: connect_to entries must be strings");
+    s = lua_tolstring(L, -1, &len);
+    if (len == 0 || len > UP_MAX_SEAM_STRING || memchr(s, '\0', len) != NULL)
+      luaL_error(L, "http_post: bad connect_to entry");
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+}
+
+/* Appends to *list, or returns -1 (out of memory). */
+static int slist_add(struct curl_slist **list, const char *s) {
+  struct curl_slist *nl = curl_slist_append(*list, s);
+  if (nl == NULL) return -1;
+  *list = nl;
+  return 0;
+}
+
+/* Builds r->headers (the caller's lines, then "Name:" removals for what
+ * libcurl would add on its own: Accept, the form Content-Type, Expect) and
+ * r->connect_to from the already checked opts. Returns -1 when out of
+ * memory. Lua strings are NUL-terminated and were checked NUL-free. */
+static int build_lists(lua_State *L, up_req_t *r) {
+  int has_accept = 0, has_type = 0, rc = 0;
+  lua_Integer i, n = 0;
+  if (lua_getfield(L, 1, "headers") == LUA_TTABLE) n = (lua_Integer)lua_rawlen(L, -1);
+  for (i = 1; i <= n && rc == 0; i++) {
+    const char *s;
+    lua_rawgeti(L, -1, i);
+    s = lua_tostring(L, -1);
+    if (strncasecmp(s, "accept:", 7) == 0) has_accept = 1;
+    if (strncasecmp(s, "content-type:", 13) == 0) has_type = 1;
+    rc = slist_add(&r->headers, s);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  if (rc == 0 && !has_accept) rc = slist_add(&r->headers, "Accept:");
+  if (rc == 0 && !has_type) rc = slist_add(&r->headers, "Content-Type:");
+  if (rc == 0) rc = slist_add(&r->headers, "Expect:");
+  n = 0;
+  if (lua_getfield(L, 1, "connect_to") == LUA_TTABLE) n = (lua_Integer)lua_rawlen(L, -1);
+  for (i = 1; i <= n && rc == 0; i++) {
+    lua_rawgeti(L, -1, i);
+    rc = slist_add(&r->connect_to, lua_tostring(L, -1));
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  return rc;
+}
+
+/* ---- Lua API ---------------------------------------------------------- */
+
+#define SET(opt, val) (bad |= curl_easy_setopt(r->easy, opt, val) != CURLE_OK)
+
+/* All easy options; returns 0, or -1 when curl refused one (every option
+ * here is policy, so none may be skipped). */
+static int setup_easy(up_req_t *r, const char *url, size_t body_len, long timeout_ms,
+                      int allow_http, const char *cainfo) {
+  int bad = 0;
+  const char *protos = allow_http ? "http,https" : "https";
+  SET(CURLOPT_PRIVATE, (char *)r);
+  SET(CURLOPT_URL, url);
+  SET(CURLOPT_PATH_AS_IS, 1L);
+  SET(CURLOPT_DISALLOW_USERNAME_IN_URL, 1L);
+  SET(CURLOPT_PROTOCOLS_STR, protos);
+  SET(CURLOPT_REDIR_PROTOCOLS_STR, protos);
+  SET(CURLOPT_FOLLOWLOCATION, 0L);
+  SET(CURLOPT_MAXREDIRS, 0L);
+  SET(CURLOPT_PROXY, "");
+  SET(CURLOPT_NOPROXY, "*");
+  SET(CURLOPT_NETRC, (long)CURL_NETRC_IGNORED);
+  SET(CURLOPT_SSL_VERIFYPEER, 1L);
+  SET(CURLOPT_SSL_VERIFYHOST, 2L);
+  SET(CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+  SET(CURLOPT_HTTP_CONTENT_DECODING, 0L);
+  SET(CURLOPT_FRESH_CONNECT, 1L);
+  SET(CURLOPT_FORBID_REUSE, 1L);
+  SET(CURLOPT_NOSIGNAL, 1L);
+  SET(CURLOPT_TIMEOUT_MS, timeout_ms);
+  SET(CURLOPT_POST, 1L);
+  SET(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
+  SET(CURLOPT_POSTFIELDS, r->body);
+  SET(CURLOPT_HTTPHEADER, r->headers);
+  SET(CURLOPT_HEADERFUNCTION, on_header);
+  SET(CURLOPT_HEADERDATA, r);
+  SET(CURLOPT_WRITEFUNCTION, on_body);
+  SET(CURLOPT_WRITEDATA, r);
+  if (cainfo != NULL) SET(CURLOPT_CAINFO, cainfo);
+  if (r->connect_to != NULL) SET(CURLOPT_CONNECT_TO, r->connect_to);
+  return bad ? -1 : 0;
+}
+
+#undef SET
+
+static int fail(lua_State *L, up_req_t *r, const char *msg) {
+  if (r != NULL) {
+    if (r->easy != NULL) curl_easy_cleanup(r->easy);
+    curl_slist_free_all(r->headers);
+    curl_slist_free_all(r->connect_to);
+    free(r->body);
+    sbx__unref(L, &r->done_ref);
+    free(r);
+  }
+  lua_pushnil(L);
+  lua_pushstring(L, msg);
+  return 2;
+}
+
+/* core.http_post(opts) -> request | nil, err. See API.md. */
+static int l_http_post(lua_State *L) {
+  const char *url, *body, *cainfo;
+  size_t url_len = 0, body_len = 0;
+  lua_Integer timeout_ms, max_body;
+  int allow_http;
+  up_multi_t *m;
+  up_req_t *r;
+  up_req_box_t *b;
+
+  luaL_checktype(L, 1, LUA_TTABLE);
+  url = opt_string(L, "url", UP_MAX_URL, &url_len, 0);
+  if (url == NULL || url_len == 0) luaL_error(L, "http_post: opts.url is required");
+  body = opt_string(L, "body", UP_MAX_REQUEST_BODY, &body_len, 1);
+  cainfo = opt_string(L, "cainfo", UP_MAX_SEAM_STRING, NULL, 0);
+  timeout_ms = opt_integer(L, "timeout_ms", 0, 1, UP_MAX_TIMEOUT_MS, 1);
+  max_body = opt_integer(L, "max_body", SBX_MAX_UPSTREAM_BYTES, 0, UP_MAX_BODY_LIMIT, 0);
+  lua_getfield(L, 1, "allow_http");
+  if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
+    luaL_error(L, "http_post: opts.allow_http must be a boolean");
+  allow_http = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  if (lua_getfield(L, 1, "on_done") != LUA_TFUNCTION)
+    luaL_error(L, "http_post: opts.on_done must be a function");
+  lua_pop(L, 1);
+  check_lists(L);
+
+  m = get_multi(L);
+  if (m == NULL || m->multi == NULL) return fail(L, NULL, "upstream client unavailable");
+  r = calloc(1, sizeof *r);
+  if (r == NULL) return fail(L, NULL, "out of memory");
+  r->done_ref = LUA_NOREF;
+  r->m = m;
+  r->max_body = (size_t)max_body;
+  if (build_lists(L, r) != 0) return fail(L, r, "out of memory");
+  r->body = malloc(body_len > 0 ? body_len : 1);
+  if (r->body == NULL) return fail(L, r, "out of memory");
+  if (body_len > 0) memcpy(r->body, body, body_len);
+  r->easy = curl_easy_init();
+  if (r->easy == NULL) return fail(L, r, "out of memory");
+  if (setup_easy(r, url, body_len, (long)timeout_ms, allow_http, cainfo) != 0)
+    return fail(L, r, "upstream client setup failed");
+  b = lua_newuserdatauv(L, sizeof *b, 0);
+  b->r = NULL;
+  luaL_setmetatable(L, REQ_MT);
+  lua_getfield(L, 1, "on_done");
+  r->done_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  if (curl_multi_add_handle(m->multi, r->easy) != CURLM_OK) {
+    lua_pop(L, 1);
+    return fail(L, r, "upstream client setup failed");
+  }
+  req_link(m, r);
+  r->box = b;
+  b->r = r;
+  return 1;
+}
+
+/* request:cancel(): aborts the transfer; on_done will not run. Idempotent,
+ * safe from any callback (curl is never on the stack when Lua runs). */
+static int req_cancel(lua_State *L) {
+  up_req_box_t *b = luaL_checkudata(L, 1, REQ_MT);
+  if (b->r != NULL) req_destroy(L, b->r, NULL);
+  b->r = NULL;
+  return 0;
+}
+
+/* A collected request object lets the transfer run on (on_done is held in
+ * the registry); it only forgets the link. */
+static int req_gc(lua_State *L) {
+  up_req_box_t *b = luaL_checkudata(L, 1, REQ_MT);
+  if (b->r != NULL) b->r->box = NULL;
+  b->r = NULL;
+  return 0;
+}
+
+void sbx__open_upstream(lua_State *L) {
+  static const luaL_Reg methods[] = {{"cancel", req_cancel}, {NULL, NULL}};
+  if (luaL_newmetatable(L, REQ_MT)) {
+    luaL_newlib(L, methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, req_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+  lua_pushcfunction(L, l_http_post);
+  lua_setfield(L, -2, "http_post");
+}
