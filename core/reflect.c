@@ -10,10 +10,19 @@
  * without '+' or '/'); any occurrence of the longer one is an occurrence of
  * the shorter one, so the answer never changes.
  *
- * Scanning is one pass over the haystack: for each 16-byte block, SSE2
- * compares the first byte of every needle at each start position and its
- * last byte at start + len - 1; the rare positions where both match are
- * verified with memcmp. A portable scalar loop does the same without SSE2.
+ * Scanning is one pass over the haystack for all needles at once:
+ *  - shortest needle >= WM_MIN_NEEDLE bytes (the usual case): Wu-Manber, a
+ *    multi-needle Horspool on 2-byte blocks. A window as long as the
+ *    shortest needle slides along; the block at its end says how far it may
+ *    jump (up to the window length) without passing the start of any needle.
+ *    Blocks found in no needle take a constant stride, which lets the CPU run
+ *    several steps ahead (the trick that makes glibc's memmem fast).
+ *  - shorter needles: SSE2 compares every needle's first byte at each start
+ *    position and its last byte at start + len - 1, 16 positions at a time
+ *    (a portable scalar loop without SSE2).
+ * Candidates are verified with memcmp. A per-call verification budget hands
+ * a pathological haystack (needle ends matching everywhere) to glibc memmem,
+ * which is linear, so no input costs O(n * m).
  *
  * Lua: core.reflect_filter(key) -> filter with :hit(s) and :hit_value(v).
  */
@@ -31,6 +40,15 @@
 #define REFLECT_MT "sbx.reflect"
 #define REFLECT_NEEDLES 6
 
+/* Wu-Manber shift table: 2-byte blocks hashed to WM_BITS bits. */
+#define WM_BITS 12
+#define WM_SIZE (1u << WM_BITS)
+#define WM_HASH(a, b) ((((unsigned)(a) << 5) ^ (unsigned)(b)) & (WM_SIZE - 1))
+/* Shortest needle length from which the skipping scan beats SSE2. */
+#ifndef WM_MIN_NEEDLE
+#define WM_MIN_NEEDLE 5
+#endif
+
 typedef struct {
   const unsigned char *s;
   size_t len;
@@ -38,8 +56,10 @@ typedef struct {
 
 struct sbx_reflect {
   size_t n;                         /* distinct needles kept, 1..6 */
-  size_t maxlen;                    /* longest kept needle */
+  size_t minlen, maxlen;            /* shortest and longest kept needle */
   needle_t nd[REFLECT_NEEDLES];
+  size_t shift_max;                 /* shift of a block in no needle */
+  unsigned char near[WM_SIZE];      /* shift_max - shift of each block hash */
   unsigned char store[];            /* the needle bytes, back to back */
 };
 
@@ -137,6 +157,27 @@ static void prune(struct sbx_reflect *f, needle_t *all, size_t count) {
     f->nd[f->n++] = all[i];
     if (all[i].len > f->maxlen) f->maxlen = all[i].len;
   }
+  f->minlen = f->nd[0].len;
+}
+
+/*
+ * Shift of each 2-byte block: how far a window of minlen bytes ending in
+ * that block may move without passing the start of a needle, from every
+ * needle's first minlen bytes; at most 255 (any smaller shift is safe too).
+ * Stored as near = shift_max - shift, so a block in no needle is 0.
+ */
+static void build_shifts(struct sbx_reflect *f) {
+  size_t m = f->minlen, dmax = m - 1 > 255 ? 255 : m - 1;
+  f->shift_max = dmax;
+  memset(f->near, 0, sizeof f->near);
+  for (size_t k = 0; k < f->n; k++) {
+    const unsigned char *s = f->nd[k].s;
+    for (size_t j = 1; j < m; j++) {
+      size_t sh = m - 1 - j;
+      unsigned char *e = &f->near[WM_HASH(s[j - 1], s[j])];
+      if (sh < dmax && dmax - sh > *e) *e = (unsigned char)(dmax - sh);
+    }
+  }
 }
 
 int sbx_reflect_new(const char *key, size_t len, sbx_reflect_t **out) {
@@ -164,6 +205,7 @@ int sbx_reflect_new(const char *key, size_t len, sbx_reflect_t **out) {
   p += all[4].len;
   all[5] = (needle_t){p, enc_hex(p, k, len, 1)};
   prune(f, all, REFLECT_NEEDLES);
+  if (f->minlen >= WM_MIN_NEEDLE) build_shifts(f);
   *out = f;
   return 0;
 }
@@ -176,17 +218,81 @@ void sbx_reflect_free(sbx_reflect_t *f) {
 /* Scanning                                                            */
 /* ------------------------------------------------------------------ */
 
-/* Whether needle nd, whose first and last bytes already match, is at h. */
-static inline int verify(const needle_t *nd, const unsigned char *h) {
-  return nd->len <= 2 || memcmp(h + 1, nd->s + 1, nd->len - 2) == 0;
+/*
+ * Work budget: bytes that candidate verifications (memcmp) may compare per
+ * call before the scan hands the rest of the haystack to glibc memmem
+ * (linear time), so a haystack crafted to match needle ends everywhere
+ * costs O(n), not O(n * m).
+ */
+static size_t verify_budget(size_t len) {
+  return 2 * len + 16384;
+}
+
+/*
+ * Whether needle nd starts at h[at] (h holds len bytes): 1 yes, 0 no, -1
+ * when the memcmp would pass the budget (*budget, in bytes).
+ */
+static inline int needle_at(const needle_t *nd, const unsigned char *h, size_t at, size_t len,
+                            size_t *budget) {
+  if (nd->len > len - at || h[at] != nd->s[0] || h[at + nd->len - 1] != nd->s[nd->len - 1])
+    return 0;
+  if (nd->len <= 2) return 1;
+  if (*budget < nd->len) return -1;
+  *budget -= nd->len;
+  return memcmp(h + at + 1, nd->s + 1, nd->len - 2) == 0;
+}
+
+/* Every needle over h[from..len) with memmem: the slow-but-linear path. */
+static int scan_memmem(const sbx_reflect_t *f, const unsigned char *h, size_t from, size_t len) {
+  for (size_t k = 0; k < f->n; k++)
+    if (memmem(h + from, len - from, f->nd[k].s, f->nd[k].len) != NULL) return 1;
+  return 0;
+}
+
+/*
+ * Wu-Manber (multi-needle Horspool on 2-byte blocks): a window of the
+ * shortest needle's length m slides over the haystack; the last two bytes
+ * of the window pick how far it may move without skipping any start of any
+ * needle (from the needles' first m bytes). Only a shift of 0 leads to a
+ * check of every needle at the window's start.
+ */
+/* Kept out of line so the short-string exit of sbx_reflect_hit stays cheap. */
+__attribute__((noinline))
+static int scan_wm(const sbx_reflect_t *f, const unsigned char *h, size_t len) {
+  const size_t m = f->minlen, dmax = f->shift_max;
+  size_t i = m - 1;                               /* last byte of the window */
+  size_t budget = verify_budget(len);
+  for (;;) {
+    unsigned e;
+    /* Blocks in no needle (entry 0): a constant stride, so the next loads
+     * do not wait for this step's table lookup. */
+    while ((e = f->near[WM_HASH(h[i - 1], h[i])]) == 0) {
+      i += dmax;
+      if (i >= len) return 0;
+    }
+    if (e != dmax) {
+      i += dmax - e;
+      if (i >= len) return 0;
+      continue;
+    }
+    size_t at = i - (m - 1);
+    for (size_t k = 0; k < f->n; k++) {
+      int rc = needle_at(&f->nd[k], h, at, len, &budget);
+      if (rc != 0) return rc > 0 ? 1 : scan_memmem(f, h, at, len);
+    }
+    if (++i >= len) return 0;
+  }
 }
 
 /* Positions [from, to) of needle nd, byte by byte. */
-static int scan_scalar(const needle_t *nd, const unsigned char *h, size_t from, size_t to) {
-  unsigned char first = nd->s[0], last = nd->s[nd->len - 1];
-  size_t off = nd->len - 1;
-  for (size_t i = from; i < to; i++)
-    if (h[i] == first && h[i + off] == last && verify(nd, h + i)) return 1;
+static int scan_scalar(const needle_t *nd, const unsigned char *h, size_t from, size_t to,
+                       size_t len, size_t *budget) {
+  unsigned char first = nd->s[0];
+  for (size_t i = from; i < to; i++) {
+    if (h[i] != first) continue;
+    int rc = needle_at(nd, h, i, len, budget);
+    if (rc != 0) return rc;
+  }
   return 0;
 }
 
@@ -199,9 +305,15 @@ static inline unsigned block_mask(const needle_t *nd, __m128i a, const unsigned 
       _mm_and_si128(_mm_cmpeq_epi8(a, first), _mm_cmpeq_epi8(b, last)));
 }
 
-static inline int verify_mask(const needle_t *nd, const unsigned char *h, unsigned m) {
+/* Checks the candidates of mask m at block i: 1 hit, 0 none, -1 budget out. */
+static inline int verify_mask(const needle_t *nd, const unsigned char *h, size_t i,
+                              unsigned m, size_t *budget) {
   while (m != 0) {
-    if (verify(nd, h + __builtin_ctz(m))) return 1;
+    size_t at = i + (size_t)__builtin_ctz(m);
+    if (nd->len <= 2) return 1;
+    if (*budget < nd->len) return -1;
+    *budget -= nd->len;
+    if (memcmp(h + at + 1, nd->s + 1, nd->len - 2) == 0) return 1;
     m &= m - 1;
   }
   return 0;
@@ -209,10 +321,11 @@ static inline int verify_mask(const needle_t *nd, const unsigned char *h, unsign
 
 /* Start positions [from, npos) of one needle, 16 at a time; the last block
  * overlaps the one before rather than reading past the haystack. */
-static int scan_tail(const needle_t *nd, const unsigned char *h, size_t from, size_t npos) {
+static int scan_tail(const needle_t *nd, const unsigned char *h, size_t from, size_t npos,
+                     size_t len, size_t *budget) {
   __m128i first, last;
   if (npos - from < 16) {
-    if (npos < 16) return scan_scalar(nd, h, from, npos);
+    if (npos < 16) return scan_scalar(nd, h, from, npos, len, budget);
     from = npos - 16;
   }
   first = _mm_set1_epi8((char)nd->s[0]);
@@ -221,16 +334,24 @@ static int scan_tail(const needle_t *nd, const unsigned char *h, size_t from, si
     if (i > npos - 16) i = npos - 16;
     __m128i a = _mm_loadu_si128((const __m128i *)(h + i));
     unsigned m = block_mask(nd, a, h + i, first, last);
-    if (m != 0 && verify_mask(nd, h + i, m)) return 1;
+    if (m != 0) {
+      int rc = verify_mask(nd, h, i, m, budget);
+      if (rc != 0) return rc;
+    }
     if (i == npos - 16) return 0;
   }
 }
 
-int sbx_reflect_hit(const sbx_reflect_t *f, const char *buf, size_t len) {
-  const unsigned char *h = (const unsigned char *)buf;
+/*
+ * Short needles: one pass over 16-byte blocks comparing, for every needle,
+ * the first byte at each start position and the last byte at start + len - 1
+ * (SSE2); candidates are verified with memcmp.
+ */
+__attribute__((noinline))
+static int scan_short(const sbx_reflect_t *f, const unsigned char *h, size_t len) {
   __m128i first[REFLECT_NEEDLES], last[REFLECT_NEEDLES];
-  size_t n = f->n, i = 0, common;
-  if (len < f->nd[0].len) return 0;               /* shorter than every needle */
+  size_t n = f->n, i = 0, common, budget = verify_budget(len);
+  int rc;
   if (len >= f->maxlen + 15) {
     /* Blocks where every needle has 16 start positions: one pass. */
     common = len - f->maxlen + 1;
@@ -242,26 +363,37 @@ int sbx_reflect_hit(const sbx_reflect_t *f, const char *buf, size_t len) {
       __m128i a = _mm_loadu_si128((const __m128i *)(h + i));
       for (size_t k = 0; k < n; k++) {
         unsigned m = block_mask(&f->nd[k], a, h + i, first[k], last[k]);
-        if (m != 0 && verify_mask(&f->nd[k], h + i, m)) return 1;
+        if (m != 0 && (rc = verify_mask(&f->nd[k], h, i, m, &budget)) != 0)
+          return rc > 0 ? 1 : scan_memmem(f, h, i, len);
       }
     }
   }
   for (size_t k = 0; k < n; k++) {
     const needle_t *nd = &f->nd[k];
-    if (len >= nd->len && i < len - nd->len + 1 && scan_tail(nd, h, i, len - nd->len + 1))
-      return 1;
+    if (len < nd->len || i >= len - nd->len + 1) continue;
+    if ((rc = scan_tail(nd, h, i, len - nd->len + 1, len, &budget)) != 0)
+      return rc > 0 ? 1 : scan_memmem(f, h, i, len);
   }
   return 0;
 }
 #else
-int sbx_reflect_hit(const sbx_reflect_t *f, const char *buf, size_t len) {
-  const unsigned char *h = (const unsigned char *)buf;
-  for (size_t k = 0; k < f->n; k++)
-    if (len >= f->nd[k].len && scan_scalar(&f->nd[k], h, 0, len - f->nd[k].len + 1))
-      return 1;
+__attribute__((noinline))
+static int scan_short(const sbx_reflect_t *f, const unsigned char *h, size_t len) {
+  size_t budget = verify_budget(len);
+  for (size_t k = 0; k < f->n; k++) {
+    if (len < f->nd[k].len) continue;
+    int rc = scan_scalar(&f->nd[k], h, 0, len - f->nd[k].len + 1, len, &budget);
+    if (rc != 0) return rc > 0 ? 1 : scan_memmem(f, h, 0, len);
+  }
   return 0;
 }
 #endif
+
+int sbx_reflect_hit(const sbx_reflect_t *f, const char *buf, size_t len) {
+  const unsigned char *h = (const unsigned char *)buf;
+  if (len < f->minlen) return 0;                  /* shorter than every needle */
+  return f->minlen >= WM_MIN_NEEDLE ? scan_wm(f, h, len) : scan_short(f, h, len);
+}
 
 /* ------------------------------------------------------------------ */
 /* Lua binding                                                         */

@@ -124,6 +124,19 @@ describe("core.reflect_filter", function()
     assert.is_false(two:hit(string.rep("a", 200)))
   end)
 
+  it("finds a needle after a prefix that matches needle ends everywhere", function()
+    -- Such a prefix exhausts the verification budget and the rest goes to memmem.
+    local long = core.reflect_filter("aaaaaaaaXaaaaaaaa")      -- skipping scan
+    local short = core.reflect_filter("aXa")                    -- SSE2 scan
+    local pad = string.rep("a", 1048576)
+    assert.is_false(long:hit(pad))
+    assert.is_true(long:hit(pad .. "aaaaaaaaXaaaaaaaa"))
+    assert.is_true(long:hit(pad .. core.hex("aaaaaaaaXaaaaaaaa") .. "a"))
+    assert.is_false(short:hit(pad))
+    assert.is_true(short:hit(pad .. "Xa"))
+    assert.is_true(short:hit(pad .. "YVhh"))
+  end)
+
   it("agrees with a plain substring search on random keys and haystacks", function()
     math.randomseed(1234)
     local alphabet = "ab/+=%_-0123456789ABCDEFabcdefYWJ"

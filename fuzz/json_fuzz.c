@@ -1,0 +1,127 @@
+/*
+ * json_fuzz.c: libFuzzer harness for the strict JSON parser and encoder
+ * (core/json.c) through the C entry point the listener uses.
+ *
+ * Each input is decoded twice, without and with a reflection filter, and
+ * the two outcomes must agree (a filtered success implies an unfiltered
+ * success whose value the filter walk does not hit; an unfiltered success
+ * that the filter refuses must be a value the walk hits). A decoded value
+ * is encoded, the encoding decoded and encoded again: both encodings must
+ * be byte-identical (round-trip stability). Any disagreement aborts.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <lua.h>
+#include <lualib.h>
+#include <lauxlib.h>
+
+/* Relative paths: core/limits.h would shadow <limits.h> under -Icore. */
+#include "../core/sbx.h"
+#include "../core/sbx_internal.h"
+
+#define FUZZ_KEY "key"
+
+static lua_State *fuzz_L;
+static sbx_reflect_t *fuzz_filter;
+
+static void die(const char *what) {
+  fprintf(stderr, "json_fuzz: %s\n", what);
+  abort();
+}
+
+/* Calls core[fn](value at idx [, extra]) and leaves its results (2 slots). */
+static void call_core(lua_State *L, const char *fn, int idx) {
+  idx = lua_absindex(L, idx);
+  if (lua_getfield(L, 1, fn) != LUA_TFUNCTION) die("core function missing");
+  lua_pushvalue(L, idx);
+  lua_call(L, 1, 2);
+}
+
+/* Encodes the value at idx; returns the string (pushed) or aborts. */
+static const char *encode(lua_State *L, int idx, size_t *len) {
+  call_core(L, "json_encode", idx);
+  if (lua_type(L, -2) != LUA_TSTRING) die("a decoded value did not encode");
+  lua_pop(L, 1);
+  return lua_tolstring(L, -1, len);
+}
+
+/* Runs in protected mode: stack 1 = core module, 2 = filter userdata. */
+static int one_input(lua_State *L) {
+  const char *buf = lua_touserdata(L, 3);
+  size_t len = (size_t)lua_tointeger(L, 4);
+  int plain, filtered;
+  lua_settop(L, 2);
+
+  plain = sbx__json_decode(L, buf, len, NULL);               /* -> 3 if ok */
+  filtered = sbx__json_decode(L, buf, len, fuzz_filter);
+  if (plain != 0 && plain != SBX_EINVAL && plain != SBX_EDEPTH) die("bad code");
+  if (filtered == 0) {
+    if (plain != 0) die("filtered decode accepted what the plain one refused");
+    if (lua_getfield(L, 2, "hit_value") != LUA_TFUNCTION) die("hit_value missing");
+    lua_pushvalue(L, 2);
+    lua_pushvalue(L, -3);
+    lua_call(L, 2, 1);
+    if (lua_toboolean(L, -1)) die("filter passed a value its walk hits");
+    lua_pop(L, 2);                                            /* bool, value */
+  } else if (filtered == SBX_EREFLECT) {
+    if (plain == 0) {
+      if (lua_getfield(L, 2, "hit_value") != LUA_TFUNCTION) die("hit_value missing");
+      lua_pushvalue(L, 2);
+      lua_pushvalue(L, 3);
+      lua_call(L, 2, 1);
+      if (!lua_toboolean(L, -1)) die("filter refused a value its walk does not hit");
+      lua_pop(L, 1);
+    }
+  } else if (filtered != plain) {
+    die("filtered and plain decodes disagree");
+  }
+  if (plain != 0) return 0;
+
+  /* Round trip: encode, decode, encode; the two encodings must be equal. */
+  size_t n1, n2;
+  const char *e1 = encode(L, 3, &n1);                         /* 4 */
+  if (sbx__json_decode(L, e1, n1, NULL) != 0) die("an encoding did not decode");  /* 5 */
+  const char *e2 = encode(L, 5, &n2);                         /* 6 */
+  if (n1 != n2 || memcmp(e1, e2, n1) != 0) die("encoding is not stable");
+  lua_settop(L, 2);
+  return 0;
+}
+
+static void setup(void) {
+  lua_State *L = luaL_newstate();
+  if (L == NULL) die("no lua state");
+  luaL_openlibs(L);
+  luaL_requiref(L, "sandbox.core", luaopen_sandbox_core, 0);   /* 1 */
+  lua_getfield(L, 1, "reflect_filter");
+  lua_pushstring(L, FUZZ_KEY);
+  lua_call(L, 1, 1);                                            /* 2 */
+  if (sbx_reflect_new(FUZZ_KEY, strlen(FUZZ_KEY), &fuzz_filter) != 0) die("no filter");
+  fuzz_L = L;
+}
+
+static int traceback(lua_State *L) {
+  luaL_traceback(L, L, lua_tostring(L, 1), 1);
+  return 1;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  lua_State *L;
+  if (fuzz_L == NULL) setup();
+  L = fuzz_L;
+  lua_settop(L, 2);
+  lua_pushcfunction(L, traceback);
+  lua_pushcfunction(L, one_input);
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_pushlightuserdata(L, (void *)data);
+  lua_pushinteger(L, (lua_Integer)size);
+  if (lua_pcall(L, 4, 0, 3) != LUA_OK) {
+    fprintf(stderr, "json_fuzz: lua error: %s\n", lua_tostring(L, -1));
+    abort();
+  }
+  lua_settop(L, 2);
+  return 0;
+}
