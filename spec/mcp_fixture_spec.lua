@@ -25,7 +25,7 @@ local function node_post(url, headers, body)
       .then(async (r) => { process.stdout.write(r.status + '\n' + await r.text()); })
       .catch((e) => { process.stdout.write('0\n' + e); });
   ]]
-  local cmd = string.format("node -e %s %s %s %s", shell_quote(js), shell_quote(url),
+  local cmd = string.format("env -u LD_PRELOAD node -e %s %s %s %s", shell_quote(js), shell_quote(url),
     shell_quote(cjson.encode(headers)), shell_quote(body))
   local p = assert(io.popen(cmd, "r"))
   local out = p:read("a")

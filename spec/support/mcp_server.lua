@@ -134,7 +134,8 @@ function M.start(opts)
   if parent then args[#args + 1] = "--parent-pid " .. parent end
   -- Backgrounded: the shell exits at once, so closing the pipe never blocks;
   -- node keeps the pipe's write end until it has printed its one line.
-  local cmd = string.format("cd %s && node mcp_server.mjs %s </dev/null &",
+  -- LD_PRELOAD is dropped: the sanitizer suite preloads libasan for lua5.4 only.
+  local cmd = string.format("cd %s && exec env -u LD_PRELOAD node mcp_server.mjs %s </dev/null &",
     shell_quote(M.fixtures_dir), table.concat(args, " "))
   local pipe = assert(io.popen(cmd, "r"))
   local line = pipe:read("l")

@@ -1,0 +1,421 @@
+#!/usr/bin/env bash
+# check.sh: builds everything and runs every suite (run by `make check`, after
+# `make deps`). Prints one result line per suite and, last, exactly one line
+# `N passed, N failed, N skipped` summing them all; exits non-zero if anything
+# failed or a suite could not run.
+#
+# Suites:
+#   busted       spec/**/*_spec.lua except spec/docker/, against build/
+#   busted-asan  the same specs against the ASan/UBSan build (build-asan/),
+#                minus the tag `slow`
+#   fuzz         every fuzz/*_fuzz.c for FUZZ_SECONDS (default 10); one test each
+#   docker       (hook) spec/docker/*_spec.lua, real Docker; runs when present
+#   bun          (hook) `bun test` in bun/; runs when bun/package.json exists
+#
+# Counting: busted runs with an output handler written by this script (below)
+# that records passed / failed / skipped in a file of its own, apart from the
+# tests' stdout; errors outside an `it` (a spec file that does not load, a
+# failing before_each) count as failed, `pending` as skipped. A busted process
+# that dies before its end (a sanitizer abort, a timeout) keeps what it had
+# counted and adds one failure. A suite that cannot run at all (build failed,
+# no service account) counts as one failure. Fuzzers count one test each.
+#
+# As root, the specs run as the service account `sbx` (the product refuses to
+# run as root), with a fresh TMPDIR it owns; if it cannot read this checkout,
+# the checkout is copied to a temporary folder it can read and run there.
+# Logs: build/check-logs/<suite>.log (the tail of a failing suite's is printed).
+#
+# Knobs: FUZZ_SECONDS, SUITE_TIMEOUT (seconds per busted/bun run, default 900),
+# CHECK_SKIP="fuzz asan" (suites to leave out while iterating; not for CI).
+set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$SBX_ROOT" || exit 1
+
+LOGS="$SBX_ROOT/build/check-logs"
+SUITE_TIMEOUT="${SUITE_TIMEOUT:-900}"
+FUZZ_SECONDS="${FUZZ_SECONDS:-10}"
+CHECK_SKIP="${CHECK_SKIP:-}"
+T0="$(now_s)"
+
+rm -rf "$LOGS"
+mkdir -p "$LOGS"
+
+total_p=0 total_f=0 total_s=0
+summary=()
+
+# record SUITE PASSED FAILED SKIPPED NOTE
+record() {
+  local suite="$1" p="$2" f="$3" s="$4" note="${5:-}"
+  total_p=$((total_p + p)); total_f=$((total_f + f)); total_s=$((total_s + s))
+  local l
+  l="$(printf '%-12s %d passed, %d failed, %d skipped' "$suite" "$p" "$f" "$s")"
+  [ -n "$note" ] && l="$l  ($note)"
+  summary+=("$l")
+  say "suite $suite" "$p passed, $f failed, $s skipped${note:+ ($note)}"
+}
+
+show_tail() { # show_tail LOG [LINES]
+  echo "---- tail of ${1#$SBX_ROOT/}"
+  tail -n "${2:-60}" "$1"
+  echo "----"
+}
+
+skipped_by_knob() { case " $CHECK_SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
+
+# ---- who runs the specs ----------------------------------------------------------
+RUN_AS=()         # prefix that runs a command as the spec user
+WORK="$SBX_ROOT"  # the tree the specs run in
+SPEC_TMP=""       # fresh TMPDIR, owned by the spec user
+runner_ok=1
+cleanup() { [ -n "$SPEC_TMP" ] && rm -rf "$SPEC_TMP"; [ -n "${COPY_DIR:-}" ] && rm -rf "$COPY_DIR"; }
+trap cleanup EXIT
+
+SPEC_TMP="$(mktemp -d /tmp/sbx-check.XXXXXX)" || die "mktemp failed"
+chmod 0700 "$SPEC_TMP"
+if is_root; then
+  if ! id "$SBX_USER" >/dev/null 2>&1; then
+    say check "the service account $SBX_USER does not exist: run \`make deps\` as root"
+    runner_ok=0
+  else
+    chown "$SBX_USER:" "$SPEC_TMP"
+    SBX_HOME="$(getent passwd "$SBX_USER" | cut -d: -f6)"
+    RUN_AS=(runuser -u "$SBX_USER" -- env "HOME=${SBX_HOME:-$SPEC_TMP}" "USER=$SBX_USER" "LOGNAME=$SBX_USER")
+    say check "running as root: the specs run as the service account $SBX_USER (uid $(id -u "$SBX_USER"))"
+  fi
+fi
+
+# True if the spec user can read every file of the checkout (except .git).
+tree_readable() {
+  local out
+  out="$("${RUN_AS[@]}" find "$SBX_ROOT" -path "$SBX_ROOT/.git" -prune -o \
+          -path "$SBX_ROOT/build-fuzz" -prune -o \( ! -readable -print -quit \) 2>&1)" || return 1
+  [ -z "$out" ]
+}
+
+# Copies the checkout (with its builds) to a folder the spec user owns.
+make_copy() {
+  [ -n "${COPY_DIR:-}" ] && rm -rf "$COPY_DIR"
+  COPY_DIR="$(mktemp -d /tmp/sbx-check-tree.XXXXXX)" || return 1
+  chmod 0755 "$COPY_DIR"
+  tar -C "$SBX_ROOT" --exclude=./.git --exclude=./build-fuzz --exclude=./build/check-logs -cf - . |
+    tar -C "$COPY_DIR" -xf - || return 1
+  chown -R "$SBX_USER:" "$COPY_DIR"
+  WORK="$COPY_DIR"
+}
+
+# ---- build ---------------------------------------------------------------------
+build_ok=1
+say check "building (make all)"
+if ! make --no-print-directory -j"$(nproc)" all >"$LOGS/build.log" 2>&1; then
+  build_ok=0
+  say check "make all FAILED"
+  show_tail "$LOGS/build.log" 40
+fi
+asan_build_ok=1
+if ! skipped_by_knob asan; then
+  say check "building the sanitizer build (make check-asan)"
+  if ! make --no-print-directory -j"$(nproc)" check-asan >"$LOGS/build-asan.log" 2>&1; then
+    asan_build_ok=0
+    say check "make check-asan FAILED"
+    show_tail "$LOGS/build-asan.log" 40
+  fi
+fi
+
+if [ "$runner_ok" -eq 1 ] && is_root; then
+  if tree_readable; then
+    WORK="$SBX_ROOT"
+  else
+    say check "$SBX_USER cannot read $SBX_ROOT (e.g. it is under a 0700 home): copying the checkout to a temporary folder it can read"
+    if make_copy; then
+      say check "specs run in the copy $WORK"
+    else
+      say check "copying the checkout failed"
+      runner_ok=0
+    fi
+  fi
+fi
+
+# ---- the busted output handler that counts -------------------------------------
+HANDLER="$SPEC_TMP/sbx_count_handler.lua"
+cat >"$HANDLER" <<'LUA'
+-- Written by scripts/check.sh. Prints one line per test to stdout (the log)
+-- and keeps "passed failed skipped state" in the file given by -Xoutput,
+-- rewritten after every test, so a run that dies midway still tells how far
+-- it got. Errors outside an `it` (load errors, hooks) count as failed.
+return function(options)
+  local busted = require 'busted'
+  local handler = require 'busted.outputHandlers.base'()
+  local counts_file = options.arguments and options.arguments[1]
+  local passed, failed, skipped = 0, 0, 0
+  local failures = {}
+
+  local function save(state)
+    if not counts_file then return end
+    local f = io.open(counts_file, 'w')
+    if f then f:write(string.format('%d %d %d %s\n', passed, failed, skipped, state)); f:close() end
+  end
+  local function out(s) io.stdout:write(s, '\n'); io.stdout:flush() end
+  local function where(element)
+    local t = element and element.trace
+    if t and t.short_src then return t.short_src .. ':' .. tostring(t.currentline) end
+    return '?'
+  end
+  local function text(message)
+    if message == nil then return 'nil error' end
+    if type(message) ~= 'string' then
+      local ok, pretty = pcall(require, 'pl.pretty')
+      return ok and pretty.write(message) or tostring(message)
+    end
+    return message
+  end
+  local function add_failure(kind, name, element, message)
+    failed = failed + 1
+    failures[#failures + 1] = string.format('%s %s (%s)\n    %s', kind, name, where(element),
+      (text(message):gsub('\n', '\n    ')))
+    out(string.format('%s %s (%s)', kind, name, where(element)))
+  end
+
+  handler.testStart = function(element)
+    out('.... ' .. handler.getFullName(element))
+    return nil, true
+  end
+
+  handler.testEnd = function(element, parent, status)
+    local name = handler.getFullName(element)
+    if status == 'success' then
+      passed = passed + 1
+      out('ok   ' .. name)
+    elseif status == 'pending' then
+      skipped = skipped + 1
+      local p = handler.pendings[#handler.pendings]
+      local msg = p and p.message
+      out('SKIP ' .. name .. ((msg and msg ~= '') and (': ' .. text(msg)) or ''))
+    elseif status == 'failure' then
+      local f = handler.failures[#handler.failures]
+      add_failure('FAIL', name, element, f and f.message)
+    else
+      local e = handler.errors[#handler.errors]
+      add_failure('ERR ', name, element, e and e.message)
+    end
+    save('running')
+    return nil, true
+  end
+
+  -- Failures and errors not inside an `it`: a file that does not load, a
+  -- describe that raises, a failing setup/before_each/after_each.
+  local function outside_it(element, parent, message)
+    if element.descriptor ~= 'it' then
+      add_failure('ERR ', (element.descriptor or '?') .. ' ' .. handler.getFullName(element), element, message)
+      save('running')
+    end
+    return nil, true
+  end
+
+  handler.suiteEnd = function()
+    if #failures > 0 then
+      out('')
+      out('Failures and errors (' .. #failures .. '):')
+      for i = 1, #failures do out(string.format('%d) %s', i, failures[i])) end
+    end
+    out(string.format('busted: %d passed, %d failed, %d skipped', passed, failed, skipped))
+    save('done')
+    return nil, true
+  end
+
+  save('running')
+  busted.subscribe({ 'test', 'start' }, handler.testStart)
+  busted.subscribe({ 'test', 'end' }, handler.testEnd)
+  busted.subscribe({ 'error' }, outside_it)
+  busted.subscribe({ 'failure' }, outside_it)
+  busted.subscribe({ 'suite', 'end' }, handler.suiteEnd)
+  return handler
+end
+LUA
+chmod 0644 "$HANDLER"
+is_root && [ "$runner_ok" -eq 1 ] && chown "$SBX_USER:" "$HANDLER"
+
+# run_busted SUITE LOG [busted args...]: runs busted in $WORK as the spec user
+# with the counting handler, then records the suite.
+run_busted() {
+  local suite="$1" log="$2"; shift 2
+  local counts="$SPEC_TMP/$suite.counts" tmp="$SPEC_TMP/tmp-$suite"
+  rm -f "$counts"
+  mkdir -p "$tmp" && chmod 0700 "$tmp"
+  is_root && chown "$SBX_USER:" "$tmp"
+  local start rc
+  start="$(now_s)"
+  (
+    cd "$WORK" &&
+      "${RUN_AS[@]}" env "TMPDIR=$tmp" ${BUSTED_ENV[@]+"${BUSTED_ENV[@]}"} \
+        timeout -k 10 "$SUITE_TIMEOUT" lua5.4 /usr/bin/busted \
+        -o "$HANDLER" -Xoutput "$counts" "$@"
+  ) >"$log" 2>&1 </dev/null
+  rc=$?
+  local took; took="$(elapsed "$start")"
+  local p=0 f=0 s=0 state="missing" note=""
+  if [ -f "$counts" ]; then read -r p f s state <"$counts" || true; fi
+  if [ "$state" != done ]; then
+    f=$((f + 1))
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then note="timed out after ${SUITE_TIMEOUT}s"
+    else note="busted died (exit $rc) before the end of the run"; fi
+  elif [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+    f=1; note="busted exited $rc after reporting no failure"
+  fi
+  note="${note:+$note; }${took}s"
+  record "$suite" "$p" "$f" "$s" "$note"
+  if [ "$state" != done ]; then show_crash "$log"
+  elif [ "$f" -ne 0 ]; then show_tail "$log" 80; fi
+}
+
+# show_crash LOG: for a run that died: the test it was in and the head of the
+# sanitizer report (its stack), not the shadow-memory legend at its end.
+show_crash() {
+  local log="$1" first last
+  last="$(grep -E '^\.\.\.\. ' "$log" | tail -n 1)"
+  echo "---- ${log#$SBX_ROOT/}: died during: ${last#.... }"
+  first="$(grep -nE '==ERROR|runtime error:|^==[0-9]+== ?ERROR' "$log" | head -n 1 | cut -d: -f1)"
+  if [ -n "$first" ]; then
+    sed -n "$((first > 3 ? first - 3 : 1)),$((first + 45))p" "$log"
+  else
+    tail -n 40 "$log"
+  fi
+  echo "----"
+}
+
+# The spec files: every *_spec.lua under spec/ except spec/docker/.
+mapfile -t SPECS < <(cd "$SBX_ROOT" && find spec -name '*_spec.lua' -not -path 'spec/docker/*' | LC_ALL=C sort)
+
+# ---- suite: busted --------------------------------------------------------------
+BUSTED_ENV=()
+if [ "$runner_ok" -ne 1 ]; then
+  record busted 0 1 0 "could not run: no user to run the specs as"
+elif [ "$build_ok" -ne 1 ]; then
+  record busted 0 1 0 "could not run: make all failed (build/check-logs/build.log)"
+elif [ ${#SPECS[@]} -eq 0 ]; then
+  record busted 0 0 0 "no spec files"
+else
+  say check "suite busted: ${#SPECS[@]} spec files against build/"
+  run_busted busted "$LOGS/busted.log" --cpath='build/lua/?.so' "${SPECS[@]}"
+fi
+
+# ---- suite: busted-asan ---------------------------------------------------------
+if skipped_by_knob asan; then
+  say check "suite busted-asan: left out (CHECK_SKIP)"
+elif [ "$runner_ok" -ne 1 ]; then
+  record busted-asan 0 1 0 "could not run: no user to run the specs as"
+elif [ "$asan_build_ok" -ne 1 ]; then
+  record busted-asan 0 1 0 "could not run: make check-asan failed (build/check-logs/build-asan.log)"
+elif [ ${#SPECS[@]} -eq 0 ]; then
+  record busted-asan 0 0 0 "no spec files"
+else
+  # lua5.4 is not instrumented, so the ASan runtime must be loaded first.
+  preload="$(gcc -print-file-name=libasan.so)"
+  ubsan="$(gcc -print-file-name=libubsan.so)"
+  [ -e "$ubsan" ] && preload="$preload:$ubsan"
+  BUSTED_ENV=(
+    "LD_PRELOAD=$preload"
+    "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1"
+    "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1"
+  )
+  say check "suite busted-asan: ${#SPECS[@]} spec files against build-asan/ (without #slow)"
+  run_busted busted-asan "$LOGS/busted-asan.log" --cpath='build-asan/lua/?.so' \
+    --exclude-tags=slow "${SPECS[@]}"
+  BUSTED_ENV=()
+fi
+
+# ---- suite: fuzz ------------------------------------------------------------------
+if skipped_by_knob fuzz; then
+  say check "suite fuzz: left out (CHECK_SKIP)"
+else
+  say check "suite fuzz: each fuzz/*_fuzz.c for ${FUZZ_SECONDS}s"
+  start="$(now_s)"
+  FUZZ_SECONDS="$FUZZ_SECONDS" make --no-print-directory fuzz-check >"$LOGS/fuzz.log" 2>&1
+  rc=$?
+  fp="$(grep -cE '^fuzz [a-z0-9_]+: ok' "$LOGS/fuzz.log")"
+  ff="$(grep -cE '^fuzz [a-z0-9_]+: (CRASH|BUILD FAILED)' "$LOGS/fuzz.log")"
+  note="$(elapsed "$start")s"
+  if [ "$rc" -ne 0 ] && [ "$ff" -eq 0 ]; then ff=1; note="fuzz.sh failed (exit $rc); $note"; fi
+  if [ "$fp" -eq 0 ] && [ "$ff" -eq 0 ]; then note="no harnesses; $note"; fi
+  record fuzz "$fp" "$ff" 0 "$note"
+  grep -E '^fuzz [a-z0-9_]+: ' "$LOGS/fuzz.log" | sed 's/^/  /'
+  [ "$ff" -ne 0 ] && show_tail "$LOGS/fuzz.log" 60
+fi
+
+# ---- hook: suite docker (spec/docker/*_spec.lua, real Docker) --------------------
+# Runs only when such specs exist. As root they run as $SBX_USER, which is in
+# the `docker` group (make deps). `make image` runs first (a no-op until the
+# Makefile gives it a recipe).
+shopt -s nullglob
+DOCKER_SPECS=(spec/docker/*_spec.lua)
+shopt -u nullglob
+if [ ${#DOCKER_SPECS[@]} -gt 0 ]; then
+  if [ "$runner_ok" -ne 1 ]; then
+    record docker 0 1 0 "could not run: no user to run the specs as"
+  elif [ "$build_ok" -ne 1 ]; then
+    record docker 0 1 0 "could not run: make all failed"
+  elif ! timeout 20 docker info >/dev/null 2>&1; then
+    record docker 0 1 0 "could not run: the Docker daemon does not answer (make deps starts it)"
+  elif ! make --no-print-directory image >"$LOGS/image.log" 2>&1; then
+    record docker 0 1 0 "could not run: make image failed (build/check-logs/image.log)"
+    show_tail "$LOGS/image.log" 40
+  else
+    if [ "$WORK" != "$SBX_ROOT" ]; then make_copy || true; fi  # pick up the image build's outputs
+    say check "suite docker: ${#DOCKER_SPECS[@]} spec files against real Docker"
+    run_busted docker "$LOGS/docker.log" --cpath='build/lua/?.so' "${DOCKER_SPECS[@]}"
+  fi
+fi
+
+# ---- hook: suite bun (bun/package.json, `bun test`) ------------------------------
+if [ -f bun/package.json ]; then
+  if [ "$runner_ok" -ne 1 ]; then
+    record bun 0 1 0 "could not run: no user to run the tests as"
+  elif [ "$build_ok" -ne 1 ]; then
+    record bun 0 1 0 "could not run: make all failed"
+  elif ! have bun; then
+    record bun 0 1 0 "could not run: bun is not installed (make deps)"
+  else
+    say check "suite bun: bun test in bun/"
+    start="$(now_s)"
+    blog="$LOGS/bun.log"
+    junit="$SPEC_TMP/bun-junit.xml"
+    rm -f "$junit"
+    # Dependencies are installed as the invoking user (root may write the tree).
+    if grep -qE '"(dev)?[dD]ependencies"' bun/package.json && [ ! -d bun/node_modules ]; then
+      (cd bun && bun install) >"$LOGS/bun-install.log" 2>&1 ||
+        say check "bun install failed (build/check-logs/bun-install.log)"
+      if [ "$WORK" != "$SBX_ROOT" ]; then make_copy || true; fi
+    fi
+    (
+      cd "$WORK/bun" &&
+        "${RUN_AS[@]}" env "TMPDIR=$SPEC_TMP" timeout -k 10 "$SUITE_TIMEOUT" \
+          bun test --reporter=junit --reporter-outfile="$junit"
+    ) >"$blog" 2>&1 </dev/null
+    rc=$?
+    bp=0 bf=0 bs=0 note=""
+    if [ -f "$junit" ]; then
+      # The <testsuites ...> element carries the totals.
+      top="$(grep -m1 -oE '<testsuites[^>]*>' "$junit")"
+      attr() { printf '%s' "$top" | grep -oE " $1=\"[0-9]+\"" | grep -oE '[0-9]+' || echo 0; }
+      bt="$(attr tests)"; bf="$(attr failures)"; be="$(attr errors)"; bs="$(attr skipped)"
+      bf=$((bf + be)); bp=$((bt - bf - bs)); [ "$bp" -lt 0 ] && bp=0
+    else
+      # Fall back to bun's own summary lines (" N pass", " N fail", " N skip").
+      bp="$(grep -oE '^ *[0-9]+ pass' "$blog" | tail -n1 | grep -oE '[0-9]+' || echo 0)"
+      bf="$(grep -oE '^ *[0-9]+ fail' "$blog" | tail -n1 | grep -oE '[0-9]+' || echo 0)"
+      bs="$(grep -oE '^ *[0-9]+ (skip|todo)' "$blog" | awk '{n+=$1} END {print n+0}')"
+    fi
+    if [ "$rc" -ne 0 ] && [ "$bf" -eq 0 ]; then bf=1; note="bun test exited $rc; "; fi
+    record bun "$bp" "$bf" "$bs" "${note}$(elapsed "$start")s"
+    [ "$bf" -ne 0 ] && show_tail "$blog" 60
+  fi
+fi
+
+# ---- summary -------------------------------------------------------------------
+echo
+echo "==== check summary ($(elapsed "$T0")s)"
+for l in "${summary[@]}"; do echo "  $l"; done
+if [ "$total_f" -ne 0 ]; then
+  echo "FAILED: see build/check-logs/"
+fi
+echo "$total_p passed, $total_f failed, $total_s skipped"
+[ "$total_f" -eq 0 ]

@@ -1,0 +1,247 @@
+#!/usr/bin/env bash
+# deps.sh: bootstraps this machine for building and testing (run by `make deps`).
+#
+# Checks every dependency and prints one line each: `ok`, `installed`, or
+# `missing: <the fix>`. As root it installs what is missing: Debian packages
+# with apt-get (one `apt-get update` first, only when something is missing),
+# Bun from the npm registry, the MCP SDK for the spec fixtures (`npm ci`), the
+# Docker daemon (started in the background when `docker info` does not answer;
+# machines without systemd are expected), and the `sbx` service account in the
+# `docker` group that the tests run as. As another user it installs nothing it
+# would need root for: it prints the exact command and fails.
+#
+# Idempotent and quick (about a second) when everything is present.
+set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$SBX_ROOT" || exit 1
+
+export DEBIAN_FRONTEND=noninteractive
+APT_INSTALL="apt-get install -y -q --no-install-recommends"
+FIXTURES="spec/fixtures"
+DOCKERD_LOG="/var/log/sbx-dockerd.log"
+failed=0
+
+line() { printf 'deps: %-26s %s\n' "$1" "$2"; }
+
+# ---- Debian packages --------------------------------------------------------
+# name | package(s) that fix it | check (a shell function below)
+chk_build()      { have cc && have gcc && have make && have ar; }
+chk_pkgconfig()  { have pkg-config; }
+chk_lua_dev()    { pkg-config --exists lua5.4 && [ -f "$SBX_LIBDIR/liblua5.4.a" ]; }
+chk_lua()        { have lua5.4; }
+chk_libuv()      { pkg-config --exists libuv; }
+chk_libcurl()    { pkg-config --exists libcurl; }
+chk_libcrypto()  { pkg-config --exists libcrypto; }
+chk_httpparser() { [ -f /usr/include/http_parser.h ] && [ -e "$SBX_LIBDIR/libhttp_parser.so" ]; }
+chk_cjson()      {
+  [ -f "$SBX_LIBDIR/liblua5.4-cjson.a" ] && have lua5.4 &&
+    lua5.4 -e 'require "cjson"' >/dev/null 2>&1
+}
+chk_busted()     {
+  [ -f /usr/bin/busted ] && have lua5.4 && lua5.4 /usr/bin/busted --version >/dev/null 2>&1
+}
+chk_clang()      { have clang; }
+chk_fuzzer_rt()  {
+  have clang && [ -f "$(clang --print-runtime-dir 2>/dev/null)/libclang_rt.fuzzer-x86_64.a" ]
+}
+chk_gcc_asan()   {
+  have gcc && [ -e "$(gcc -print-file-name=libasan.so)" ] && [ -e "$(gcc -print-file-name=libubsan.so)" ]
+}
+chk_docker_pkg() { have docker && have dockerd; }
+chk_openssl()    { have openssl; }
+chk_cacerts()    { [ -f /etc/ssl/certs/ca-certificates.crt ]; }
+
+APT_CHECKS=(
+  "cc, make (build-essential)|build-essential|chk_build"
+  "pkg-config|pkg-config|chk_pkgconfig"
+  "lua5.4 headers + static lib|liblua5.4-dev|chk_lua_dev"
+  "lua5.4 interpreter|lua5.4|chk_lua"
+  "libuv|libuv1-dev|chk_libuv"
+  "libcurl|libcurl4-openssl-dev|chk_libcurl"
+  "libcrypto (OpenSSL)|libssl-dev|chk_libcrypto"
+  "http_parser|libhttp-parser-dev|chk_httpparser"
+  "lua-cjson (5.4)|lua-cjson-dev|chk_cjson"
+  "busted (lua5.4)|lua-busted|chk_busted"
+  "clang|clang|chk_clang"
+  "clang fuzzer runtime|libclang-rt-14-dev|chk_fuzzer_rt"
+  "gcc asan/ubsan runtime|build-essential|chk_gcc_asan"
+  "docker + dockerd|docker.io|chk_docker_pkg"
+  "openssl|openssl|chk_openssl"
+  "ca-certificates|ca-certificates|chk_cacerts"
+)
+
+# Node.js and npm: preinstalled from nodesource on these machines; Debian's
+# npm conflicts with that build, so Debian's are installed only if both are absent.
+node_state() {
+  if have node && have npm; then echo ok
+  elif ! have node && ! have npm; then echo none
+  else echo partial
+  fi
+}
+
+declare -A was_missing=()
+missing_pkgs=()
+add_pkg() {
+  local p
+  for p in "$@"; do
+    case " ${missing_pkgs[*]} " in *" $p "*) ;; *) missing_pkgs+=("$p") ;; esac
+  done
+}
+
+for entry in "${APT_CHECKS[@]}"; do
+  IFS='|' read -r name pkg fn <<<"$entry"
+  if ! "$fn"; then was_missing[$name]=1; add_pkg $pkg; fi
+done
+node_before="$(node_state)"
+[ "$node_before" = none ] && add_pkg nodejs npm
+
+apt_failed=0
+if [ ${#missing_pkgs[@]} -gt 0 ] && is_root; then
+  say deps "installing with apt-get: ${missing_pkgs[*]}"
+  if ! apt-get update -q >/tmp/sbx-apt-update.log 2>&1; then
+    say deps "apt-get update failed; tail of /tmp/sbx-apt-update.log:"
+    tail -n 15 /tmp/sbx-apt-update.log
+    apt_failed=1
+  elif ! $APT_INSTALL "${missing_pkgs[@]}" >/tmp/sbx-apt-install.log 2>&1; then
+    say deps "apt-get install failed; tail of /tmp/sbx-apt-install.log:"
+    tail -n 25 /tmp/sbx-apt-install.log
+    apt_failed=1
+  fi
+fi
+
+still_missing=()
+for entry in "${APT_CHECKS[@]}"; do
+  IFS='|' read -r name pkg fn <<<"$entry"
+  if "$fn"; then
+    if [ -n "${was_missing[$name]:-}" ]; then line "$name" "installed"; else line "$name" "ok"; fi
+  else
+    still_missing+=($pkg)
+    line "$name" "missing: apt-get install $pkg"
+    failed=1
+  fi
+done
+
+case "$(node_state)" in
+  ok)
+    if [ "$node_before" = ok ]; then line "node + npm" "ok ($(node --version))"
+    else line "node + npm" "installed ($(node --version))"; fi ;;
+  none)
+    still_missing+=(nodejs npm)
+    line "node + npm" "missing: apt-get install nodejs npm"
+    failed=1 ;;
+  partial)
+    if have node; then line "node + npm" "missing: npm (node is $(command -v node)): install the npm that belongs to that Node.js (not Debian's npm, which conflicts with nodesource's nodejs)"
+    else line "node + npm" "missing: node (npm is $(command -v npm)): install the Node.js that npm belongs to"; fi
+    failed=1 ;;
+esac
+
+if [ ${#still_missing[@]} -gt 0 ] && ! is_root; then
+  # dedupe, keep order
+  fix=(); for p in "${still_missing[@]}"; do case " ${fix[*]} " in *" $p "*) ;; *) fix+=("$p") ;; esac; done
+  say deps "fix (as root): apt-get update && DEBIAN_FRONTEND=noninteractive $APT_INSTALL ${fix[*]}"
+  say deps "or run \`sudo make deps\` to install everything this project needs"
+fi
+
+# ---- Bun, from the npm registry ----------------------------------------------
+bun_ok() { have bun && bun --version >/dev/null 2>&1; }
+if bun_ok; then
+  line "bun" "ok ($(bun --version))"
+elif ! have npm; then
+  line "bun" "missing: install node + npm first, then: npm install -g bun"
+  failed=1
+elif is_root; then
+  if npm install -g --no-audit --no-fund bun >/tmp/sbx-npm-bun.log 2>&1 && hash -r && bun_ok; then
+    line "bun" "installed ($(bun --version))"
+  else
+    line "bun" "missing: \`npm install -g bun\` failed; tail of /tmp/sbx-npm-bun.log:"
+    tail -n 15 /tmp/sbx-npm-bun.log
+    failed=1
+  fi
+else
+  line "bun" "missing: sudo npm install -g bun"
+  failed=1
+fi
+
+# ---- MCP SDK for the spec fixtures (spec/fixtures/node_modules) ---------------
+# A stamp holding the lock file's hash says whether node_modules matches it.
+fixtures_stamp="$FIXTURES/node_modules/.sbx-lock.sha256"
+lock_hash() { sha256sum "$FIXTURES/package-lock.json" | cut -d' ' -f1; }
+fixtures_ok() {
+  [ -f "$fixtures_stamp" ] && [ "$(cat "$fixtures_stamp")" = "$(lock_hash)" ] &&
+    [ -f "$FIXTURES/node_modules/@modelcontextprotocol/sdk/package.json" ]
+}
+if [ ! -f "$FIXTURES/package-lock.json" ]; then
+  line "spec fixtures (npm)" "missing: $FIXTURES/package-lock.json (not in this checkout)"
+  failed=1
+elif fixtures_ok; then
+  line "spec fixtures (npm)" "ok"
+elif ! have npm; then
+  line "spec fixtures (npm)" "missing: install node + npm, then: (cd $FIXTURES && npm ci)"
+  failed=1
+elif (cd "$FIXTURES" && npm ci --no-audit --no-fund >/tmp/sbx-npm-ci.$$.log 2>&1); then
+  lock_hash >"$fixtures_stamp"
+  line "spec fixtures (npm)" "installed (npm ci)"
+  rm -f /tmp/sbx-npm-ci.$$.log
+else
+  line "spec fixtures (npm)" "missing: \`npm ci\` in $FIXTURES failed; tail of its log:"
+  tail -n 15 /tmp/sbx-npm-ci.$$.log
+  failed=1
+fi
+
+# ---- Docker daemon -------------------------------------------------------------
+docker_up() { have docker && timeout 10 docker info >/dev/null 2>&1; }
+if docker_up; then
+  line "docker daemon" "ok"
+elif ! have dockerd; then
+  line "docker daemon" "missing: install docker.io first"
+  failed=1
+elif is_root; then
+  # No systemd on these machines: start the daemon ourselves, in the background.
+  nohup dockerd >"$DOCKERD_LOG" 2>&1 </dev/null &
+  for _ in $(seq 1 30); do docker_up && break; sleep 1; done
+  if docker_up; then
+    line "docker daemon" "installed (dockerd started, log $DOCKERD_LOG)"
+  else
+    line "docker daemon" "missing: dockerd did not answer within 30 s; tail of $DOCKERD_LOG:"
+    tail -n 15 "$DOCKERD_LOG"
+    failed=1
+  fi
+elif [ -S /var/run/docker.sock ]; then
+  line "docker daemon" "missing: no access to /var/run/docker.sock: sudo usermod -aG docker $(id -un), then log in again"
+  failed=1
+else
+  line "docker daemon" "missing: not running: sudo make deps (starts dockerd), or sudo systemctl start docker"
+  failed=1
+fi
+
+# ---- The non-root service account ----------------------------------------------
+# The product refuses to run as root, so as root the tests run as this account.
+in_docker_group() { id -nG "$SBX_USER" 2>/dev/null | tr ' ' '\n' | grep -qx docker; }
+if id "$SBX_USER" >/dev/null 2>&1 && in_docker_group; then
+  line "service account $SBX_USER" "ok (uid $(id -u "$SBX_USER"), in group docker)"
+elif ! is_root; then
+  # Only needed when the tests run as root; a normal user runs them as itself.
+  line "service account $SBX_USER" "not needed as $(id -un) (sudo make deps creates it)"
+else
+  getent group docker >/dev/null 2>&1 || groupadd --system docker
+  if id "$SBX_USER" >/dev/null 2>&1; then
+    usermod -aG docker "$SBX_USER"
+  else
+    useradd --system --create-home --home-dir "/var/lib/$SBX_USER" \
+      --shell /usr/sbin/nologin --groups docker "$SBX_USER"
+    chmod 0750 "/var/lib/$SBX_USER"
+  fi
+  if id "$SBX_USER" >/dev/null 2>&1 && in_docker_group; then
+    line "service account $SBX_USER" "installed (uid $(id -u "$SBX_USER"), in group docker)"
+  else
+    line "service account $SBX_USER" "missing: useradd --system --create-home --groups docker $SBX_USER failed"
+    failed=1
+  fi
+fi
+
+if [ "$failed" -ne 0 ]; then
+  say deps "FAILED: something above is missing (see the fix on its line)"
+  exit 1
+fi
+[ "$apt_failed" -eq 0 ] || exit 1
+say deps "all present"
