@@ -12,10 +12,12 @@
  * decoded string and member name with it.
  *
  * Memory: neither direction uses the C heap. The decoder builds on the Lua
- * stack (luaL_Buffer for strings with escapes); the encoder writes into a
- * full userdata it replaces when it grows, and sorts keys in another
- * userdata. A Lua memory error raised mid-way therefore leaks nothing: the
- * garbage collector owns every byte.
+ * stack (strings with escapes are decoded on the C stack or, when long, in
+ * a plain userdata); the encoder writes into a full userdata it replaces
+ * when it grows, and sorts keys in another userdata. A Lua memory error
+ * raised mid-way therefore leaks nothing: the garbage collector owns every
+ * byte. No luaL_Buffer is left open on an error path (see
+ * parse_string_slow).
  *
  * The metatables and the order table live in the registry (created on first
  * use), so C callers such as the listener can decode without the module
@@ -39,6 +41,8 @@
 #define JSON_ENCODE_DEFAULT_MAX ((size_t)64 * 1024 * 1024)
 /* Stack slots one nesting level may use, checked before descending. */
 #define JSON_SLOTS_PER_LEVEL 12
+/* Escaped strings up to this many raw bytes are decoded on the C stack. */
+#define JSON_STR_STACK 512
 /* Number tokens up to this length are converted from a C stack copy. */
 #define JSON_NUM_BUF 64
 
@@ -235,19 +239,34 @@ static size_t decode_escape(dec_t *d, char *out) {
 }
 
 /*
- * Escaped string: d->p is at the first byte of the string body and
- * start..d->p is a plain run already validated. Builds the value in a
- * luaL_Buffer (only buffer operations while it is open) and pushes it.
+ * Escaped string: start..d->p is a plain run already validated and d->p is
+ * at a backslash. Finds the closing quote first: the raw length bounds the
+ * decoded one (escapes only shrink), so the value is decoded into a C stack
+ * array or, when longer, into a plain full userdata of that size, then
+ * pushed. No luaL_Buffer: its to-be-closed box, left open on an error path
+ * and closed by lua_settop, hits a Lua 5.4.4 bug (settop may use a stale
+ * stack pointer). A userdata is just garbage after an error.
  */
 static int parse_string_slow(dec_t *d, const unsigned char *start) {
-  luaL_Buffer b;
-  char esc[4];
-  luaL_buffinit(d->L, &b);
-  luaL_addlstring(&b, (const char *)start, (size_t)(d->p - start));
+  char stack_buf[JSON_STR_STACK];
+  char *out = stack_buf;
+  const unsigned char *q = d->p;
+  size_t raw, n;
+  int boxed = 0;
+  while (q < d->end && *q != '"') q += (*q == '\\') ? 2 : 1;
+  if (q >= d->end) return SBX_EINVAL;                  /* unterminated */
+  raw = (size_t)(q - start);
+  if (raw > sizeof stack_buf) {
+    out = lua_newuserdatauv(d->L, raw, 0);
+    boxed = 1;
+  }
+  n = (size_t)(d->p - start);
+  memcpy(out, start, n);
   for (;;) {
     const unsigned char *run = d->p;
     while (d->p < d->end && !str_stop(*d->p)) d->p++;
-    if (d->p > run) luaL_addlstring(&b, (const char *)run, (size_t)(d->p - run));
+    memcpy(out + n, run, (size_t)(d->p - run));
+    n += (size_t)(d->p - run);
     if (d->p >= d->end) return SBX_EINVAL;
     unsigned char c = *d->p;
     if (c == '"') {
@@ -256,20 +275,22 @@ static int parse_string_slow(dec_t *d, const unsigned char *start) {
     }
     if (c == '\\') {
       d->p++;
-      size_t n = decode_escape(d, esc);
-      if (n == 0) return SBX_EINVAL;
-      luaL_addlstring(&b, esc, n);
+      size_t en = decode_escape(d, out + n);
+      if (en == 0) return SBX_EINVAL;
+      n += en;
     } else if (c >= 0x80) {
-      size_t n = utf8_seq(d->p, (size_t)(d->end - d->p));
-      if (n == 0) return SBX_EINVAL;
-      luaL_addlstring(&b, (const char *)d->p, n);
-      d->p += n;
+      size_t un = utf8_seq(d->p, (size_t)(d->end - d->p));
+      if (un == 0) return SBX_EINVAL;
+      memcpy(out + n, d->p, un);
+      n += un;
+      d->p += un;
     } else {
       return SBX_EINVAL;                               /* raw control byte */
     }
   }
-  if (filter_hit(d, luaL_buffaddr(&b), luaL_bufflen(&b))) return SBX_EREFLECT;
-  luaL_pushresult(&b);
+  if (filter_hit(d, out, n)) return SBX_EREFLECT;
+  lua_pushlstring(d->L, out, n);
+  if (boxed) lua_remove(d->L, -2);
   return 0;
 }
 

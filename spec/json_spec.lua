@@ -87,6 +87,37 @@ describe("core.json_decode", function()
       refused('"\\u00')
     end)
 
+    it("decodes long strings with escapes (longer than the C stack buffer)", function()
+      local v = decode('"' .. string.rep("\\u00e9x\\n", 400) .. '"')
+      assert.are.equal(string.rep("\195\169x\n", 400), v)
+      assert.are.equal(string.rep("\240\159\152\128", 300), decode('"' .. string.rep("\\ud83d\\ude00", 300) .. '"'))
+      refused('"' .. string.rep("\\u00e9x", 400) .. '\\q"')
+      refused('"' .. string.rep("\\u00e9x", 400) .. '\\u12"')
+      refused('"' .. string.rep("\\u00e9x", 400))
+    end)
+
+    -- Lua 5.4.4's lua_settop may keep a stale stack pointer when it closes a
+    -- to-be-closed slot (a luaL_Buffer box) and the stack moves; failing
+    -- long escaped strings at every stack size in fresh coroutines (small
+    -- stacks) would corrupt the stack if the decoder left a buffer open.
+    it("leaves the Lua stack intact after failing inside a long escaped string", function()
+      local bad = '"' .. string.rep("\\u00e9x", 400) .. '\\q"'
+      local good = '"' .. string.rep("\\u00e9x", 400) .. '"'
+      for depth = 0, 40 do
+        for pre = 0, 40 do
+          local v = coroutine.wrap(function()
+            local t = {}
+            for i = 1, pre do t[i] = i end
+            local r = { decode(string.rep("[", depth) .. bad .. string.rep("]", depth)) }
+            local ok = decode(good)
+            local u = { table.unpack(t) }
+            return r[1] == nil and r[2] == "invalid json" and #ok == 1200 and #u == pre
+          end)()
+          assert.is_true(v)
+        end
+      end
+    end)
+
     it("refuses raw control characters inside strings", function()
       refused('"a\nb"')
       refused('"\t"')
