@@ -356,11 +356,7 @@ static int push_number_token(dec_t *d, const char *s, size_t n, int integral) {
     return SBX_EINVAL;
   }
   if (pushed_str) lua_remove(L, -2);
-  if (lua_isinteger(L, -1) && !integral) {
-    lua_pop(L, 1);
-    return SBX_EINVAL;                                 /* cannot happen */
-  }
-  if (lua_isinteger(L, -1)) {
+  if (lua_isinteger(L, -1)) {                          /* integral, > 16 digits */
     lua_Integer v = lua_tointeger(L, -1);
     if (v > JSON_MAX_EXACT || v < -JSON_MAX_EXACT) {
       lua_pop(L, 1);
