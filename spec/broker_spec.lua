@@ -731,3 +731,49 @@ describe("logs", function()
     assert.is_nil(text:find("payload-marker", 1, true))
   end)
 end)
+
+describe("/model over HTTPS", function()
+  local dir, tls_fake
+
+  setup(function()
+    dir = H.tmpdir()
+    tls_fake = fake_upstream.start({ tls = fake_upstream.make_ca(dir) })
+  end)
+  teardown(function()
+    if tls_fake then tls_fake:stop() end
+    H.rmdir(dir)
+  end)
+
+  local function https_options(with_ca)
+    local seams = tls_fake:seams()
+    return H.options(tls_fake, {
+      allowHttp = false,
+      modelUrl = tls_fake:url("/v1/chat/completions"),
+      transport = { cainfo = with_ca and seams.cainfo or nil, connectTo = seams.connect_to },
+    })
+  end
+
+  it("reaches https://models.example with the real key through the trusted transport seam", function()
+    run(function()
+      tls_fake:reset()
+      local b, path, bdir = H.start(https_options(true))
+      local r = H.post(path, "/model")
+      H.finish(b, bdir)
+      assert.equal(200, r.status)
+      local log = tls_fake:log()
+      assert.equal(1, #log)
+      assert.equal("Bearer real-model-key", H.header(log[1], "authorization"))
+    end)
+  end)
+
+  it("answers 502 when the upstream certificate is not trusted", function()
+    run(function()
+      tls_fake:reset()
+      local b, path, bdir = H.start(https_options(false))
+      local r = H.post(path, "/model")
+      H.finish(b, bdir)
+      assert.equal(502, r.status)
+      assert.equal(0, #tls_fake:log())
+    end)
+  end)
+end)
