@@ -232,6 +232,7 @@ static lua_State *loop_L(conn_t *c) {
 static void start_read(conn_t *c);
 static void stop_read(conn_t *c);
 static void arm_timer(conn_t *c, uint64_t ms);
+static void on_timer(uv_timer_t *t);
 
 static void linger_start(conn_t *c) {
   if (c->peer_eof) { conn_destroy(c, loop_L(c), 1); return; }
@@ -282,7 +283,13 @@ static int conn_reply(conn_t *c, int status, const char *ctype,
   if (blen > 0) memcpy(c->reply + n, body, blen);
   stop_read(c);
   c->state = C_WRITING;
-  c->polling = 0;
+  if (c->polling) {
+    /* Back from hang-up polling to one shot at the request deadline. */
+    uint64_t now = uv_now(c->timer.loop);
+    uv_timer_stop(&c->timer);
+    c->polling = 0;
+    uv_timer_start(&c->timer, on_timer, c->deadline > now ? c->deadline - now : 0, 0);
+  }
   b = uv_buf_init(c->reply, (unsigned)((size_t)n + blen));
   c->wreq.data = c;
   if (uv_write(&c->wreq, (uv_stream_t *)&c->pipe, &b, 1, on_written) != 0) {

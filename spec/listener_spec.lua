@@ -305,7 +305,7 @@ describe("core.broker_listen", function()
 
     it("gets a reply while still half-closed and the handler answers later", function()
       listen {
-        on_call = function(call) core.timer(100, function() call:reply(200, '{"late":1}') end) end,
+        on_call = function(call) core.timer(450, function() call:reply(200, '{"late":1}') end) end,
       }
       async.run(function()
         assert.are.equal(reply(200, '{"late":1}'), send(path, request()))   -- default: half-close
@@ -382,7 +382,9 @@ describe("core.broker_listen", function()
 
     it("refuses a request-target byte of 0x80 or above with 400 invalid URL (item 26)", function()
       async.run(function()
-        for _, t in ipairs { "/mo\128del", "/model\255", "/\195\169", "http://br\195\169ker/model" } do
+        -- HT and FF pass http_parser's lenient URL table, so they are step 1 too.
+        for _, t in ipairs { "/mo\128del", "/model\255", "/\195\169", "http://br\195\169ker/model",
+                             "/mo\tdel", "/model\f" } do
           assert.are.equal(INVALID_URL, send(path, request { target = t }))
         end
         -- Step 1 comes before the method (2) and header (3) checks.
@@ -785,6 +787,41 @@ describe("core.broker_listen", function()
         assert.are.equal(reply(200, body), send(path, request { body = body }))
         assert.are.equal(INVALID_INPUT, send(path, request { body = "[1]" }))
         assert.are.equal(46, listener:stats().budget)
+      end)
+    end)
+  end)
+
+  describe("core.unix_request", function()
+    it("reports connect, timeout and too large, and close() silences the callback", function()
+      listener = assert(core.broker_listen { path = path, routes = ROUTES, echo = true })
+      async.run(function()
+        assert.are.same({ ok = false, error = "connect", data = "" }, exchange(dir .. "/none.sock", "x"))
+        assert.are.same({ ok = false, error = "timeout", data = "" },
+          exchange(path, "POST", { keep_open = true, timeout_ms = 100 }))
+        local res = exchange(path, request(), { max_bytes = 20 })
+        assert.are.same({ ok = false, error = "too large", data = OK:sub(1, 20) }, res)
+        local called = false
+        local h = core.unix_request(path, "", { keep_open = true }, function() called = true end)
+        h:close()
+        h:close()
+        async.sleep(50)
+        assert.is_false(called)
+        assert.is_nil(select(1, h:write("x")))
+        local l, err = core.unix_request(("p"):rep(200), "", {}, function() end)
+        assert.is_nil(l)
+        assert.are.equal("invalid socket path", err)
+      end)
+    end)
+
+    it("half-closes after the bytes unless told not to, and can shut down later", function()
+      listener = assert(core.broker_listen { path = path, routes = ROUTES, echo = true })
+      async.run(function()
+        local bytes = request()
+        local b = start_request(path, bytes:sub(1, #bytes - 1), { keep_open = true, timeout_ms = 5000 })
+        async.sleep(20)
+        b.handle:shutdown()                     -- body one byte short: read failure, 502
+        assert.is_true(wait_until(function() return b.done end))
+        assert.are.same({ ok = true, data = CALL_FAILED }, b.res)
       end)
     end)
   end)
