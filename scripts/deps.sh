@@ -65,7 +65,7 @@ APT_CHECKS=(
   "clang|clang|chk_clang"
   "clang fuzzer runtime|libclang-rt-14-dev|chk_fuzzer_rt"
   "gcc asan/ubsan runtime|build-essential|chk_gcc_asan"
-  "docker + dockerd|docker.io|chk_docker_pkg"
+  "docker + dockerd|docker.io cgroupfs-mount|chk_docker_pkg"
   "openssl|openssl|chk_openssl"
   "ca-certificates|ca-certificates|chk_cacerts"
 )
@@ -135,13 +135,6 @@ case "$(node_state)" in
     failed=1 ;;
 esac
 
-if [ ${#still_missing[@]} -gt 0 ] && ! is_root; then
-  # dedupe, keep order
-  fix=(); for p in "${still_missing[@]}"; do case " ${fix[*]} " in *" $p "*) ;; *) fix+=("$p") ;; esac; done
-  say deps "fix (as root): apt-get update && DEBIAN_FRONTEND=noninteractive $APT_INSTALL ${fix[*]}"
-  say deps "or run \`sudo make deps\` to install everything this project needs"
-fi
-
 # ---- Bun, from the npm registry ----------------------------------------------
 bun_ok() { have bun && bun --version >/dev/null 2>&1; }
 if bun_ok; then
@@ -196,7 +189,9 @@ elif ! have dockerd; then
   line "docker daemon" "missing: install docker.io first"
   failed=1
 elif is_root; then
-  # No systemd on these machines: start the daemon ourselves, in the background.
+  # No systemd on these machines: start the daemon ourselves, in the background
+  # (mounting the cgroup hierarchies first if nothing did at boot).
+  if ! grep -qE '^cgroup2? ' /proc/mounts && have cgroupfs-mount; then cgroupfs-mount || true; fi
   nohup dockerd >"$DOCKERD_LOG" 2>&1 </dev/null &
   for _ in $(seq 1 30); do docker_up && break; sleep 1; done
   if docker_up; then
@@ -239,6 +234,11 @@ else
   fi
 fi
 
+if [ ${#still_missing[@]} -gt 0 ] && ! is_root; then
+  fix=(); for p in "${still_missing[@]}"; do case " ${fix[*]} " in *" $p "*) ;; *) fix+=("$p") ;; esac; done
+  say deps "fix (as root): apt-get update && DEBIAN_FRONTEND=noninteractive $APT_INSTALL ${fix[*]}"
+  say deps "or run \`sudo make deps\` to install everything this project needs"
+fi
 if [ "$failed" -ne 0 ]; then
   say deps "FAILED: something above is missing (see the fix on its line)"
   exit 1
