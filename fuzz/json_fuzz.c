@@ -22,10 +22,12 @@
 #include "../core/sbx.h"
 #include "../core/sbx_internal.h"
 
-#define FUZZ_KEY "key"
+/* Two keys: "key" has a 3-byte needle (the SSE2 scan), "model" needles of
+ * 5+ bytes (the skipping scan). The input's size picks one. */
+static const char *const fuzz_keys[2] = {"key", "model"};
 
 static lua_State *fuzz_L;
-static sbx_reflect_t *fuzz_filter;
+static sbx_reflect_t *fuzz_filter[2];
 
 static void die(const char *what) {
   fprintf(stderr, "json_fuzz: %s\n", what);
@@ -48,15 +50,17 @@ static const char *encode(lua_State *L, int idx, size_t *len) {
   return lua_tolstring(L, -1, len);
 }
 
-/* Runs in protected mode: stack 1 = core module, 2 = filter userdata. */
+/* Runs in protected mode: stack 1 = core module, 2 = filter userdata
+ * (the Lua twin of fuzz_filter[which]), 3 = input, 4 = size, 5 = which. */
 static int one_input(lua_State *L) {
   const char *buf = lua_touserdata(L, 3);
   size_t len = (size_t)lua_tointeger(L, 4);
+  const sbx_reflect_t *filter = fuzz_filter[lua_tointeger(L, 5)];
   int plain, filtered;
   lua_settop(L, 2);
 
   plain = sbx__json_decode(L, buf, len, NULL);               /* -> 3 if ok */
-  filtered = sbx__json_decode(L, buf, len, fuzz_filter);
+  filtered = sbx__json_decode(L, buf, len, filter);
   if (plain != 0 && plain != SBX_EINVAL && plain != SBX_EDEPTH) die("bad code");
   if (filtered == 0) {
     if (plain != 0) die("filtered decode accepted what the plain one refused");
@@ -90,15 +94,19 @@ static int one_input(lua_State *L) {
   return 0;
 }
 
+/* Main stack: 1 = core module, 2 and 3 = Lua filters for the two keys. */
 static void setup(void) {
   lua_State *L = luaL_newstate();
   if (L == NULL) die("no lua state");
   luaL_openlibs(L);
   luaL_requiref(L, "sandbox.core", luaopen_sandbox_core, 0);   /* 1 */
-  lua_getfield(L, 1, "reflect_filter");
-  lua_pushstring(L, FUZZ_KEY);
-  lua_call(L, 1, 1);                                            /* 2 */
-  if (sbx_reflect_new(FUZZ_KEY, strlen(FUZZ_KEY), &fuzz_filter) != 0) die("no filter");
+  for (int i = 0; i < 2; i++) {
+    lua_getfield(L, 1, "reflect_filter");
+    lua_pushstring(L, fuzz_keys[i]);
+    lua_call(L, 1, 1);                                          /* 2, 3 */
+    if (sbx_reflect_new(fuzz_keys[i], strlen(fuzz_keys[i]), &fuzz_filter[i]) != 0)
+      die("no filter");
+  }
   fuzz_L = L;
 }
 
@@ -110,18 +118,20 @@ static int traceback(lua_State *L) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   lua_State *L;
   if (fuzz_L == NULL) setup();
+  int which = (int)(size & 1);
   L = fuzz_L;
-  lua_settop(L, 2);
-  lua_pushcfunction(L, traceback);
+  lua_settop(L, 3);
+  lua_pushcfunction(L, traceback);                              /* 4 */
   lua_pushcfunction(L, one_input);
   lua_pushvalue(L, 1);
-  lua_pushvalue(L, 2);
+  lua_pushvalue(L, 2 + which);
   lua_pushlightuserdata(L, (void *)data);
   lua_pushinteger(L, (lua_Integer)size);
-  if (lua_pcall(L, 4, 0, 3) != LUA_OK) {
+  lua_pushinteger(L, which);
+  if (lua_pcall(L, 5, 0, 4) != LUA_OK) {
     fprintf(stderr, "json_fuzz: lua error: %s\n", lua_tostring(L, -1));
     abort();
   }
-  lua_settop(L, 2);
+  lua_settop(L, 3);
   return 0;
 }
