@@ -254,9 +254,9 @@ static int scan_memmem(const sbx_reflect_t *f, const unsigned char *h, size_t fr
  * shortest needle's length m slides over the haystack; the last two bytes
  * of the window pick how far it may move without skipping any start of any
  * needle (from the needles' first m bytes). Only a shift of 0 leads to a
- * check of every needle at the window's start.
+ * check of every needle at the window's start. Kept out of line so the
+ * short-string exit of sbx_reflect_hit stays cheap.
  */
-/* Kept out of line so the short-string exit of sbx_reflect_hit stays cheap. */
 __attribute__((noinline))
 static int scan_wm(const sbx_reflect_t *f, const unsigned char *h, size_t len) {
   const size_t m = f->minlen, dmax = f->shift_max;
