@@ -183,14 +183,14 @@ static void conn_handle_closed(uv_handle_t *h) {
 
 /*
  * Closes both handles (no reply). A connection holding the in-flight slot
- * without a call (steps 9-12) gives it back. A pending call is detached; its
- * on_close handler runs on L when fire is set (never after the listener
- * userdata is gone). Safe to call more than once.
+ * without a call (steps 9-12) gives it back. A pending call is detached and
+ * returned with the registry ref that keeps it alive (the caller owns the
+ * ref), or NULL. Lua is not touched. Safe to call more than once.
  */
-static void conn_destroy(conn_t *c, lua_State *L, int fire) {
+static call_t *conn_close(conn_t *c, int *ref) {
   call_t *call;
-  int ref;
-  if (c->state == C_CLOSING) return;
+  *ref = LUA_NOREF;
+  if (c->state == C_CLOSING) return NULL;
   c->state = C_CLOSING;
   if (c->holds_slot) {
     c->holds_slot = 0;
@@ -199,17 +199,21 @@ static void conn_destroy(conn_t *c, lua_State *L, int fire) {
   uv_close((uv_handle_t *)&c->pipe, conn_handle_closed);
   uv_close((uv_handle_t *)&c->timer, conn_handle_closed);
   call = c->call;
-  ref = c->call_ref;
+  *ref = c->call_ref;
   c->call = NULL;
   c->call_ref = LUA_NOREF;
+  if (call != NULL) call->conn = NULL;
+  return call;
+}
+
+/*
+ * Runs a detached call's on_close handler on L when fire is set and the call
+ * was not replied to, then drops the ref. Touches no connection: the handler
+ * may run the loop, and so free connections.
+ */
+static void call_closed(lua_State *L, call_t *call, int ref, int fire) {
   if (call == NULL) return;
-  call->conn = NULL;
-  if (L == NULL || c->lst->lua_gone) {
-    /* The userdata stays referenced until its own __gc; leaking one
-       registry slot at state close is harmless. */
-    if (L != NULL) sbx__unref(L, &ref);
-    return;
-  }
+  if (L == NULL) return;   /* state closing: one registry slot stays, harmless */
   if (fire && !call->replied && !call->close_fired) {
     call->close_fired = 1;
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
@@ -221,6 +225,15 @@ static void conn_destroy(conn_t *c, lua_State *L, int fire) {
     }
   }
   sbx__unref(L, &ref);
+}
+
+/* conn_close, then the on_close handler on L (if any). The caller must not
+   touch c afterwards. */
+static void conn_destroy(conn_t *c, lua_State *L, int fire) {
+  int ref;
+  call_t *call = conn_close(c, &ref);
+  if (c->lst->lua_gone) L = NULL;
+  call_closed(L, call, ref, fire);
 }
 
 static lua_State *loop_L(conn_t *c) {
@@ -638,12 +651,21 @@ static void server_closed(uv_handle_t *h) {
  */
 static void lst_stop(lst_t *lst, lua_State *L) {
   conn_t *c;
+  call_t *calls[SBX_MAX_CONNECTIONS];
+  int refs[SBX_MAX_CONNECTIONS + 1];
+  int n = 0, i;
   if (lst->stopped) return;
   lst->stopped = 1;
   uv_close((uv_handle_t *)&lst->server, server_closed);
-  /* Connections leave the list only in close callbacks, which never run
-     synchronously, so the list is stable while on_close handlers run. */
-  for (c = lst->conns; c != NULL; c = c->next) conn_destroy(c, L, L != NULL);
+  /* Close every connection first, then run the handlers: a handler may run
+     the loop, whose close callbacks free connections. At most
+     SBX_MAX_CONNECTIONS connections are in the list at once. */
+  for (c = lst->conns; c != NULL; c = c->next) {
+    call_t *call = conn_close(c, &refs[n]);
+    if (call != NULL && n < SBX_MAX_CONNECTIONS) calls[n++] = call;
+  }
+  if (lst->lua_gone) L = NULL;
+  for (i = 0; i < n; i++) call_closed(L, calls[i], refs[i], 1);
   if (L != NULL) {
     sbx__unref(L, &lst->on_call_ref);
     sbx__unref(L, &lst->self_ref);

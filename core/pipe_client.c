@@ -89,7 +89,7 @@ static void req_close(req_t *r, lua_State *L) {
 static int deliver(lua_State *L) {
   result_t *res = lua_touserdata(L, 1);
   req_t *r = res->r;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, r->cb_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->cb_ref);   /* r is alive until lua_call */
   lua_createtable(L, 0, 3);
   lua_pushboolean(L, res->error == NULL);
   lua_setfield(L, -2, "ok");
@@ -106,14 +106,17 @@ static int deliver(lua_State *L) {
 static void finish(req_t *r, const char *error) {
   lua_State *L = r->lp->L;
   result_t res;
+  int ref = r->cb_ref;
   if (r->done) return;
   req_close(r, NULL);
   res.r = r;
   res.error = error;
   lua_pushcfunction(L, deliver);
   lua_pushlightuserdata(L, &res);
+  /* r may be freed once this returns (the callback can run the loop and
+     collect the handle): only locals from here on. */
   sbx__pcall(L, 1);
-  sbx__unref(L, &r->cb_ref);
+  sbx__unref(L, &ref);
 }
 
 static void on_timeout(uv_timer_t *t) {
