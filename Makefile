@@ -75,4 +75,4 @@ BENCH_BIN := $(patsubst bench/%.c,$(B)/bench/%,$(BENCH_SRC))
 bench-bins: $(BENCH_BIN)
 $(B)/bench/%: bench/%.c $(B)/libsbx.a $(HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(SBX_CFLAGS) -Icore -o $@ $< $(B)/libsbx.a $(PKG_LIBS) -lm -ldl
+	$(CC) $(SBX_CFLAGS) -iquote core -o $@ $< $(B)/libsbx.a $(PKG_LIBS) -lm -ldl

@@ -4,12 +4,18 @@
  *
  * Builds a realistic ~1 MiB chat-completion-like JSON response (choices
  * with long and short content, tool calls with JSON-in-string arguments,
- * logprobs with many short token strings; no escapes, so every string's
- * decoded bytes are the bytes between its quotes) and records where every
- * string, member names included, lies. Then, for several keys:
- *   (a) sbx_reflect_hit over every string of the response, all needles,
- *   (b) one memmem() of the raw key over the whole JSON text,
- * each repeated ITERATIONS times; prints best and median MB/s (both over the
+ * logprobs with many short token strings; some strings hold "\n" escapes)
+ * and records where every string, member names included, lies. Then, for
+ * several keys:
+ *   (a) the filter as json.c applies it while decoding a reply: one
+ *       sbx_reflect_hit over the whole JSON text (a prefilter: with no match
+ *       there, no string without escapes can hold a needle, since its
+ *       decoded bytes are the bytes between its quotes) plus one over the
+ *       decoded bytes of each escaped string. When the text does match
+ *       somewhere, json.c scans every string: column (c) is that cost;
+ *   (b) one memmem() of the raw key over the whole JSON text;
+ *   (c) for reference, sbx_reflect_hit called on every decoded string;
+ * each repeated ITERATIONS times; prints best and median MB/s (all over the
  * size of the JSON text) and the ratio (a)/(b). The target is a ratio of at
  * least 1/3. Usage: reflect_bench [iterations]
  */
@@ -38,7 +44,10 @@ void sbx_reflect_free(sbx_reflect_t *f);
 typedef struct {
   char *buf;
   size_t len;
-  size_t (*str)[2];        /* offset, length of each string */
+  size_t (*str)[2];        /* offset, length of each string (raw bytes) */
+  unsigned char *escaped;  /* 1 when that string holds an escape */
+  size_t (*dec)[2];        /* escaped strings: offset, length in decoded */
+  char *decoded;           /* decoded bytes of the escaped strings */
   size_t nstr;
   uint64_t rng;
 } doc_t;
@@ -71,9 +80,11 @@ static const char *const words[] = {
   "as", "an", "but", "if", "then", "else", "return", "local", "end", "print", "table",
 };
 
-/* A string value of about n bytes of words and punctuation (no '"' or '\\'). */
+/* A string value of about n bytes of words and punctuation; some hold the
+ * escape "\\n" (the only escape the document uses). */
 static void put_text(doc_t *d, size_t n) {
   size_t start;
+  unsigned char esc = 0;
   if (d->nstr >= MAX_STRINGS) n = 0;
   put(d, "\"");
   start = d->len;
@@ -85,12 +96,14 @@ static void put_text(doc_t *d, size_t n) {
     case 1: put(d, ", "); break;
     case 2: put(d, ": "); break;
     case 3: put(d, " - "); break;
+    case 4: if (rnd(d) % 4 == 0) { put(d, "\\n"); esc = 1; break; } /* fall through */
     default: put(d, " ");
     }
   }
   if (d->nstr < MAX_STRINGS) {
     d->str[d->nstr][0] = start;
     d->str[d->nstr][1] = d->len - start;
+    d->escaped[d->nstr] = esc;
     d->nstr++;
   }
   put(d, "\"");
@@ -102,6 +115,7 @@ static void put_key(doc_t *d, const char *k) {
   if (d->nstr < MAX_STRINGS) {
     d->str[d->nstr][0] = d->len;
     d->str[d->nstr][1] = strlen(k);
+    d->escaped[d->nstr] = 0;
     d->nstr++;
   }
   put(d, k);
@@ -161,7 +175,8 @@ static void build_doc(doc_t *d, int logprobs) {
   unsigned idx = 0;
   d->buf = malloc(DOC_CAP);
   d->str = malloc(MAX_STRINGS * sizeof *d->str);
-  if (d->buf == NULL || d->str == NULL) {
+  d->escaped = malloc(MAX_STRINGS);
+  if (d->buf == NULL || d->str == NULL || d->escaped == NULL) {
     fprintf(stderr, "reflect_bench: out of memory\n");
     exit(1);
   }
@@ -222,12 +237,58 @@ static volatile size_t sink;
 /* Times fn ITERATIONS times; fills best and median seconds. */
 typedef size_t (*run_fn)(const doc_t *d, const sbx_reflect_t *f, const char *key, size_t klen);
 
+/* Decodes the string at i into out (the document's only escape is \\n). */
+static size_t unescape(const doc_t *d, size_t i, char *out) {
+  const char *s = d->buf + d->str[i][0];
+  size_t n = 0, len = d->str[i][1];
+  for (size_t j = 0; j < len; j++) {
+    if (s[j] == '\\' && j + 1 < len && s[j + 1] == 'n') {
+      out[n++] = '\n';
+      j++;
+    } else {
+      out[n++] = s[j];
+    }
+  }
+  return n;
+}
+
+/* Decodes every escaped string once, outside the timed runs: unescaping is
+ * the decoder's work, paid with or without a filter. */
+static void decode_escaped(doc_t *d) {
+  size_t off = 0;
+  d->decoded = malloc(d->len);
+  d->dec = malloc(d->nstr * sizeof *d->dec);
+  if (d->decoded == NULL || d->dec == NULL) exit(1);
+  for (size_t i = 0; i < d->nstr; i++) {
+    d->dec[i][0] = off;
+    d->dec[i][1] = d->escaped[i] ? unescape(d, i, d->decoded + off) : 0;
+    off += d->dec[i][1];
+  }
+}
+
+/* (a) As json.c does while decoding: the whole text, then the decoded bytes
+ * of each escaped string. */
 static size_t run_filter(const doc_t *d, const sbx_reflect_t *f, const char *key, size_t klen) {
+  size_t hits = (size_t)sbx_reflect_hit(f, d->buf, d->len);
+  (void)key;
+  (void)klen;
+  for (size_t i = 0; i < d->nstr; i++) {
+    if (d->escaped[i]) hits += (size_t)sbx_reflect_hit(f, d->decoded + d->dec[i][0], d->dec[i][1]);
+  }
+  return hits;
+}
+
+/* (c) Every decoded string on its own. */
+static size_t run_each(const doc_t *d, const sbx_reflect_t *f, const char *key, size_t klen) {
   size_t hits = 0;
   (void)key;
   (void)klen;
-  for (size_t i = 0; i < d->nstr; i++)
-    hits += (size_t)sbx_reflect_hit(f, d->buf + d->str[i][0], d->str[i][1]);
+  for (size_t i = 0; i < d->nstr; i++) {
+    if (d->escaped[i])
+      hits += (size_t)sbx_reflect_hit(f, d->decoded + d->dec[i][0], d->dec[i][1]);
+    else
+      hits += (size_t)sbx_reflect_hit(f, d->buf + d->str[i][0], d->str[i][1]);
+  }
   return hits;
 }
 
@@ -269,12 +330,15 @@ static void measure(run_fn fn, const doc_t *d, const sbx_reflect_t *f, const cha
 
 /* Runs every key over one document and prints a row per key. */
 static int bench_doc(doc_t *d, const char *name, const char *const *keys, size_t nkeys, int iters) {
-  size_t strbytes = 0;
-  for (size_t i = 0; i < d->nstr; i++) strbytes += d->str[i][1];
-  printf("\n%s: %zu bytes JSON, %zu strings holding %zu bytes; %d iterations\n",
-         name, d->len, d->nstr, strbytes, iters);
-  printf("  %-34s %9s %9s %9s %9s %6s\n", "key (length)", "filter", "filter", "memmem", "memmem", "ratio");
-  printf("  %-34s %9s %9s %9s %9s %6s\n", "", "best MB/s", "med MB/s", "best MB/s", "med MB/s", "(med)");
+  size_t strbytes = 0, nesc = 0;
+  for (size_t i = 0; i < d->nstr; i++) {
+    strbytes += d->str[i][1];
+    nesc += d->escaped[i];
+  }
+  printf("\n%s: %zu bytes JSON, %zu strings holding %zu bytes, %zu with escapes; %d iterations\n",
+         name, d->len, d->nstr, strbytes, nesc, iters);
+  printf("  %-34s %9s %9s %9s %9s %6s %9s\n", "key (length)", "filter", "filter", "memmem", "memmem", "ratio", "each str");
+  printf("  %-34s %9s %9s %9s %9s %6s %9s\n", "", "best MB/s", "med MB/s", "best MB/s", "med MB/s", "(med)", "med MB/s");
   {
     double eb, em;
     measure(run_empty, d, NULL, "", 0, iters, &eb, &em);
@@ -283,22 +347,24 @@ static int bench_doc(doc_t *d, const char *name, const char *const *keys, size_t
   }
   for (size_t k = 0; k < nkeys; k++) {
     sbx_reflect_t *f;
-    double fb, fm, mb, mm, mbytes = (double)d->len / 1e6;
+    double fb, fm, mb, mm, eb, em, mbytes = (double)d->len / 1e6;
     size_t klen = strlen(keys[k]);
     char label[64];
     if (sbx_reflect_new(keys[k], klen, &f) != 0) {
       fprintf(stderr, "reflect_bench: sbx_reflect_new failed\n");
       return 1;
     }
-    if (run_filter(d, f, keys[k], klen) != 0 || run_memmem(d, f, keys[k], klen) != 0) {
+    if (run_filter(d, f, keys[k], klen) != 0 || run_each(d, f, keys[k], klen) != 0 ||
+        run_memmem(d, f, keys[k], klen) != 0) {
       fprintf(stderr, "reflect_bench: the document must not hold the key\n");
       return 1;
     }
     measure(run_filter, d, f, keys[k], klen, iters, &fb, &fm);
     measure(run_memmem, d, f, keys[k], klen, iters, &mb, &mm);
+    measure(run_each, d, f, keys[k], klen, iters, &eb, &em);
     snprintf(label, sizeof label, "%.24s%s (%zu)", keys[k], klen > 24 ? "..." : "", klen);
-    printf("  %-34s %9.0f %9.0f %9.0f %9.0f %6.2f\n", label, mbytes / fb, mbytes / fm,
-           mbytes / mb, mbytes / mm, mm / fm);
+    printf("  %-34s %9.0f %9.0f %9.0f %9.0f %6.2f %9.0f\n", label, mbytes / fb, mbytes / fm,
+           mbytes / mb, mbytes / mm, mm / fm, mbytes / em);
     sbx_reflect_free(f);
   }
   return 0;
@@ -316,16 +382,25 @@ int main(int argc, char **argv) {
   doc_t d;
   if (iters < 1) iters = DEFAULT_ITERATIONS;
   print_machine();
-  printf("filter: sbx_reflect_hit over every string (member names included), all needles;\n"
+  printf("filter: as json.c applies it (whole text once + each escaped string decoded), all needles;\n"
          "memmem: one glibc memmem() of the raw key over the whole JSON text;\n"
+         "each str: reference, sbx_reflect_hit on every decoded string;\n"
          "MB/s over the JSON text size; ratio = filter / memmem throughput (target >= 0.33)\n");
   build_doc(&d, 0);
+  decode_escaped(&d);
   if (bench_doc(&d, "completion (content and tool calls)", keys, nkeys, iters) != 0) return 1;
   free(d.buf);
   free(d.str);
+  free(d.escaped);
+  free(d.decoded);
+  free(d.dec);
   build_doc(&d, 1);
+  decode_escaped(&d);
   if (bench_doc(&d, "completion with logprobs (many short strings)", keys, nkeys, iters) != 0) return 1;
   free(d.buf);
   free(d.str);
+  free(d.escaped);
+  free(d.decoded);
+  free(d.dec);
   return 0;
 }

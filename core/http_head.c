@@ -36,7 +36,7 @@
 #include <http_parser.h>
 
 #include "http_head.h"
-#include "limits.h"
+#include "sbx_limits.h"
 
 /* Permitted header names (section 7.1), lower case. Index = bit in seen. */
 static const char *const permitted[] = {

@@ -168,6 +168,7 @@ typedef struct {
   const unsigned char *p;      /* next byte */
   const unsigned char *end;    /* one past the last byte */
   const struct sbx_reflect *filter;
+  int check_plain;             /* scan strings without escapes too */
   int depth;                   /* containers currently open */
   int order_idx;               /* stack slots of the registry values */
   int obj_mt_idx;
@@ -308,10 +309,11 @@ static int parse_string(dec_t *d) {
     if (n == 0) return SBX_EINVAL;
     d->p += n;
   }
-  /* No escapes: the bytes are the value. */
+  /* No escapes: the bytes are the value. The whole-text prefilter in
+   * sbx__json_decode has cleared them unless it matched (check_plain). */
   size_t len = (size_t)(d->p - start);
   d->p++;
-  if (filter_hit(d, (const char *)start, len)) return SBX_EREFLECT;
+  if (d->check_plain && filter_hit(d, (const char *)start, len)) return SBX_EREFLECT;
   lua_pushlstring(d->L, (const char *)start, len);
   return 0;
 }
@@ -562,6 +564,12 @@ int sbx__json_decode(lua_State *L, const char *buf, size_t len,
   d.order_idx = base + 1;
   d.obj_mt_idx = base + 2;
   d.arr_mt_idx = base + 3;
+  /* Prefilter: a string without escapes decodes to a substring of the text,
+   * so when no needle occurs anywhere in the text, no such string can hold
+   * one and only escaped strings (parse_string_slow) need their own scan.
+   * When the text does match somewhere (maybe inside a number, or across a
+   * string's edge), every string is scanned exactly, as the rule says. */
+  d.check_plain = filter != NULL && sbx_reflect_hit(filter, buf, len);
   /* A byte-order mark (EF BB BF) is not whitespace: it fails below. */
   skip_ws(&d);
   rc = parse_value(&d);
@@ -901,8 +909,6 @@ static int enc_value(enc_t *e, int idx) {
 /* Lua functions                                                       */
 /* ------------------------------------------------------------------ */
 
-/* Defined in reflect.c: the filter inside a core.reflect_filter userdata. */
-const struct sbx_reflect *sbx__reflect_check(lua_State *L, int idx);
 
 /* core.json_decode(s [, filter]) -> value | nil, err */
 static int l_json_decode(lua_State *L) {

@@ -405,7 +405,6 @@ typedef struct {
 
 /* The filter of the core.reflect_filter userdata at idx (raises otherwise).
  * json.c uses it for core.json_decode(s, filter). */
-const struct sbx_reflect *sbx__reflect_check(lua_State *L, int idx);
 
 const struct sbx_reflect *sbx__reflect_check(lua_State *L, int idx) {
   reflect_box_t *b = luaL_checkudata(L, idx, REFLECT_MT);

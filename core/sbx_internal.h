@@ -19,7 +19,7 @@
 #include <lauxlib.h>
 
 #include "sbx.h"
-#include "limits.h"
+#include "sbx_limits.h"
 
 typedef struct sbx__loop {
   uv_loop_t uv;
@@ -64,5 +64,8 @@ void sbx__open_pipe_client(lua_State *L);
 struct sbx_reflect;
 int sbx__json_decode(lua_State *L, const char *buf, size_t len,
                      const struct sbx_reflect *filter);
+
+/* The filter inside a core.reflect_filter userdata at idx (reflect.c). */
+const struct sbx_reflect *sbx__reflect_check(lua_State *L, int idx);
 
 #endif

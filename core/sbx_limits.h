@@ -1,5 +1,5 @@
 /*
- * limits.h: every bound of the broker in one place (spec/broker.md section 1).
+ * sbx_limits.h: every bound of the broker in one place (spec/broker.md section 1).
  * Change a number here and nowhere else.
  */
 #ifndef SBX_LIMITS_H
