@@ -8,7 +8,7 @@
 # against lua5.4 libuv libcurl libcrypto and http_parser. Undefined behaviour
 # aborts (-fno-sanitize-recover), so UBSan findings count as crashes; leaks
 # count too (LeakSanitizer, libFuzzer's default).
-# `-iquote core`, not `-Icore`: core/limits.h would shadow the system <limits.h>.
+# `-iquote core` keeps project headers from shadowing system ones.
 #
 # Run: corpus build-fuzz/corpus-<name> (kept between runs), seeded from
 # fuzz/seeds/<name>/ when it exists; fuzz/<name>.dict is used when present.
