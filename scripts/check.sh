@@ -275,7 +275,10 @@ show_crash() {
   echo "---- ${log#$SBX_ROOT/}: died during: ${last#.... }"
   first="$(grep -nE '==ERROR|runtime error:|^==[0-9]+== ?ERROR' "$log" | head -n 1 | cut -d: -f1)"
   if [ -n "$first" ]; then
-    sed -n "$((first > 3 ? first - 3 : 1)),$((first + 45))p" "$log"
+    # Interpreter frames (lua5.4 has no symbols) say nothing: leave them out,
+    # so the use, free and allocation stacks all fit.
+    sed -n "$((first > 3 ? first - 3 : 1)),$((first + 300))p" "$log" |
+      sed '/^Shadow bytes around/,$d' | grep -v '(/usr/bin/lua5\.4+0x' | head -n 70
   else
     tail -n 40 "$log"
   fi
