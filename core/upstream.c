@@ -44,7 +44,9 @@
 
 #include "sbx_internal.h"
 
-#define MULTI_KEY "sbx.upstream.multi"
+#define MULTI_KEY "sbx.upstream.multi"      /* registry field: the box */
+#define MULTI_MT "sbx.upstream.multi_mt"    /* its metatable (a different name:
+                                               luaL_newmetatable owns its key) */
 #define REQ_MT "sbx.upstream.request"
 
 /* Bounds on what a caller may hand us (the caller is host Lua). */
@@ -404,7 +406,7 @@ static void multi_freed(uv_handle_t *h) {
 /* Tears the multi down without calling Lua: in-flight requests are dropped
  * (their on_done never runs: the state is going away). */
 static int multi_gc(lua_State *L) {
-  up_multi_box_t *b = luaL_checkudata(L, 1, MULTI_KEY);
+  up_multi_box_t *b = luaL_checkudata(L, 1, MULTI_MT);
   up_multi_t *m = b->m;
   if (m == NULL) return 0;
   b->m = NULL;
@@ -443,7 +445,7 @@ static up_multi_t *get_multi(lua_State *L) {
   m->timer.data = m;
   b = lua_newuserdatauv(L, sizeof *b, 0);
   b->m = m;
-  if (luaL_newmetatable(L, MULTI_KEY)) {
+  if (luaL_newmetatable(L, MULTI_MT)) {
     lua_pushcfunction(L, multi_gc);
     lua_setfield(L, -2, "__gc");
   }

@@ -218,7 +218,9 @@ Fake.__gc = Fake.stop
 -- fake.start({tls = {cert=, key=, ca=}}) -> fake
 function M.start(opts)
   opts = opts or {}
-  local cmd = string.format("exec node %s --parent %d", FIXTURE, core.getpid())
+  -- env -u LD_PRELOAD: a sanitizer run preloads libasan for the core; the
+  -- fixture is not under test and must not inherit it.
+  local cmd = string.format("exec env -u LD_PRELOAD node %s --parent %d", FIXTURE, core.getpid())
   if opts.tls then
     cmd = cmd .. string.format(" --tls '%s' '%s'", opts.tls.cert, opts.tls.key)
   end
@@ -240,7 +242,7 @@ end
 function M.make_ca(dir)
   local cert, key = dir .. "/cert.pem", dir .. "/key.pem"
   local cmd = string.format(
-    "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes " ..
+    "env -u LD_PRELOAD openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes " ..
     "-keyout '%s' -out '%s' -days 2 -subj '/CN=%s' " ..
     "-addext 'subjectAltName=DNS:%s' -addext 'basicConstraints=critical,CA:TRUE' " ..
     ">/dev/null 2>&1", key, cert, TLS_HOST, TLS_HOST)
