@@ -76,3 +76,6 @@ bench-bins: $(BENCH_BIN)
 $(B)/bench/%: bench/%.c $(B)/libsbx.a $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(SBX_CFLAGS) -iquote core -o $@ $< $(B)/libsbx.a $(PKG_LIBS) -lm -ldl
+
+# The in-container worker and its image (worker/worker.mk owns these rules).
+-include worker/worker.mk
