@@ -432,24 +432,28 @@ static up_multi_t *get_multi(lua_State *L) {
   pthread_once(&global_once, global_init);
   if (global_rc != CURLE_OK) return NULL;
   lp = sbx__loop(L);
+  /* The box first: a Lua allocation may raise, and nothing is owned yet. */
+  b = lua_newuserdatauv(L, sizeof *b, 0);
+  b->m = NULL;
+  if (luaL_newmetatable(L, MULTI_MT)) {
+    lua_pushcfunction(L, multi_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_setmetatable(L, -2);
   m = calloc(1, sizeof *m);
-  if (m == NULL) return NULL;
+  if (m == NULL) { lua_pop(L, 1); return NULL; }
   m->lp = lp;
   m->multi = curl_multi_init();
-  if (m->multi == NULL) { free(m); return NULL; }
+  if (m->multi == NULL) { free(m); lua_pop(L, 1); return NULL; }
   curl_multi_setopt(m->multi, CURLMOPT_SOCKETFUNCTION, on_curl_socket);
   curl_multi_setopt(m->multi, CURLMOPT_SOCKETDATA, m);
   curl_multi_setopt(m->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
   curl_multi_setopt(m->multi, CURLMOPT_TIMERDATA, m);
   uv_timer_init(&lp->uv, &m->timer);
   m->timer.data = m;
-  b = lua_newuserdatauv(L, sizeof *b, 0);
   b->m = m;
-  if (luaL_newmetatable(L, MULTI_MT)) {
-    lua_pushcfunction(L, multi_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_setmetatable(L, -2);
+  /* May raise (the registry grows); m is owned by b by then, whose __gc
+   * frees it. */
   lua_setfield(L, LUA_REGISTRYINDEX, MULTI_KEY);
   return m;
 }
@@ -654,12 +658,15 @@ static int fail(lua_State *L, up_req_t *r, const char *msg) {
   return 2;
 }
 
-/* core.http_post(opts) -> request | nil, err. See API.md. */
+/* core.http_post(opts) -> request | nil, err. See API.md. Malformed opts
+ * raise before anything is allocated; a failure after that (out of memory,
+ * curl refusing a policy option) frees what was built and returns nil, err
+ * (fail() leaves the unused request userdata to the collector). */
 static int l_http_post(lua_State *L) {
   const char *url, *body, *cainfo;
   size_t url_len = 0, body_len = 0;
   lua_Integer timeout_ms, max_body;
-  int allow_http;
+  int allow_http, ref;
   up_multi_t *m;
   up_req_t *r;
   up_req_box_t *b;
@@ -683,9 +690,18 @@ static int l_http_post(lua_State *L) {
 
   m = get_multi(L);
   if (m == NULL || m->multi == NULL) return fail(L, NULL, "upstream client unavailable");
+  /* Lua allocations (which may raise) before any C allocation. */
+  b = lua_newuserdatauv(L, sizeof *b, 0);
+  b->r = NULL;
+  luaL_setmetatable(L, REQ_MT);
+  lua_getfield(L, 1, "on_done");
+  ref = luaL_ref(L, LUA_REGISTRYINDEX);
   r = calloc(1, sizeof *r);
-  if (r == NULL) return fail(L, NULL, "out of memory");
-  r->done_ref = LUA_NOREF;
+  if (r == NULL) {
+    luaL_unref(L, LUA_REGISTRYINDEX, ref);
+    return fail(L, NULL, "out of memory");
+  }
+  r->done_ref = ref;
   r->m = m;
   r->max_body = (size_t)max_body;
   if (build_lists(L, r) != 0) return fail(L, r, "out of memory");
@@ -696,15 +712,8 @@ static int l_http_post(lua_State *L) {
   if (r->easy == NULL) return fail(L, r, "out of memory");
   if (setup_easy(r, url, body_len, (long)timeout_ms, allow_http, cainfo) != 0)
     return fail(L, r, "upstream client setup failed");
-  b = lua_newuserdatauv(L, sizeof *b, 0);
-  b->r = NULL;
-  luaL_setmetatable(L, REQ_MT);
-  lua_getfield(L, 1, "on_done");
-  r->done_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  if (curl_multi_add_handle(m->multi, r->easy) != CURLM_OK) {
-    lua_pop(L, 1);
+  if (curl_multi_add_handle(m->multi, r->easy) != CURLM_OK)
     return fail(L, r, "upstream client setup failed");
-  }
   req_link(m, r);
   r->box = b;
   b->r = r;
