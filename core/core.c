@@ -12,18 +12,27 @@
 
 #include "sbx_internal.h"
 
-#define SBX_LOOP_KEY "sbx.loop"
+#define SBX_LOOP_KEY "sbx.loop"        /* registry slot of the loop userdata */
+#define SBX_LOOP_MT  "sbx.loop_mt"     /* its metatable (a different name!) */
 
+static void count_open(uv_handle_t *h, void *arg) {
+  if (!uv_is_closing(h)) (*(int *)arg)++;
+}
+
+/* The loop is created first, so at lua_close it is finalized last: every
+ * other object has already asked libuv to close its handles. When only
+ * closing handles remain, run their close callbacks (where their memory is
+ * freed) and close the loop. A handle nobody closed (a timer still pending at
+ * exit) could call into the Lua state being closed, so then the loop is not
+ * run at all and is left to the process exit. */
 static int loop_gc(lua_State *L) {
-  sbx__loop_t *lp = luaL_checkudata(L, 1, SBX_LOOP_KEY);
-  if (lp->owned) {
-    /* Handles still open belong to objects being collected too; let libuv
-       run their close callbacks before the loop goes away. */
-    uv_walk(&lp->uv, NULL, NULL);
-    uv_run(&lp->uv, UV_RUN_NOWAIT);
-    uv_loop_close(&lp->uv);
-    lp->owned = 0;
-  }
+  sbx__loop_t *lp = luaL_checkudata(L, 1, SBX_LOOP_MT);
+  int open = 0;
+  if (!lp->owned) return 0;
+  uv_walk(&lp->uv, count_open, &open);
+  if (open > 0) return 0;
+  uv_run(&lp->uv, UV_RUN_NOWAIT);
+  if (uv_loop_close(&lp->uv) == 0) lp->owned = 0;
   return 0;
 }
 
@@ -43,7 +52,7 @@ sbx__loop_t *sbx__loop(lua_State *L) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   lp->L = lua_tothread(L, -1);
   lua_pop(L, 1);
-  if (luaL_newmetatable(L, SBX_LOOP_KEY)) {
+  if (luaL_newmetatable(L, SBX_LOOP_MT)) {
     lua_pushcfunction(L, loop_gc);
     lua_setfield(L, -2, "__gc");
   }
