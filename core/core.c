@@ -115,5 +115,6 @@ int luaopen_sandbox_core(lua_State *L) {
   sbx__open_reflect(L);
   sbx__open_listener(L);
   sbx__open_upstream(L);
+  sbx__open_fs(L);
   return 1;
 }
