@@ -52,6 +52,7 @@ void sbx__open_json(lua_State *L);
 void sbx__open_reflect(lua_State *L);
 void sbx__open_listener(lua_State *L);
 void sbx__open_upstream(lua_State *L);
+void sbx__open_http_server(lua_State *L);   /* core.http_server, core.read_lines */
 void sbx__open_process(lua_State *L);
 void sbx__open_fs(lua_State *L);
 /* core.unix_request (pipe_client.c); opened by sbx__open_listener. */
