@@ -1,0 +1,279 @@
+-- container.lua: what one sealed container is, as data (spec/runtime.md
+-- 4.2-4.4). Pure: no daemon, no process; the only system calls are realpath
+-- on the two mount sources and the OS random source for names.
+--
+--   container.args(spec)        -> argv for `docker` (41 elements + image),
+--                                  after the 4.2 validation (exact errors)
+--   container.check(spec)       -> the validated spec with canonical mount
+--                                  sources and formatted numbers (raises)
+--   container.engine_body(spec) -> the Engine API create body (JSON text) of
+--                                  the same container (4.3 table)
+--   container.name(segment)     -> roundtable-sandbox-<16 hex>-<8 random hex>
+--   container.labels(installation, owner) -> the two labels of 4.4
+--   container.turn_json(turn)   -> the turn object of 8.2 as compact JSON
+--
+-- spec = {name, image, runDir, workspaceDir, uid, gid, memoryMb, cpus, pids,
+-- labels}; labels = {[LABEL_INSTALLATION]=..., [LABEL_OWNER]=...}. A label
+-- missing from `labels` is rendered with an empty value (the runtime's
+-- construction dry run passes none); the driver refuses to run without both.
+local core = require "sandbox.core"
+local json = require "sandbox.json"
+
+local M = {}
+
+M.E_NAME_IMAGE = "invalid container name or image"
+M.E_NON_ROOT = "sandbox requires a non-root user and group"
+M.E_MOUNT_PATH = "mount paths must be absolute dedicated directories"
+M.E_MOUNT_SEPARATE = "broker and workspace mounts must be separate"
+M.E_LIMITS = "invalid resource limits"
+M.E_LABELS = "invalid container labels"
+
+M.LABEL_INSTALLATION = "roundtable.sandbox.installation"
+M.LABEL_OWNER = "roundtable.sandbox.owner"
+M.NAME_PATTERN = "^roundtable%-sandbox%-%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%-%x%x%x%x%x%x%x%x$"
+M.TMPFS = "/tmp:rw,noexec,nosuid,nodev,size=64m,mode=1777"
+M.ENV = "HOME=/tmp/home"
+M.ARGC = 42
+
+local function fail(msg) error(msg, 0) end
+
+local INT64_MAX = math.maxinteger
+
+-- "Integer" (spec 1): a Lua integer or a float with an exact integral value.
+local function as_integer(v)
+  if math.type(v) == "integer" then return v end
+  if math.type(v) == "float" and v == math.floor(v) and v >= -2 ^ 63 and v < 2 ^ 63 then
+    return math.tointeger(v)
+  end
+  return nil
+end
+
+-- True for a name matching ^[a-z0-9][a-z0-9_.-]{0,90}$.
+local function name_ok(name)
+  return type(name) == "string" and #name >= 1 and #name <= 91
+    and name:find("^[a-z0-9][a-z0-9_.%-]*$") ~= nil
+end
+
+-- Non-empty printable ASCII without spaces, not starting with '-'.
+local function image_ok(image)
+  return type(image) == "string" and image ~= "" and image:sub(1, 1) ~= "-"
+    and not image:find("[^\33-\126]")
+end
+
+local function mount_path_ok(p)
+  return type(p) == "string" and p:sub(1, 1) == "/" and p ~= "/" and not p:find("[,\n\r%z]")
+end
+
+local function inside(a, b)   -- a equal to b, or under it
+  return a == b or a:sub(1, #b + 1) == b .. "/"
+end
+
+-- The shortest decimal text that reads back as x (x > 0, finite).
+local function shortest(x)
+  for p = 1, 17 do
+    local s = string.format("%." .. p .. "g", x)
+    if tonumber(s) == x then return s end
+  end
+  return string.format("%.17g", x)
+end
+
+-- cpus -> plain decimal text (no exponent, no trailing zeros) and the exact
+-- NanoCpus integer, or nil when outside spec 2.3 (finite, > 0, at most nine
+-- decimal places, cpus x 10^9 within a signed 64-bit integer).
+function M.format_cpus(cpus)
+  if type(cpus) ~= "number" or cpus ~= cpus or cpus <= 0 or cpus == math.huge then return nil end
+  local int, frac
+  if math.type(cpus) == "integer" then
+    int, frac = tostring(cpus), ""
+  else
+    local s = shortest(cpus)
+    local mant, exp = s:match("^([%d.]+)e([-+]%d+)$")
+    mant, exp = mant or s, tonumber(exp or 0)
+    local ip, fp = mant:match("^(%d*)%.?(%d*)$")
+    local digits = ip .. fp
+    local point = #ip + exp
+    if point <= 0 then
+      int, frac = "0", string.rep("0", -point) .. digits
+    elseif point >= #digits then
+      int, frac = digits .. string.rep("0", point - #digits), ""
+    else
+      int, frac = digits:sub(1, point), digits:sub(point + 1)
+    end
+    int = int:gsub("^0+", "")
+    if int == "" then int = "0" end
+    frac = frac:gsub("0+$", "")
+  end
+  if #frac > 9 then return nil end
+  local nano_text = (int .. frac .. string.rep("0", 9 - #frac)):gsub("^0+", "")
+  if nano_text == "" then return nil end
+  local max = tostring(INT64_MAX)
+  if #nano_text > #max or (#nano_text == #max and nano_text > max) then return nil end
+  local text = frac == "" and int or (int .. "." .. frac)
+  return text, math.tointeger(tonumber(nano_text))
+end
+
+local function label_ok(v)
+  return v == nil or (type(v) == "string" and #v <= 256 and not v:find("[^\33-\126]"))
+end
+
+-- Validates a spec (4.2, in the table's order) and returns a new table with
+-- canonical mount sources and the formatted numbers:
+-- {name, image, runDir, workspaceDir, uid, gid, memoryMb, cpus (text),
+--  nanoCpus, pids, installation, owner}.
+function M.check(spec)
+  if type(spec) ~= "table" then fail(M.E_NAME_IMAGE) end
+  if not name_ok(spec.name) or not image_ok(spec.image) then fail(M.E_NAME_IMAGE) end
+  local uid, gid = as_integer(spec.uid), as_integer(spec.gid)
+  if not uid or uid <= 0 or not gid or gid <= 0 then fail(M.E_NON_ROOT) end
+  if not mount_path_ok(spec.runDir) or not mount_path_ok(spec.workspaceDir) then fail(M.E_MOUNT_PATH) end
+  -- Canonicalise, so an operator-side symlink cannot redirect a mount; the
+  -- canonical form must pass the same rules (a link to "/" or a comma path).
+  local run_dir, ws_dir = core.realpath(spec.runDir), core.realpath(spec.workspaceDir)
+  if not mount_path_ok(run_dir) or not mount_path_ok(ws_dir) then fail(M.E_MOUNT_PATH) end
+  if inside(run_dir, ws_dir) or inside(ws_dir, run_dir) then fail(M.E_MOUNT_SEPARATE) end
+  local mem, pids = as_integer(spec.memoryMb), as_integer(spec.pids)
+  local cpus, nano = M.format_cpus(spec.cpus)
+  if not mem or mem < 64 or mem > INT64_MAX // 1048576 or not pids or pids < 8 or not cpus then
+    fail(M.E_LIMITS)
+  end
+  local labels = spec.labels
+  if labels ~= nil and type(labels) ~= "table" then fail(M.E_LABELS) end
+  labels = labels or {}
+  local inst, owner = labels[M.LABEL_INSTALLATION], labels[M.LABEL_OWNER]
+  if not label_ok(inst) or not label_ok(owner) then fail(M.E_LABELS) end
+  for k in pairs(labels) do
+    if k ~= M.LABEL_INSTALLATION and k ~= M.LABEL_OWNER then fail(M.E_LABELS) end
+  end
+  return {
+    name = spec.name, image = spec.image, runDir = run_dir, workspaceDir = ws_dir,
+    uid = uid, gid = gid, memoryMb = mem, cpus = cpus, nanoCpus = nano, pids = pids,
+    installation = inst or "", owner = owner or "",
+  }
+end
+
+-- The argv of spec 4.3 (without the binary itself): 41 elements, then the
+-- image. Raises the 4.2 errors.
+function M.args(spec)
+  local c = M.check(spec)
+  return {
+    "run",
+    "--rm",
+    "--interactive",
+    "--sig-proxy=false",
+    "--log-driver", "none",
+    "--pull", "never",
+    "--name", c.name,
+    "--label", M.LABEL_INSTALLATION .. "=" .. c.installation,
+    "--label", M.LABEL_OWNER .. "=" .. c.owner,
+    "--network", "none",
+    "--read-only",
+    "--cap-drop", "ALL",
+    "--security-opt", "no-new-privileges:true",
+    "--user", c.uid .. ":" .. c.gid,
+    "--memory", c.memoryMb .. "m",
+    "--memory-swap", c.memoryMb .. "m",
+    "--cpus", c.cpus,
+    "--pids-limit", tostring(c.pids),
+    "--ulimit", "nofile=256:256",
+    "--tmpfs", M.TMPFS,
+    "--mount", "type=bind,src=" .. c.runDir .. ",dst=/broker,readonly,bind-propagation=rprivate",
+    "--mount", "type=bind,src=" .. c.workspaceDir .. ",dst=/workspace,bind-propagation=rprivate",
+    "--env", M.ENV,
+    c.image,
+  }
+end
+
+local function obj(names, values) return json.object(names, values) end
+
+-- The Engine API body of the same container (spec 4.3 table and JSON shape).
+-- Returns the JSON text and the checked spec (for the ?name= query).
+function M.engine_body(spec)
+  local c = M.check(spec)
+  local mem = c.memoryMb * 1048576
+  local function mount(src, dst, ro)
+    return obj({ "Type", "Source", "Target", "ReadOnly", "BindOptions" }, {
+      Type = "bind", Source = src, Target = dst, ReadOnly = ro,
+      BindOptions = obj({ "Propagation" }, { Propagation = "rprivate" }),
+    })
+  end
+  local host = obj({ "AutoRemove", "LogConfig", "NetworkMode", "ReadonlyRootfs", "CapDrop",
+    "SecurityOpt", "Memory", "MemorySwap", "NanoCpus", "PidsLimit", "Ulimits", "Tmpfs", "Mounts" }, {
+    AutoRemove = true,
+    LogConfig = obj({ "Type", "Config" }, { Type = "none", Config = obj({}, {}) }),
+    NetworkMode = "none",
+    ReadonlyRootfs = true,
+    CapDrop = json.array { "ALL" },
+    SecurityOpt = json.array { "no-new-privileges:true" },
+    Memory = mem, MemorySwap = mem, NanoCpus = c.nanoCpus, PidsLimit = c.pids,
+    Ulimits = json.array { obj({ "Name", "Soft", "Hard" }, { Name = "nofile", Soft = 256, Hard = 256 }) },
+    Tmpfs = obj({ "/tmp" }, { ["/tmp"] = M.TMPFS:match("^/tmp:(.*)$") }),
+    Mounts = json.array { mount(c.runDir, "/broker", true), mount(c.workspaceDir, "/workspace", false) },
+  })
+  local body = obj({ "Image", "User", "Env", "Labels", "AttachStdin", "AttachStdout", "AttachStderr",
+    "OpenStdin", "StdinOnce", "Tty", "HostConfig" }, {
+    Image = c.image, User = c.uid .. ":" .. c.gid, Env = json.array { M.ENV },
+    Labels = obj({ M.LABEL_INSTALLATION, M.LABEL_OWNER },
+      { [M.LABEL_INSTALLATION] = c.installation, [M.LABEL_OWNER] = c.owner }),
+    AttachStdin = true, AttachStdout = true, AttachStderr = true, OpenStdin = true,
+    StdinOnce = true, Tty = false, HostConfig = host,
+  })
+  return assert(json.encode(body)), c
+end
+
+-- A fresh container name for a channel (4.4): segment is the channel's 64-hex
+-- workspace segment (7.5); 8 random hex characters from the OS source.
+function M.name(segment)
+  if type(segment) ~= "string" or not segment:find("^%x+$") or #segment < 16 then
+    error("container.name: a hex channel segment is required", 2)
+  end
+  local rnd = assert(core.random_hex(4))
+  return "roundtable-sandbox-" .. segment:sub(1, 16):lower() .. "-" .. rnd
+end
+
+function M.name_valid(name)
+  return type(name) == "string" and name:find(M.NAME_PATTERN) ~= nil
+    and not name:find("[A-F]")
+end
+
+function M.labels(installation, owner)
+  return { [M.LABEL_INSTALLATION] = installation, [M.LABEL_OWNER] = owner }
+end
+
+-- The turn object of spec 8.2 with its keys in order; tools, mcp and each
+-- server's tools as arrays, every parameters as an object, even when empty.
+local function as_object(v)
+  if type(v) == "table" and getmetatable(v) == nil and next(v) == nil then
+    return obj({}, {})
+  end
+  return v
+end
+
+local function tool_list(list)
+  local out = json.array {}
+  for i, t in ipairs(list or {}) do
+    out[i] = obj({ "name", "description", "parameters" },
+      { name = t.name, description = t.description, parameters = as_object(t.parameters or {}) })
+  end
+  return out
+end
+
+function M.turn_json(turn)
+  if type(turn) == "string" then return turn end
+  local speaker = turn.speaker or {}
+  local mcp = json.array {}
+  for i, s in ipairs(turn.mcp or {}) do
+    mcp[i] = obj({ "server", "tools" }, { server = s.server, tools = tool_list(s.tools) })
+  end
+  local t = obj({ "text", "speaker", "model", "prompt", "timeZone", "reset", "tools", "mcp" }, {
+    text = turn.text,
+    speaker = obj({ "id", "name" }, { id = speaker.id, name = speaker.name }),
+    model = turn.model, prompt = turn.prompt, timeZone = turn.timeZone,
+    reset = turn.reset == true,
+    tools = tool_list(turn.tools), mcp = mcp,
+  })
+  local s, err = json.encode(t)
+  if not s then error("invalid sandbox turn: " .. tostring(err), 0) end
+  return s
+end
+
+return M
