@@ -1,0 +1,115 @@
+-- worker.lua: the sealed worker's entry (spec/worker.md). One turn from stdin,
+-- the bounded tool loop over the broker socket, one reply object on stdout.
+--
+--   worker.main()                     the binary's entry: stdin -> stdout + exit status
+--   worker.run_turn(bytes, seams)     -> reply {ok, text}, exit status, internal error
+--     seams.workspace  directory (default "/workspace")
+--     seams.broker     function(route, body_bytes) -> 200, decoded body
+--                        | status, {error="broker refused"} | nil, message
+--                      (default: broker_client.request over sbxw.broker_request);
+--                      it may yield, so run_turn may run inside a coroutine
+--     seams.clock      function() -> epoch seconds (default sbxw.now)
+--   worker.encode_reply(reply)        -> the compact {"ok":..,"text":..} bytes
+--
+-- Internal error strings (third result) exist for the specs; the reply on
+-- any failure is the one generic failed text.
+local sbxw = require "sbxw"
+local codec = require "codec"
+local turn_mod = require "turn"
+local memory = require "memory"
+local history = require "history"
+local registry_mod = require "registry"
+local prompt = require "prompt"
+local agent = require "agent"
+local text = require "text"
+local broker_client = require "broker_client"
+
+local M = {}
+
+M.FAILED_TEXT = "The sandbox worker failed."
+M.LIMIT_TEXT = "The sandbox turn reached its model-call limit."
+-- Prebuilt so that the failure path allocates nothing new.
+M.FAILED_BYTES = '{"ok":false,"text":"The sandbox worker failed."}'
+
+local function fail(message)
+  error(message, 0)
+end
+
+local function must(value, err)
+  if value == nil then fail(err) end
+  return value
+end
+
+local function run(bytes, seams)
+  local workspace = seams.workspace or "/workspace"
+  local clock = seams.clock or sbxw.now
+  local call = broker_client.caller(seams.broker or broker_client.request)
+
+  local turn = must(turn_mod.parse(bytes, clock()))
+  -- 5.1: memory before history, so a corrupt store fails every turn.
+  local store = must(memory.open(workspace))
+  local loaded = must(history.load(workspace, turn.reset))
+  local speaker_id = turn.speaker.id
+
+  local function refuse() return nil, "refused" end
+  local handlers = {
+    refuse = refuse,
+    memory = function(name, args) return store:run(name, args, speaker_id) end,
+    host = function(name, args)
+      local body, err = call("/tools/" .. name, codec.encode(args))
+      if body == nil then return nil, err end
+      return codec.encode(body)
+    end,
+    mcp = function(server, tool, args)
+      local req = codec.object({ "method", "params" }, {
+        method = "tools/call",
+        params = codec.object({ "name", "arguments" }, { name = tool, arguments = args }),
+      })
+      local body, err = call("/mcp/" .. server, codec.encode(req))
+      if body == nil then return nil, err end
+      return codec.encode(body)
+    end,
+  }
+  local registry = must(registry_mod.build(turn, handlers))
+
+  local speaker_preview = store:preview("speaker", speaker_id)
+  local channel_preview = store:preview("channel", speaker_id)
+  local wrapper = prompt.wrapper(turn)
+  local user_msg = prompt.message("user", text.prompt_text(wrapper, prompt.USER_BUDGET))
+
+  local messages = codec.array { prompt.message("system", prompt.system(turn, speaker_preview, channel_preview)) }
+  for _, m in ipairs(loaded) do messages[#messages + 1] = m end
+  messages[#messages + 1] = user_msg
+
+  local outcome, final = agent.run {
+    model = turn.model, messages = messages, user_msg = user_msg, registry = registry, call = call,
+  }
+  if outcome == "limit" then return { ok = false, text = M.LIMIT_TEXT }, 0 end
+  must(history.save(workspace, loaded, wrapper, final))
+  return { ok = true, text = final }, 0
+end
+
+function M.run_turn(bytes, seams)
+  local ok, reply, status = pcall(run, bytes, seams or {})
+  if ok then return reply, status end
+  return { ok = false, text = M.FAILED_TEXT }, 1, tostring(reply)
+end
+
+function M.encode_reply(reply)
+  return codec.encode(codec.object({ "ok", "text" }, { ok = reply.ok, text = reply.text }))
+end
+
+function M.main()
+  local out, status = M.FAILED_BYTES, 1
+  pcall(function()
+    local bytes = sbxw.read_stdin(turn_mod.MAX_BYTES)
+    local reply, code = M.run_turn(bytes)
+    if code == 0 then
+      out = M.encode_reply(reply)
+      status = 0
+    end
+  end)
+  sbxw.emit(out, status)
+end
+
+return M
