@@ -1,12 +1,125 @@
--- cli/cleanup.lua: `sbx cleanup`. The sealed worker, container driver and runtime
--- it needs are not built yet (issue 3); until then it says so.
+-- cli/cleanup.lua: `sbx cleanup CONFIG.lua [--force]` (spec/runtime.md 6.4).
+-- Lists this installation's stale containers and, with --force, removes
+-- them. Never touches a container without this installation's label, nor
+-- one whose owner is a live host.
+local args_mod = require "sandbox.cli.args"
+local async = require "sandbox.async"
+local container = require "sandbox.container"
+local core = require "sandbox.core"
+local installation = require "sandbox.installation"
+
 local M = {}
 
-M.help = "usage: sbx cleanup ...\n\nNot built yet: sealed turns need the worker and the container runtime.\n"
+M.help = [[usage: sbx cleanup CONFIG.lua [--force]
 
-function M.run()
-  io.stderr:write("sbx cleanup: not built yet (the sealed worker and runtime come next)\n")
-  return 1
+Finds this installation's sandbox containers (labelled with the installation
+id of the config's runRoot and workspaceRoot) and prints one line each:
+  <name> stale|in use removed|kept|failed
+If no host holds the installation lock, every one is stale (and leftover
+turn-XXXXXX run directories are removed with --force too). If a live host
+holds it, only containers whose owner process is gone are stale; the live
+host's containers and run directories are never touched.
+Without --force nothing is removed. Exit status 0 when nothing failed.
+]]
+
+local function err(msg) io.stderr:write("sbx cleanup: ", msg, "\n") end
+
+-- The runtime checks of 3.1 steps 1-14 without starting a runtime: the
+-- resolved canonical roots and the driver.
+local function resolve(cfg)
+  local o = cfg.options
+  local ok, ro = pcall(require, "sandbox.runtime_options")
+  if ok and type(ro) == "table" and ro.resolve then
+    local opts = {}
+    for k, v in pairs(o) do
+      if ro.OPTIONS[k] then opts[k] = v end
+    end
+    -- sbx has no host login; cleanup never calls the model.
+    if opts.apiKey == nil then opts.apiKey = function() return nil end end
+    return ro.resolve(opts)
+  end
+  -- Fallback: canonical roots and the default driver.
+  local run_root, ws_root = core.realpath(o.runRoot or ""), core.realpath(o.workspaceRoot or "")
+  if not run_root or not ws_root then error("sandbox roots must be absolute dedicated directories", 0) end
+  return { runRoot = run_root, workspaceRoot = ws_root,
+    driver = o.driver or require("sandbox.drivers.cli") { binary = "docker" } }
+end
+
+-- Runs inside a task. r = {runRoot, workspaceRoot (canonical), driver}, as
+-- the runtime checks resolve them. Returns the exit status.
+function M.cleanup(r, force, out)
+  out = out or function(line) io.stdout:write(line, "\n") end
+  local driver = r.driver
+  if type(driver) ~= "table" or type(driver.list) ~= "function" or type(driver.remove) ~= "function" then
+    err("the configured driver cannot list or remove containers")
+    return 1
+  end
+  local lock, why = installation.try_lock(r.runRoot)
+  if not lock and why ~= "busy" then
+    err("cannot open the run root: " .. tostring(why))
+    return 1
+  end
+  local mode = lock and "free" or "busy"
+  local id = installation.id(r.workspaceRoot, r.runRoot)
+  local status = 0
+  local ok, list = pcall(driver.list, driver, id)
+  if not ok then
+    err(tostring(list))
+    if lock then lock:release() end
+    return 1
+  end
+  local any_kept = false
+  for _, c in ipairs(installation.stale(list, { mode = mode })) do
+    if not container.name_valid(c.name) then
+      err("left alone: a labelled container with an unexpected name: " .. c.name)
+    elseif not c.stale then
+      out(c.name .. " in use kept")
+    elseif not force then
+      any_kept = true
+      out(c.name .. " stale kept")
+    elseif pcall(driver.remove, driver, c.name) then
+      out(c.name .. " stale removed")
+    else
+      status = 1
+      out(c.name .. " stale failed")
+    end
+  end
+  if lock then
+    if force then
+      if not installation.remove_turn_dirs(r.runRoot, nil) then
+        err("leftover turn directories could not be removed")
+        status = 1
+      end
+    end
+    lock:release()
+  end
+  if any_kept then out("rerun with --force to remove the stale containers") end
+  return status
+end
+
+function M.run(argv)
+  local parsed, perr = args_mod.parse(argv, { flags = { force = "bool" }, interleave = true })
+  if not parsed then
+    err(perr)
+    return 2
+  end
+  if #parsed.positional ~= 1 then
+    io.stderr:write(M.help)
+    return 2
+  end
+  local cfg, cerr = args_mod.load_config(parsed.positional[1])
+  if not cfg then
+    err(cerr)
+    return 1
+  end
+  local ok, status = pcall(async.run, function()
+    return M.cleanup(resolve(cfg), parsed.flags.force == true)
+  end)
+  if not ok then
+    err(tostring(status))
+    return 1
+  end
+  return status
 end
 
 return M
