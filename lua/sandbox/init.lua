@@ -67,4 +67,7 @@ end
 
 M.broker = broker.new
 
+-- `sandbox.runtime{...}`: the sealed runtime alone (spec/runtime.md 2.1, 3.1).
+M.runtime = require "sandbox.runtime"
+
 return setmetatable(M, { __call = function(_, opts) return M.new(opts) end })

@@ -1,0 +1,453 @@
+-- runtime.lua: the sealed runtime (spec/runtime.md sections 3.1, 5, 6.3, 7.4,
+-- 7.5, 8.2). `sandbox.runtime{...}` checks its options and returns a runtime
+-- that runs one turn per channel at a time:
+--
+--   rt:run_turn(channel, speaker, text) -> {ok=, text=}   (yields; raises)
+--   rt:stop(channel) -> boolean      rt:busy() -> sorted channel keys
+--   rt:start_fresh(channel)          rt:sweep() -> removed count (yields)
+--   rt:dispose()                     (yields until every turn has settled)
+--
+-- One turn: wait for the stale sweep, make sure the channel's workspace is a
+-- service-owned directory, make a fresh 0700 turn dir under runRoot, serve a
+-- broker bound to (channel, speaker, turn signal) on <turnDir>/broker.sock,
+-- hand the driver the container spec and the turn object, then always stop
+-- the broker, remove the turn dir and abort the turn signal, so nothing the
+-- worker started outlives its turn. The runtime never queues: a second turn
+-- on a busy channel is refused (the claim's channel queue orders them).
+--
+-- Nothing here logs a payload, a credential, a URL or an exception text.
+local async = require "sandbox.async"
+local broker = require "sandbox.broker"
+local broker_config = require "sandbox.broker_config"
+local channel_key = require "sandbox.channel_key"
+local core = require "sandbox.core"
+local json = require "sandbox.json"
+local options = require "sandbox.runtime_options"
+local signal = require "sandbox.signal"
+
+local M = {}
+
+M.E_BUSY = "sandbox is stopped or channel is busy"
+M.E_CHANNEL = channel_key.E_INVALID
+M.E_PRINCIPAL = "a sandbox turn needs the principal its speaker was admitted as"
+M.E_MESSAGE = "invalid sandbox message"
+M.E_TOO_LARGE = "sandbox message too large"
+M.E_WORKSPACE = "sandbox workspace must be a service-owned directory"
+M.E_RUN_DIR = "sandbox run directory could not be created"
+M.E_REPLY = "invalid sandbox reply"
+M.E_CLEANUP = "sandbox container cleanup failed; inspect this installation's containers"
+M.E_LOCK = "another host process owns these sandbox directories"
+
+M.TIMED_OUT = "sandbox turn timed out"
+M.STOPPED = "sandbox turn stopped"
+M.SETTLED = "sandbox turn settled"
+
+M.LOG_SWEEP_FAILED = "stale sandbox containers could not be removed; run sbx cleanup"
+M.LOG_SWEEP_REMOVED = "removed stale sandbox containers"
+
+M.MAX_TEXT_CHARS = 32000
+M.MAX_SPEAKER_CHARS = 256
+M.MAX_TURN_BYTES = 262144
+M.LABEL_INSTALLATION = "roundtable.sandbox.installation"
+M.LABEL_OWNER = "roundtable.sandbox.owner"
+
+local EEXIST = 17
+local DIR_MODE = tonumber("700", 8)
+
+local function fail(msg) error(msg, 0) end
+
+-- Operator log: one line, message then `key=value` fields (never payloads).
+-- Specs may replace M.log to capture lines.
+function M.log(level, msg, fields)
+  local line = msg
+  if fields then
+    local keys = {}
+    for k in pairs(fields) do keys[#keys + 1] = k end
+    table.sort(keys)
+    for _, k in ipairs(keys) do line = line .. " " .. k .. "=" .. tostring(fields[k]) end
+  end
+  core.log(level, line)
+end
+
+-- Container names of spec/runtime.md 4.4.
+function M.container_name_ok(name)
+  if type(name) ~= "string" or #name ~= 44 then return false end
+  return name:find("^roundtable%-sandbox%-[0-9a-f]+%-[0-9a-f]+$") ~= nil
+    and name:sub(36, 36) == "-"
+end
+
+-- ---------------------------------------------------------------------------
+-- Installation identity and lock (spec/runtime.md 6.1-6.2)
+
+local function read_line(path)
+  local f = io.open(path, "r")
+  if not f then return nil end
+  local s = f:read("l")
+  f:close()
+  return s
+end
+
+-- Installation id: SHA-256 of canonical workspaceRoot, NUL, canonical runRoot.
+function M.installation_id(workspace_root, run_root)
+  return core.sha256_hex(workspace_root .. "\0" .. run_root)
+end
+
+-- Owner id `<bootId>:<pid>:<startTicks>` of this process.
+function M.owner_id()
+  local pid = core.getpid()
+  local boot = read_line("/proc/sys/kernel/random/boot_id") or ""
+  local stat = read_line("/proc/" .. pid .. "/stat") or ""
+  -- field 22 (starttime) counted after the parenthesised command name
+  local rest = stat:match("^.*%)%s+(.*)$") or ""
+  local fields = {}
+  for f in rest:gmatch("%S+") do fields[#fields + 1] = f end
+  return boot .. ":" .. pid .. ":" .. (fields[20] or "0")
+end
+
+-- lua/sandbox/installation.lua (lock, ids, sweep), when it is there.
+local function installation_module()
+  local ok, mod = pcall(require, "sandbox.installation")
+  if ok and type(mod) == "table" then return mod end
+  return nil
+end
+
+local function take_lock(inst, run_root)
+  if not (inst and inst.lock) then
+    -- TODO(installation): without lua/sandbox/installation.lua no flock
+    -- (spec/runtime.md 6.1) is taken.
+    return nil
+  end
+  local lock, err = inst.lock(run_root)
+  if not lock then fail(err or M.E_LOCK) end
+  return lock
+end
+
+local function release_lock(lock)
+  if lock == nil then return end
+  local ok, release = pcall(function() return lock.release end)
+  if ok and release then pcall(release, lock) end
+end
+
+-- ---------------------------------------------------------------------------
+-- Construction
+
+local Runtime = {}
+Runtime.__index = Runtime
+
+function M.new(opts)
+  local o = options.resolve(opts)                                   -- steps 1-14
+  local cfg = broker_config.check(o)
+  local puid = core.getuid()
+  local self = setmetatable({
+    options = o, driver = o.driver, cfg = cfg, puid = puid,
+    active = {},        -- channel -> turn
+    run_dirs = {},      -- turn dir name -> true while its turn runs
+    resets = {},        -- channel -> pending start-fresh generation
+    disposed = false,
+  }, Runtime)
+  local inst = installation_module()
+  self.inst = inst
+  self.lock = take_lock(inst, o.runRoot)                            -- step 15
+  local ok, err = pcall(function()                                  -- step 16
+    self.installation = (inst and inst.id or M.installation_id)(o.workspaceRoot, o.runRoot)
+    self.owner = (inst and inst.owner_id or M.owner_id)()
+  end)
+  if not ok then
+    release_lock(self.lock)
+    error(err, 0)
+  end
+  local d = self.driver
+  self.sweeps = type(d) == "table" and type(d.list) == "function" and type(d.remove) == "function"
+  self.sweep_ok = not self.sweeps
+  if self.sweeps then self:_start_sweep() end
+  return self
+end
+
+-- ---------------------------------------------------------------------------
+-- Stale sweep (spec/runtime.md 6.3)
+
+function Runtime:_sweep_once()
+  local inst = self.inst
+  if inst and inst.sweep then
+    return inst.sweep {
+      driver = self.driver, installation = self.installation, self = self.owner,
+      run_root = self.options.runRoot, active = self.run_dirs, log = M.log,
+    }
+  end
+  -- Fallback while lua/sandbox/installation.lua is absent: the same steps.
+  local d, count, failed = self.driver, 0, false
+  local ok, list = pcall(d.list, d, self.installation)
+  if not ok or type(list) ~= "table" then
+    failed, list = true, {}
+  end
+  for _, c in ipairs(list) do
+    if type(c) == "table" and c.owner ~= self.owner then
+      if M.container_name_ok(c.name) then
+        if pcall(d.remove, d, c.name) then count = count + 1 else failed = true end
+      else
+        M.log("warn", "a labelled sandbox container with an unexpected name was left in place")
+      end
+    end
+  end
+  local root = self.options.runRoot
+  for _, name in ipairs(core.fs_readdir(root) or {}) do
+    if name:find("^turn%-[A-Za-z0-9][A-Za-z0-9][A-Za-z0-9][A-Za-z0-9][A-Za-z0-9][A-Za-z0-9]$") then
+      if not self.run_dirs[name] and not core.fs_rmtree(root .. "/" .. name) then failed = true end
+    else
+      M.log("warn", "an unexpected entry in the sandbox run root was left in place")
+    end
+  end
+  if count > 0 then M.log("info", M.LOG_SWEEP_REMOVED, { count = count }) end
+  if failed then
+    M.log("error", M.LOG_SWEEP_FAILED)
+    fail(M.E_CLEANUP)
+  end
+  return count
+end
+
+function Runtime:_start_sweep()
+  local task = async.spawn(function()
+    local ok, res = pcall(self._sweep_once, self)
+    if ok then self.sweep_ok = true end
+    if not ok then error(res, 0) end
+    return res
+  end)
+  self.sweep_task = task
+  return task
+end
+
+-- Joins a running sweep or starts one; returns how many containers it
+-- removed, or raises the cleanup error.
+function Runtime:sweep()
+  if not self.sweeps then return 0 end
+  local task = self.sweep_task
+  if task == nil or task.done then task = self:_start_sweep() end
+  local ok, res = async.wait(task)
+  if not ok then fail(M.E_CLEANUP) end
+  return res
+end
+
+-- Waits for `task` or for `sig` to abort, whichever comes first.
+local function wait_or_abort(task, sig)
+  if task.done or sig.aborted then return end
+  async.await(function(resume)
+    async.on_done(task, function() resume() end)
+    sig:on_abort(function() resume() end)
+  end)
+end
+
+-- §5.3 step 1: the sweep must have succeeded before a container starts; a
+-- failed sweep is retried once by the turn.
+function Runtime:_await_sweep(sig)
+  if self.sweep_ok then return end
+  local task = self.sweep_task
+  if task and not task.done then wait_or_abort(task, sig) end
+  if sig.aborted then fail(sig.reason) end
+  if self.sweep_ok then return end
+  task = self.sweep_task
+  if task == nil or task.done then task = self:_start_sweep() end
+  wait_or_abort(task, sig)
+  if sig.aborted then fail(sig.reason) end
+  if not self.sweep_ok then fail(M.E_CLEANUP) end
+end
+
+-- ---------------------------------------------------------------------------
+-- One turn
+
+local function chars(s)
+  return utf8.len(s)
+end
+
+-- Checks 1-5 of spec/runtime.md 5.2. Returns the speaker copy.
+function Runtime:_admit(channel, speaker, text)
+  if self.disposed or (type(channel) == "string" and self.active[channel]) then fail(M.E_BUSY) end
+  if not channel_key.valid(channel) then fail(M.E_CHANNEL) end
+  local principal = type(speaker) == "table" and speaker.principalId or nil
+  if type(principal) ~= "string" or principal == "" then fail(M.E_PRINCIPAL) end
+  local id, name = speaker.id, speaker.name
+  if type(text) ~= "string" or type(id) ~= "string" or type(name) ~= "string" then fail(M.E_MESSAGE) end
+  for _, s in ipairs { text, id, name, principal } do
+    if not core.utf8_valid(s) then fail(M.E_MESSAGE) end
+  end
+  if id == "" then fail(M.E_MESSAGE) end
+  if chars(text) > M.MAX_TEXT_CHARS or chars(id) > M.MAX_SPEAKER_CHARS
+      or chars(name) > M.MAX_SPEAKER_CHARS or chars(principal) > M.MAX_SPEAKER_CHARS then
+    fail(M.E_TOO_LARGE)
+  end
+  return { id = id, name = name, principalId = principal }
+end
+
+-- §5.3 step 3: the channel's workspace, created 0700 when missing; when
+-- present a real directory (not a link) owned by the service user.
+function Runtime:_workspace(channel)
+  local dir = self.options.workspaceRoot .. "/" .. channel_key.segment(channel)
+  local st = core.fs_lstat(dir)
+  if not st then
+    local made, _, code = core.fs_mkdir(dir, DIR_MODE)
+    if not made and code ~= EEXIST then fail(M.E_WORKSPACE) end
+    st = core.fs_lstat(dir)
+  end
+  if not st or st.type ~= "dir" or st.uid ~= self.puid then fail(M.E_WORKSPACE) end
+  return dir
+end
+
+local function public_tool(t)
+  return json.object({ "name", "description", "parameters" },
+    { name = t.name, description = t.description, parameters = t.parameters })
+end
+
+-- The turn object of spec/runtime.md 8.2, keys in order; arrays stay arrays
+-- when empty.
+function Runtime:_turn_object(turn, text)
+  local tools = json.array()
+  for _, t in ipairs(self.cfg.tool_list) do tools[#tools + 1] = public_tool(t) end
+  local mcp = json.array()
+  for _, s in ipairs(self.cfg.server_list) do
+    local list = json.array()
+    for _, t in ipairs(s.tool_list) do list[#list + 1] = public_tool(t) end
+    mcp[#mcp + 1] = json.object({ "server", "tools" }, { server = s.name, tools = list })
+  end
+  return json.object(
+    { "text", "speaker", "model", "prompt", "timeZone", "reset", "tools", "mcp" },
+    {
+      text = text,
+      speaker = json.object({ "id", "name" }, { id = turn.speaker.id, name = turn.speaker.name }),
+      model = self.options.model, prompt = self.options.prompt, timeZone = self.options.timeZone,
+      reset = turn.reset, tools = tools, mcp = mcp,
+    })
+end
+
+-- The ContainerSpec of spec/runtime.md 4.1.
+function Runtime:_container_spec(turn, run_dir, workspace_dir)
+  local o = self.options
+  return {
+    name = "roundtable-sandbox-" .. channel_key.segment(turn.channel):sub(1, 16) .. "-" .. core.random_hex(4),
+    image = o.image, runDir = run_dir, workspaceDir = workspace_dir, uid = o.uid, gid = o.gid,
+    memoryMb = o.limits.memoryMb, cpus = o.limits.cpus, pids = o.limits.pids,
+    labels = { [M.LABEL_INSTALLATION] = self.installation, [M.LABEL_OWNER] = self.owner },
+  }
+end
+
+local function check_reply(reply)
+  if type(reply) ~= "table" or type(reply.ok) ~= "boolean" or type(reply.text) ~= "string" then
+    fail(M.E_REPLY)
+  end
+  return { ok = reply.ok, text = reply.text }
+end
+
+-- Steps 4-10 of spec/runtime.md 5.3 once the workspace is known.
+function Runtime:_in_run_dir(turn, text, workspace_dir)
+  local sig, o = turn.signal, self.options
+  local run_dir = core.fs_mkdtemp(o.runRoot .. "/turn-XXXXXX")
+  if not run_dir then fail(M.E_RUN_DIR) end
+  local dir_name = run_dir:match("([^/]+)$")
+  self.run_dirs[dir_name] = true
+  local b
+  local ok, res = pcall(function()
+    local socket = run_dir .. "/broker.sock"
+    if #socket > broker.MAX_SOCKET_PATH then fail(broker.SOCKET_TOO_LONG) end
+    b = broker.new {
+      model = o.model, modelUrl = o.modelUrl, allowHttp = o.allowHttp, apiKey = o.apiKey,
+      tools = o.tools, mcp = o.mcp, channel = turn.channel, speaker = turn.speaker, signal = sig,
+    }
+    local started, err = b:start(socket)
+    if not started then fail(err == broker.SOCKET_TOO_LONG and err or "sandbox broker could not start") end
+    local turn_obj = self:_turn_object(turn, text)
+    local encoded = json.encode(turn_obj)
+    if not encoded or #encoded > M.MAX_TURN_BYTES then fail(M.E_TOO_LARGE) end
+    if sig.aborted then fail(sig.reason) end
+    local reply = check_reply(self.driver:run(self:_container_spec(turn, run_dir, workspace_dir), turn_obj, sig))
+    -- §7.4: settle the reset before cleanup.
+    if reply.ok and (self.resets[turn.channel] or 0) == turn.snapshot then
+      self.resets[turn.channel] = nil
+    end
+    return reply
+  end)
+  if b then b:stop() end
+  if not core.fs_rmtree(run_dir) then
+    M.log("error", "a sandbox turn directory could not be removed; the next sweep retries")
+  end
+  self.run_dirs[dir_name] = nil
+  if not ok then error(res, 0) end
+  return res
+end
+
+function Runtime:_turn(turn, text)
+  self:_await_sweep(turn.signal)
+  if turn.signal.aborted then fail(turn.signal.reason) end
+  local workspace_dir = self:_workspace(turn.channel)
+  return self:_in_run_dir(turn, text, workspace_dir)
+end
+
+function Runtime:run_turn(channel, speaker, text)
+  local who = self:_admit(channel, speaker, text)                   -- checks 1-5
+  local turn = { channel = channel, signal = signal.new(), waiters = {} }
+  turn.timer = core.timer(self.options.turnTimeoutMs, function()          -- 6
+    turn.signal:abort(M.TIMED_OUT)
+  end)
+  turn.snapshot = self.resets[channel] or 0                         -- 7
+  turn.reset = turn.snapshot > 0
+  turn.speaker = who                                                -- 8
+  self.active[channel] = turn                                       -- 9
+  local ok, res = pcall(self._turn, self, turn, text)
+  if not ok and res == signal.AbortError then res = turn.signal.reason or M.STOPPED end
+  turn.signal:abort(M.SETTLED)                                      -- 5.3 step 11
+  turn.timer:stop()
+  self.active[channel] = nil
+  local waiters = turn.waiters
+  turn.waiters = nil
+  for _, w in ipairs(waiters) do w() end
+  if not ok then error(res, 0) end
+  return res
+end
+
+function Runtime:stop(channel)
+  local turn = type(channel) == "string" and self.active[channel] or nil
+  if not turn then return false end
+  turn.signal:abort(M.STOPPED)
+  return true
+end
+
+function Runtime:busy()
+  local list = {}
+  for k in pairs(self.active) do list[#list + 1] = k end
+  table.sort(list)
+  return list
+end
+
+-- §7.4: the next turn of `channel` that settles ok=true after this call
+-- starts fresh.
+function Runtime:start_fresh(channel)
+  if not channel_key.valid(channel) then fail(M.E_CHANNEL) end
+  self.resets[channel] = (self.resets[channel] or 0) + 1
+end
+
+local function wait_turn(turn)
+  if turn.waiters == nil then return end
+  async.await(function(resume) turn.waiters[#turn.waiters + 1] = resume end)
+end
+
+-- Marks the runtime closed, aborts every active turn and waits until all have
+-- settled and a running sweep has finished; then releases the lock.
+-- Idempotent: a second call waits for the same settlement.
+function Runtime:dispose()
+  if not self.dispose_task then
+    self.disposed = true
+    for _, turn in pairs(self.active) do turn.signal:abort(M.STOPPED) end
+    self.dispose_task = async.spawn(function()
+      while next(self.active) do
+        local _, turn = next(self.active)
+        wait_turn(turn)
+      end
+      local sweep = self.sweep_task
+      if sweep and not sweep.done then async.wait(sweep) end
+      release_lock(self.lock)
+      self.lock = nil
+    end)
+  end
+  if not self.dispose_task.done then async.wait(self.dispose_task) end
+end
+
+M.Runtime = Runtime
+
+return setmetatable(M, { __call = function(_, opts) return M.new(opts) end })
