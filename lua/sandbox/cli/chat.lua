@@ -1,12 +1,165 @@
--- cli/chat.lua: `sbx chat`. The sealed worker, container driver and runtime
--- it needs are not built yet (issue 3); until then it says so.
+-- cli/chat.lua: `sbx chat CONFIG.lua --channel KEY --speaker ID[:NAME[:PRINCIPAL]]`:
+-- an interactive guest channel in the terminal. Every line is one sealed
+-- turn, run one after another (the channel's FIFO, spec/runtime.md 5.1).
+-- stdin is read on the event loop (core.read_lines), so the spinner, signals
+-- and the turn itself keep running while it waits for input.
+local async = require "sandbox.async"
+local core = require "sandbox.core"
+local run = require "sandbox.cli.run"
+
 local M = {}
 
-M.help = "usage: sbx chat ...\n\nNot built yet: sealed turns need the worker and the container runtime.\n"
+M.help = [==[
+usage: sbx chat CONFIG.lua --channel KEY --speaker ID[:NAME[:PRINCIPAL]]
 
-function M.run()
-  io.stderr:write("sbx chat: not built yet (the sealed worker and runtime come next)\n")
-  return 1
+An interactive guest channel in the terminal: each line you type is the
+guest's message and runs one sealed turn (a fresh container) for channel KEY;
+the reply is printed when it settles, with a spinner on stderr meanwhile.
+Lines typed during a turn wait their turn. Memory and history persist in the
+channel's workspace, so a later `sbx chat` or `sbx run` on the same channel
+continues the conversation.
+
+  --channel KEY     channel key, e.g. demo:one
+  --speaker S       ID[:NAME[:PRINCIPAL]] of the guest you speak as
+  --timeout MS      turn deadline in ms (1000 to 600000)
+
+In the chat:
+  /quit, /exit      leave (end of input leaves too, after queued turns)
+  /stop             stop the running turn (same as Ctrl-C during a turn)
+  /help             this list
+  Ctrl-C            stops the running turn; when idle, leaves
+]==]
+
+local SPIN = { "|", "/", "-", "\\" }
+
+function M.run(args)
+  local parsed, speaker = run.parse_turn_args(args)
+  if not parsed then
+    io.stderr:write("sbx chat: ", speaker, "\n\n", M.help)
+    return 2
+  end
+  if parsed.positional[2] then
+    io.stderr:write("sbx chat: unexpected argument '", parsed.positional[2],
+      "' (type messages after it starts)\n\n", M.help)
+    return 2
+  end
+  local channel = parsed.flags.channel
+  local rt, cfg = run.open("chat", parsed)
+  if not rt then return cfg end
+  local path = parsed.positional[1]
+  local tty_in, tty_err = run.isatty(0), run.isatty(2)
+
+  return async.run(function()
+    local queue, eof, quit, wake = {}, false, false, nil
+    local running = false
+    local function poke()
+      local w = wake
+      wake = nil
+      if w then w() end
+    end
+    local stop_turn
+    local reader, rerr = core.read_lines(function(line)
+      if line == nil then
+        eof = true
+      elseif running and line:match("^%s*/stop%s*$") then
+        stop_turn()          -- at once, not after the turn it means to stop
+        return
+      else
+        queue[#queue + 1] = line
+      end
+      poke()
+    end)
+    if not reader then
+      io.stderr:write("sbx chat: ", rerr, "\n")
+      rt:dispose()
+      return 1
+    end
+    function stop_turn()
+      if not running then return false end
+      io.stderr:write(tty_err and "\r\27[K" or "", "sbx chat: stopping the turn\n")
+      rt:stop(channel)
+      return true
+    end
+    local sigint = core.on_signal(core.SIGINT, function()
+      if not stop_turn() then
+        quit = true
+        poke()
+      end
+    end)
+    local sigterm = core.on_signal(core.SIGTERM, function()
+      stop_turn()
+      quit = true
+      poke()
+    end)
+
+    io.stderr:write(string.format(
+      "sbx chat: channel %s as %s; one line = one sealed turn. /quit leaves, Ctrl-C stops a turn.\n",
+      channel, speaker.name))
+
+    local function prompt()
+      if tty_in and not quit then io.stderr:write("> ") end
+    end
+
+    local function one_turn(text)
+      running = true
+      local t0 = core.now()
+      local frame, spinner = 0, nil
+      local function tick()
+        frame = frame + 1
+        if tty_err then
+          io.stderr:write(string.format("\r%s sandbox is working... %.1fs", SPIN[frame % #SPIN + 1],
+            (core.now() - t0) / 1000))
+        end
+        spinner = core.timer(120, tick)
+      end
+      tick()
+      local ok, res = pcall(rt.run_turn, rt, channel, speaker, text)
+      spinner:stop()
+      running = false
+      if tty_err then io.stderr:write("\r\27[K") end
+      local secs = (core.now() - t0) / 1000
+      if not ok then
+        io.stdout:write("sandbox: ", run.GUEST_FAILED_OR_STOPPED, "\n")
+        run.report("chat", res, cfg, path)
+      elseif type(res) ~= "table" or res.ok ~= true then
+        io.stdout:write("sandbox: ", run.GUEST_FAILED, "\n")
+      else
+        io.stdout:write("sandbox: ", res.text, "\n")
+      end
+      if tty_err then io.stderr:write(string.format("(%.1fs)\n", secs)) end
+      io.stdout:flush()
+    end
+
+    prompt()
+    while not quit do
+      if #queue == 0 then
+        if eof then break end
+        async.await(function(resume) wake = resume end)
+      else
+        local line = table.remove(queue, 1)
+        local cmd = line:match("^%s*(.-)%s*$")
+        if cmd == "/quit" or cmd == "/exit" then
+          quit = true
+        elseif cmd == "/help" then
+          io.stderr:write(M.help)
+          prompt()
+        elseif cmd == "/stop" then
+          prompt()
+        elseif cmd == "" then
+          prompt()
+        else
+          one_turn(line)
+          prompt()
+        end
+      end
+    end
+    if tty_in and not eof then io.stderr:write("\n") end
+    reader:stop()
+    sigint:stop()
+    sigterm:stop()
+    rt:dispose()
+    return 0
+  end)
 end
 
 return M
