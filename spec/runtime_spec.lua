@@ -696,6 +696,42 @@ describe("one turn (spec/runtime.md 5)", function()
     assert.equal("sandbox workspace must be a service-owned directory", err)
   end)
 
+  it("R58: guest texts: a failing turn shows the fixed text and logs the fixed line; ok=false shows its text, no log", function()
+    local n = 0
+    local driver = fake.new(function()
+      n = n + 1
+      if n == 1 then error("secret detail " .. KEY, 0) end
+      if n == 2 then return { ok = false, text = "The sandbox turn reached its model-call limit." } end
+      return { ok = true, text = "Sealed." }
+    end)
+    new_runtime { driver = driver }
+    local lines = {}
+    local real_log = runtime.log
+    runtime.log = function(level, msg, fields) lines[#lines + 1] = { level, msg, fields } end
+    local texts = run(function()
+      return { rt:guest_turn("fake:a", GUEST, "hi"), (rt:guest_turn("fake:a", GUEST, "hi")),
+               (rt:guest_turn("fake:a", GUEST, "hi")) }
+    end)
+    runtime.log = real_log
+    assert.same({ "The sandbox turn failed or was stopped.", "The sandbox turn failed.", "Sealed." }, texts)
+    assert.same({ { "error", "sandbox turn failed; inspect container cleanup and broker configuration",
+                    { channel = "fake:a" } } }, lines)
+  end)
+
+  it("the turn object encodes the same through the container module's turn_json", function()
+    local ok, container = pcall(require, "sandbox.container")
+    if not ok or not container.turn_json then pending("lua/sandbox/container.lua not landed") end
+    local driver = fake.new(fake.reply(true, "ok"))
+    new_runtime {
+      driver = driver,
+      tools = { { name = "clock", description = "time", parameters = {}, run = function() return "t" end } },
+      mcp = { { name = "docs", url = "https://mcp.example/rpc",
+                tools = { { name = "search", description = "find", parameters = {} } } } },
+    }
+    run(function() rt:run_turn("fake:a", GUEST, "hi") end)
+    assert.equal(driver.calls[1].encoded, container.turn_json(driver.calls[1].turn))
+  end)
+
   it("B18: changing the caller's speaker table after admission does not change the broker's identity", function()
     local speaker = { id = "guest", name = "Guest", principalId = "p_guest" }
     local g = gate()
@@ -787,6 +823,40 @@ describe("one turn (spec/runtime.md 5)", function()
       assert.same({ ok = true, text = "ok" }, rt:run_turn("fake:a", GUEST, "hi"))
     end)
     assert.equal(1, #driver.calls)
+  end)
+end)
+
+---------------------------------------------------------------------------
+describe("the runtime with the built-in CLI driver and a fake docker binary", function()
+  it("sweeps, runs one turn with the turn on stdin and the reply from stdout, removes the container once", function()
+    service_account()
+    local ok, cli = pcall(require, "sandbox.drivers.cli")
+    if not ok then pending("lua/sandbox/drivers/cli.lua not landed") end
+    local root = tmproot()
+    local bin = root .. "/docker"
+    local f = assert(io.open(bin, "w"))
+    f:write(([[#!/bin/sh
+echo "$1" >> %s/calls
+case "$1" in
+  run) cat > %s/stdin; printf '{"ok":true,"text":"Done.","extra":1}' ;;
+  rm) exit 0 ;;
+  ps) exit 0 ;;
+  *) exit 2 ;;
+esac
+]]):format(root, root))
+    f:close()
+    os.execute("chmod 700 '" .. bin .. "'")
+    local rt = runtime.new(options_for(root, { driver = cli { binary = bin }, prompt = "P" }))
+    local reply = run(function()
+      local r = rt:run_turn("fake:a", GUEST, "hello")
+      rt:dispose()
+      return r
+    end)
+    assert.same({ ok = true, text = "Done." }, reply)
+    assert.equal("ps\nrun\nrm", sh("cat '" .. root .. "/calls'"))
+    assert.equal('{"text":"hello","speaker":{"id":"guest","name":"Guest"},"model":"fake","prompt":"P",'
+      .. '"timeZone":"UTC","reset":false,"tools":[],"mcp":[]}', sh("cat '" .. root .. "/stdin'"))
+    assert.same({}, entries(root .. "/run"))
   end)
 end)
 

@@ -6,6 +6,7 @@
 --   rt:stop(channel) -> boolean      rt:busy() -> sorted channel keys
 --   rt:start_fresh(channel)          rt:sweep() -> removed count (yields)
 --   rt:dispose()                     (yields until every turn has settled)
+--   rt:guest_turn(channel, speaker, text) -> the guest-visible text (5.7)
 --
 -- One turn: wait for the stale sweep, make sure the channel's workspace is a
 -- service-owned directory, make a fresh 0700 turn dir under runRoot, serve a
@@ -42,6 +43,9 @@ M.TIMED_OUT = "sandbox turn timed out"
 M.STOPPED = "sandbox turn stopped"
 M.SETTLED = "sandbox turn settled"
 
+M.LOG_TURN_FAILED = "sandbox turn failed; inspect container cleanup and broker configuration"
+M.GUEST_FAILED_OR_STOPPED = "The sandbox turn failed or was stopped."
+M.GUEST_FAILED = "The sandbox turn failed."
 M.LOG_SWEEP_FAILED = "stale sandbox containers could not be removed; run sbx cleanup"
 M.LOG_SWEEP_REMOVED = "removed stale sandbox containers"
 
@@ -399,6 +403,20 @@ function Runtime:run_turn(channel, speaker, text)
   for _, w in ipairs(waiters) do w() end
   if not ok then error(res, 0) end
   return res
+end
+
+-- The guest-facing wrapper of spec/runtime.md 5.7 (what the claim and
+-- `sbx chat` send): the worker text when ok, `The sandbox turn failed.` for
+-- ok=false (no log), and for any error `The sandbox turn failed or was
+-- stopped.` plus one error line naming the channel (never the error text).
+-- Returns the text and the run_turn outcome (true, reply | false, err).
+function Runtime:guest_turn(channel, speaker, text)
+  local ok, res = pcall(self.run_turn, self, channel, speaker, text)
+  if not ok then
+    M.log("error", M.LOG_TURN_FAILED, { channel = type(channel) == "string" and channel or "?" })
+    return M.GUEST_FAILED_OR_STOPPED, false, res
+  end
+  return res.ok and res.text or M.GUEST_FAILED, true, res
 end
 
 function Runtime:stop(channel)
