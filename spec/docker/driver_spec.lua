@@ -1,0 +1,201 @@
+-- docker/driver_spec.lua: the CLI driver against the real daemon, as the
+-- non-root service account (spec/runtime.md 4.3-4.7, 5.4; broker.md 81).
+-- Test images are built FROM scratch from spec/fixtures/hostile/probe.c
+-- (one static binary, one ENTRYPOINT mode per image) and removed in
+-- teardown, with every container the specs created.
+local async = require "sandbox.async"
+local cli = require "sandbox.drivers.cli"
+local container = require "sandbox.container"
+local core = require "sandbox.core"
+local installation = require "sandbox.installation"
+local json = require "sandbox.json"
+local signal = require "sandbox.signal"
+
+local function sh(cmd)
+  local p = assert(io.popen(cmd))
+  local out = p:read("a")
+  local ok, _, code = p:close()
+  return (out:gsub("%s+$", "")), ok and 0 or code
+end
+
+local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local SRC = "spec/fixtures/hostile/probe.c"
+local TAG = core.random_hex(4)
+local IMAGES = {
+  reply = "sbx-driver-spec-reply:" .. TAG,
+  slow = "sbx-driver-spec-slow:" .. TAG,
+  hostile = "sbx-driver-spec-hostile:" .. TAG,
+  noop = "sbx-driver-spec-noop:" .. TAG,
+}
+
+describe("CLI driver against real Docker", function()
+  local root, run_dir, ws_dir, inst, owner, d
+  local uid, gid = core.getuid()
+
+  setup(function()
+    assert(uid ~= 0, "run the docker specs as the non-root service account (runuser -u sbx)")
+    local _, rc = sh("docker info >/dev/null 2>&1")
+    assert(rc == 0, "the Docker daemon does not answer")
+    root = sh("mktemp -d /tmp/sbx-spec-XXXXXX")
+    assert(root:match("^/tmp/sbx%-spec%-"))
+    root = core.realpath(root)
+    run_dir, ws_dir = root .. "/run/turn-abc123", root .. "/work/ws"
+    os.execute("mkdir -p " .. q(run_dir) .. " " .. q(ws_dir) .. " " .. q(root .. "/ctx"))
+    local out, brc = sh("cc -static -O2 -o " .. q(root .. "/ctx/probe") .. " " .. q(SRC) .. " 2>&1")
+    assert(brc == 0, "cc -static failed: " .. out)
+    for mode, image in pairs(IMAGES) do
+      local f = assert(io.open(root .. "/ctx/Dockerfile", "w"))
+      f:write("FROM scratch\nCOPY probe /probe\nUSER 1000:1000\nENTRYPOINT [\"/probe\", \"" .. mode .. "\"]\n")
+      f:close()
+      out, brc = sh("docker build -q -t " .. q(image) .. " " .. q(root .. "/ctx") .. " 2>&1")
+      assert(brc == 0, "docker build failed: " .. out)
+    end
+    inst = installation.id(root .. "/work", root .. "/run")
+    owner = installation.owner_id()
+    d = cli { binary = "docker" }
+  end)
+
+  teardown(function()
+    if inst then
+      sh("docker ps -aq --filter label=roundtable.sandbox.installation=" .. inst
+        .. " | xargs -r docker rm -f >/dev/null 2>&1")
+    end
+    for _, image in pairs(IMAGES) do
+      sh("docker ps -aq --filter ancestor=" .. q(image) .. " | xargs -r docker rm -f >/dev/null 2>&1")
+      sh("docker image rm -f " .. q(image) .. " >/dev/null 2>&1")
+    end
+    if root then os.execute("rm -rf " .. q(root)) end
+  end)
+
+  local function spec(image, over)
+    local seg = core.sha256_hex("fake:docker")
+    local s = {
+      name = container.name(seg), image = image, runDir = run_dir, workspaceDir = ws_dir,
+      uid = uid, gid = gid, memoryMb = 128, cpus = 0.5, pids = 32,
+      labels = container.labels(inst, owner),
+    }
+    for k, v in pairs(over or {}) do s[k] = v end
+    return s
+  end
+
+  local TURN = { text = "hello", speaker = { id = "guest", name = "Guest" }, model = "fake",
+    prompt = "p", timeZone = "UTC", reset = false, tools = {}, mcp = {} }
+
+  local function labelled()
+    return sh("docker ps -a --filter label=roundtable.sandbox.installation=" .. inst .. " --format '{{.Names}}'")
+  end
+
+  local function docker_async(args)
+    return d:exec(args, { max_stdout = 1048576, max_stderr = 65536, kill_after_ms = 10000 })
+  end
+
+  it("runs a turn: stdin delivered, user overridden, read-only root, writable workspace, then removed", function()
+    local s = spec(IMAGES.reply)
+    local res = async.run(function() return d:run(s, TURN, signal.new()) end)
+    local n = #container.turn_json(TURN)
+    assert.same({ ok = true, text = "uid=" .. uid .. " gid=" .. gid .. " stdin=" .. n
+      .. " home=/tmp/home root=0 workspace=1 broker=0" }, res)
+    assert.equal("", labelled())
+  end)
+
+  it("the running container's settings read back with docker inspect match 4.3", function()
+    local s = spec(IMAGES.slow)
+    local info
+    async.run(function()
+      local task = async.spawn(function() return d:run(s, TURN, signal.new()) end)
+      for _ = 1, 40 do
+        local r = docker_async { "inspect", s.name }
+        if r.exit_status == 0 then
+          info = json.decode(r.stdout)[1]
+          break
+        end
+        async.sleep(50)
+      end
+      local ok, err = async.wait(task)
+      assert(ok, tostring(err))
+    end)
+    assert.truthy(info, "container never seen")
+    local h, c = info.HostConfig, info.Config
+    assert.equal(s.name, info.Name:gsub("^/", ""))
+    assert.is_true(h.AutoRemove)
+    assert.equal("none", h.LogConfig.Type)
+    assert.equal("none", h.NetworkMode)
+    assert.is_true(h.ReadonlyRootfs)
+    assert.same({ "ALL" }, { table.unpack(h.CapDrop) })
+    assert.is_true(h.CapAdd == nil or h.CapAdd == json.null or #h.CapAdd == 0)
+    assert.same({ "no-new-privileges:true" }, { table.unpack(h.SecurityOpt) })
+    assert.equal(128 * 1048576, h.Memory)
+    assert.equal(128 * 1048576, h.MemorySwap)
+    assert.equal(500000000, h.NanoCpus)
+    assert.equal(32, h.PidsLimit)
+    assert.equal(1, #h.Ulimits)
+    assert.equal("nofile", h.Ulimits[1].Name)
+    assert.equal(256, h.Ulimits[1].Soft)
+    assert.equal(256, h.Ulimits[1].Hard)
+    assert.equal("rw,noexec,nosuid,nodev,size=64m,mode=1777", h.Tmpfs["/tmp"])
+    assert.is_false(h.Privileged)
+    assert.is_true(h.Binds == nil or h.Binds == json.null)
+    assert.equal(2, #h.Mounts)
+    assert.same({ "bind", run_dir, "/broker", true, "rprivate" },
+      { h.Mounts[1].Type, h.Mounts[1].Source, h.Mounts[1].Target, h.Mounts[1].ReadOnly, h.Mounts[1].BindOptions.Propagation })
+    assert.same({ "bind", ws_dir, "/workspace", false, "rprivate" },
+      { h.Mounts[2].Type, h.Mounts[2].Source, h.Mounts[2].Target, h.Mounts[2].ReadOnly == true, h.Mounts[2].BindOptions.Propagation })
+    assert.equal(uid .. ":" .. gid, c.User)
+    local env = {}
+    for _, e in ipairs(c.Env) do if not e:find("^PATH=") then env[#env + 1] = e end end
+    assert.same({ "HOME=/tmp/home" }, env)   -- (plus the PATH Docker adds to every container)
+    assert.same({ ["roundtable.sandbox.installation"] = inst, ["roundtable.sandbox.owner"] = owner },
+      (function() local t = {} for k, v in pairs(c.Labels) do t[k] = v end return t end)())
+    assert.is_true(c.OpenStdin)
+    assert.is_true(c.StdinOnce)
+    assert.is_false(c.Tty)
+    assert.same({ "/probe", "slow" }, { table.unpack(c.Entrypoint) })
+    assert.is_true(c.Cmd == nil or c.Cmd == json.null)
+    assert.equal("", c.WorkingDir)
+    assert.equal("", labelled())
+  end)
+
+  it("removes a SIGTERM-ignoring PID 1 after a 1 s deadline in under 8 s, leaving no container (broker.md 81)", function()
+    local s = spec(IMAGES.hostile)
+    local sig = signal.new()
+    local ok, err, ms = async.run(function()
+      local t0 = core.now()
+      core.timer(1000, function() sig:abort("sandbox turn timed out") end)
+      local ok, err = pcall(d.run, d, s, TURN, sig)
+      return ok, err, core.now() - t0
+    end)
+    assert.is_false(ok)
+    assert.equal("sandbox turn timed out", err)
+    assert.is_true(ms < 8000, "took " .. ms .. " ms")
+    local names, rc = sh("docker ps -a --filter ancestor=" .. q(IMAGES.hostile) .. " --format '{{.Names}}'")
+    assert.equal(0, rc)
+    assert.equal("", names)
+    assert.equal("", labelled())
+  end)
+
+  it("a missing image fails with sandbox worker failed and leaves nothing", function()
+    local s = spec("sbx-driver-spec-missing:" .. TAG)
+    local ok, err = pcall(async.run, function() return d:run(s, TURN, signal.new()) end)
+    assert.is_false(ok)
+    assert.equal("sandbox worker failed", err)
+    assert.equal("", labelled())
+  end)
+
+  it("lists labelled containers with their owner and removes by exact name", function()
+    local name = container.name(core.sha256_hex("fake:list"))
+    local gone = "00000000-0000-4000-8000-000000000000:1:1"
+    local out, rc = sh("docker create --label roundtable.sandbox.installation=" .. inst
+      .. " --label roundtable.sandbox.owner=" .. gone .. " --name " .. name .. " " .. q(IMAGES.hostile) .. " 2>&1")
+    assert.equal(0, rc, out)
+    local list = async.run(function() return d:list(inst) end)
+    assert.same({ { name = name, owner = gone } }, list)
+    local n = async.run(function()
+      return installation.sweep { driver = d, installation = inst, self = owner, log = function() end }
+    end)
+    assert.equal(1, n)
+    assert.equal("", labelled())
+    -- removing an absent name is success ("No such container")
+    async.run(function() d:remove(name) end)
+  end)
+end)
