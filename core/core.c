@@ -4,6 +4,7 @@
  * callbacks, the operator log).
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,7 +107,18 @@ const char *sbx_strerror(int code) {
   }
 }
 
+void sbx__ignore_sigpipe(void) {
+  struct sigaction sa;
+  if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_IGN;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGPIPE, &sa, NULL);
+  }
+}
+
 int luaopen_sandbox_core(lua_State *L) {
+  sbx__ignore_sigpipe();
   lua_newtable(L);
   sbx__loop(L);
   sbx__open_loop(L);

@@ -125,17 +125,6 @@ static char drain_buf[16384];   /* bytes we read only to throw away */
 
 /* ---- helpers ----------------------------------------------------------- */
 
-/* A write to a peer that left must fail with EPIPE, not kill the process. */
-static void ignore_sigpipe(void) {
-  struct sigaction sa;
-  if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = SIG_IGN;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGPIPE, &sa, NULL);
-  }
-}
-
 static void lst_release(lst_t *lst) {
   if (--lst->refs > 0) return;
   free(lst->routes);
@@ -787,7 +776,6 @@ static int l_broker_listen(lua_State *L) {
   box->lst = NULL;
   luaL_setmetatable(L, LISTENER_MT);
   *guard = NULL;
-  ignore_sigpipe();
   uv_pipe_init(&lp->uv, &lst->server, 0);
   lst->server.data = lst;
   lst->refs = 1;

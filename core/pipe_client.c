@@ -54,16 +54,6 @@ typedef struct {
   const char *error;      /* NULL: ok */
 } result_t;
 
-static void ignore_sigpipe(void) {
-  struct sigaction sa;
-  if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = SIG_IGN;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGPIPE, &sa, NULL);
-  }
-}
-
 static void req_release(req_t *r) {
   if (--r->refs > 0) return;
   free(r->in);
@@ -266,7 +256,6 @@ static int l_unix_request(lua_State *L) {
   }
   if (n > 0) memcpy(r->early, bytes, n);
   r->early_len = n;
-  ignore_sigpipe();
   r->lp = lp;
   r->max_bytes = (size_t)max_bytes;
   r->keep_open = keep_open;

@@ -45,6 +45,11 @@ int sbx__pcall(lua_State *L, int nargs);
 void sbx__log(const char *level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* A write to a peer that left must fail with EPIPE, not kill the process:
+ * SIGPIPE is ignored process-wide (when it was at its default) as soon as
+ * sandbox.core is opened. */
+void sbx__ignore_sigpipe(void);
+
 /* Module openers, one per file. Each adds fields to the table at -1. */
 void sbx__open_loop(lua_State *L);
 void sbx__open_crypto(lua_State *L);
