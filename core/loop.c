@@ -72,6 +72,18 @@ static int watch_stop(lua_State *L) {
   return 0;
 }
 
+/* A watcher holding a reference to the function at fn_idx; the caller
+ * initialises and starts its handle. */
+static watch_t *new_watch(lua_State *L, int fn_idx) {
+  watch_t *w = calloc(1, sizeof *w);
+  if (w == NULL) luaL_error(L, "out of memory");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  w->L = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  w->fn_ref = sbx__ref(L, fn_idx);
+  return w;
+}
+
 static watch_box_t *new_box(lua_State *L, const char *mt, watch_t *w) {
   watch_box_t *b = lua_newuserdatauv(L, sizeof *b, 0);
   b->w = w;
@@ -86,14 +98,9 @@ static int l_timer(lua_State *L) {
   watch_t *w;
   luaL_argcheck(L, ms >= 0 && ms <= 86400000, 1, "timeout out of range");
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  w = calloc(1, sizeof *w);
-  if (w == NULL) return luaL_error(L, "out of memory");
-  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  w->L = lua_tothread(L, -1);
-  lua_pop(L, 1);
+  w = new_watch(L, 2);
   uv_timer_init(&lp->uv, &w->h.timer);
   w->h.timer.data = w;
-  w->fn_ref = sbx__ref(L, 2);
   uv_timer_start(&w->h.timer, timer_fired, (uint64_t)ms, 0);
   new_box(L, TIMER_MT, w);
   return 1;
@@ -112,14 +119,9 @@ static int l_on_signal(lua_State *L) {
   watch_t *w;
   luaL_argcheck(L, signum > 0 && signum < 65, 1, "signal number out of range");
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  w = calloc(1, sizeof *w);
-  if (w == NULL) return luaL_error(L, "out of memory");
-  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  w->L = lua_tothread(L, -1);
-  lua_pop(L, 1);
+  w = new_watch(L, 2);
   uv_signal_init(&lp->uv, &w->h.sig);
   w->h.sig.data = w;
-  w->fn_ref = sbx__ref(L, 2);
   uv_signal_start(&w->h.sig, signal_fired, (int)signum);
   new_box(L, SIGNAL_MT, w);
   return 1;
