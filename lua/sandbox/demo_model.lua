@@ -5,7 +5,9 @@
 --   local demo_model = require "sandbox.demo_model"
 --   local m = assert(demo_model.start{ key = "k", model = "demo-model" })
 --   m.url      -- "http://127.0.0.1:<port>/v1/chat/completions"
---   m.calls    -- one entry per request: {status=, authorized=, phase=}
+--   m.calls    -- one entry per request: {status=, authorized=, phase=, tools=}
+--                 (phase "tool_calls", "answer", "unauthorized" or "refused";
+--                 tools: the function names it asked for)
 --   m:close()
 --
 -- Contract (over real loopback HTTP, core.http_server):
@@ -23,8 +25,8 @@
 --          answer that recalls it (the second turn of the demo);
 --       3. otherwise, the first call of a turn -> tool calls: host_clock {}
 --          (when offered) and memory_set {scope="channel", key="demo_note",
---          text=<the guest's message>} (when offered); with neither offered,
---          a plain answer.
+--          text=note_from(<the guest's message>)} (when offered; "Please
+--          remember that X" saves "X"); with neither offered, a plain answer.
 -- The endpoint never echoes the Authorization header or the key.
 local core = require "sandbox.core"
 local json = require "sandbox.json"
@@ -81,6 +83,18 @@ local function offered(payload)
   return names
 end
 
+-- What to remember from a message: "Please remember that X" -> "X".
+function M.note_from(text)
+  local note = text:gsub("^%s+", ""):gsub("%s+$", "")
+  note = note:gsub("^[Pp]lease,?%s+", ""):gsub("^[Rr]emember%s+that%s+", ""):gsub("^[Rr]emember:?%s+", "")
+  if note == "" then note = text end
+  return clip(note, M.MAX_NOTE_CHARS)
+end
+
+local function quoted(s)
+  return "\"" .. s:gsub("[%.!]$", "") .. "\""
+end
+
 local function tool_call(id, name, args)
   return json.object({ "id", "type", "function" }, {
     id = id, type = "function",
@@ -119,7 +133,7 @@ function M.respond(payload)
     local parts = { who .. "got it." }
     if clock then parts[#parts + 1] = "The host clock says " .. clock .. "." end
     if saved then
-      parts[#parts + 1] = "I saved a channel note: \"" .. clip(text, M.MAX_NOTE_CHARS) .. "\"."
+      parts[#parts + 1] = "I saved a channel note: " .. quoted(M.note_from(text)) .. "."
     else
       parts[#parts + 1] = "I could not save a note this time."
     end
@@ -134,8 +148,8 @@ function M.respond(payload)
   end
   if recalled then
     return json.object({ "role", "content" }, { role = "assistant",
-      content = who .. "from this channel's notes I remember: \"" .. clip(recalled, M.MAX_NOTE_CHARS) ..
-        "\". (That note was written by an earlier turn, in an earlier container.)" }), "stop"
+      content = who .. "this channel's notes say: " .. quoted(clip(recalled, M.MAX_NOTE_CHARS)) ..
+        ". (An earlier turn wrote that note, in another container.)" }), "stop"
   end
 
   -- 3. First call of a turn: ask for the host clock and a channel note.
@@ -144,7 +158,7 @@ function M.respond(payload)
   if tools.host_clock then calls[#calls + 1] = tool_call("call_clock", "host_clock", {}) end
   if tools.memory_set and text ~= "" then
     calls[#calls + 1] = tool_call("call_note", "memory_set", json.object({ "scope", "key", "text" }, {
-      scope = "channel", key = M.NOTE_KEY, text = clip(text, M.MAX_NOTE_CHARS) }))
+      scope = "channel", key = M.NOTE_KEY, text = M.note_from(text) }))
   end
   if #calls == 0 then
     return json.object({ "role", "content" }, { role = "assistant",
@@ -158,7 +172,8 @@ local function error_body(msg)
   return json.encode({ error = { message = msg } })
 end
 
--- Handles one request; returns status, body, phase (for the call log).
+-- Handles one request; returns status, body, phase and the function names
+-- it asked for (for the call log).
 function M.handle(opts, req)
   if req.target ~= M.PATH then return 404, error_body("not found"), "refused" end
   if req.method ~= "POST" then return 405, error_body("method not allowed"), "refused" end
@@ -181,7 +196,11 @@ function M.handle(opts, req)
       usage = json.object({ "prompt_tokens", "completion_tokens", "total_tokens" },
         { prompt_tokens = 0, completion_tokens = 0, total_tokens = 0 }),
     }))
-  return 200, body, finish == "tool_calls" and "tool_calls" or "answer"
+  local asked = {}
+  if finish == "tool_calls" then
+    for _, c in ipairs(message.tool_calls) do asked[#asked + 1] = c["function"].name end
+  end
+  return 200, body, finish == "tool_calls" and "tool_calls" or "answer", asked
 end
 
 local Model = {}
@@ -203,9 +222,9 @@ function M.start(opts)
     port = opts.port or 0,
     max_body = 1024 * 1024,
     on_request = function(req)
-      local status, body, phase = M.handle(self.opts, req)
-      self.calls[#self.calls + 1] = { status = status, phase = phase,
-        authorized = status ~= 401 and self.opts.key ~= nil or nil }
+      local status, body, phase, asked = M.handle(self.opts, req)
+      self.calls[#self.calls + 1] = { status = status, phase = phase, tools = asked or {},
+        authorized = (self.opts.key ~= nil and status == 200) or nil }
       req:reply(status, body, "application/json")
     end,
   }

@@ -1,12 +1,272 @@
--- cli/demo.lua: `sbx demo`. The sealed worker, container driver and runtime
--- it needs are not built yet (issue 3); until then it says so.
+-- cli/demo.lua: `sbx demo`: two sealed turns against the built-in scripted
+-- model (sandbox.demo_model on 127.0.0.1), in a temporary channel, so the
+-- second turn shows the memory the first one saved. Everything it creates
+-- (the endpoint, the roots, the containers) is gone when it returns.
+local async = require "sandbox.async"
+local core = require "sandbox.core"
+local demo_model = require "sandbox.demo_model"
+local run = require "sandbox.cli.run"
+
 local M = {}
 
-M.help = "usage: sbx demo ...\n\nNot built yet: sealed turns need the worker and the container runtime.\n"
+M.IMAGE = "pi-roundtable-sandbox:local"
+M.CHANNEL = "demo:roundtable"
+M.SPEAKER = { id = "guest-1", name = "Alice", principalId = "demo-principal-1" }
+M.TURNS = {
+  "Please remember that the team lunch is on Friday at noon.",
+  "What did I ask you to remember?",
+}
 
-function M.run()
-  io.stderr:write("sbx demo: not built yet (the sealed worker and runtime come next)\n")
-  return 1
+M.help = [==[
+usage: sbx demo [--image NAME] [--no-build] [--timeout MS]
+
+Runs two sealed turns end to end against a built-in scripted Chat Completions
+endpoint on 127.0.0.1 (no network, no real key):
+  turn 1  the model asks for the host clock tool (host_clock) and saves a
+          channel note (memory_set), then answers;
+  turn 2  in a new container, it finds that note in the system prompt and
+          answers with it.
+The endpoint answers only requests carrying the per-run host key, which only
+the broker holds; the containers only ever see the dummy key.
+
+The channel lives in a private temporary directory (0700) that is removed at
+the end, with no container left behind. Needs a local Docker daemon and the
+image (built with `make image` when missing, unless --no-build). Refuses to
+run as root: run it as the service account (`make demo` does that).
+
+  --image NAME      worker image (default pi-roundtable-sandbox:local)
+  --no-build        fail instead of building a missing image
+  --timeout MS      per-turn deadline (default 60000)
+]==]
+
+local function say(...) io.stdout:write(...) io.stdout:write("\n") io.stdout:flush() end
+local function warn(...) io.stderr:write("sbx demo: ", ...) io.stderr:write("\n") end
+
+-- The checkout this Lua tree belongs to (for `make image`), or nil.
+local function project_root()
+  local src = debug.getinfo(1, "S").source
+  local dir = src:match("^@(.*)/lua/sandbox/cli/demo%.lua$")
+  if not dir then return nil end
+  if dir == "" then dir = "." end
+  local f = io.open(dir .. "/worker/worker.mk", "r")
+  if not f then return nil end
+  f:close()
+  return dir
+end
+
+local function shq(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+local function temp_base()
+  local tmp = os.getenv("TMPDIR")
+  if not tmp or tmp == "" or tmp:sub(1, 1) ~= "/" or #tmp > 40 then tmp = "/tmp" end
+  tmp = tmp:gsub("/+$", "")
+  return core.fs_mkdtemp(tmp .. "/sbx-demo-XXXXXX")
+end
+
+local clock = {
+  name = "clock",
+  description = "Read the current UTC time",
+  parameters = { type = "object", properties = {}, additionalProperties = false },
+  run = function(_input, ctx)
+    ctx.signal:throw_if_aborted()
+    return os.date("!%Y-%m-%dT%H:%M:%SZ")
+  end,
+}
+
+local function ensure_image(image, may_build)
+  local img = run.docker({ "image", "inspect", "--format", "{{.Id}}", image }, { timeout_ms = 30000 })
+  if img and img.code == 0 then return true end
+  if not may_build then
+    warn("the image ", image, " is missing")
+    io.stderr:write("  fix: make image\n")
+    return false
+  end
+  local root = project_root()
+  if not root or image ~= M.IMAGE then
+    warn("the image ", image, " is missing and this install cannot build it")
+    io.stderr:write("  fix: build it from the checkout with `make image`\n")
+    return false
+  end
+  warn("building ", image, " (make image) ...")
+  local ok = os.execute("make -C " .. shq(root) .. " --no-print-directory image 1>&2")
+  img = run.docker({ "image", "inspect", "--format", "{{.Id}}", image }, { timeout_ms = 30000 })
+  if ok and img and img.code == 0 then return true end
+  warn("could not build ", image)
+  io.stderr:write("  fix: run `make image` in ", root, " as its owner (or root), then rerun sbx demo\n")
+  return false
+end
+
+local function rule(title)
+  local line = "-- " .. title .. " "
+  return line .. string.rep("-", math.max(4, 64 - #line))
+end
+
+local function count_tools(calls, from, to)
+  local names = {}
+  for i = from, to do
+    for _, n in ipairs(calls[i] and calls[i].tools or {}) do names[#names + 1] = n end
+  end
+  return names
+end
+
+local function leftover_containers(installation)
+  local ps = run.docker({ "ps", "-a", "--filter", "label=roundtable.sandbox.installation=" .. installation,
+    "--format", "{{.Names}}" }, { timeout_ms = 30000 })
+  local names = {}
+  if ps and ps.code == 0 then
+    for n in ps.stdout:gmatch("[^\n]+") do names[#names + 1] = n end
+  end
+  return names, ps and ps.code == 0
+end
+
+-- The demo proper, inside a task. Returns the exit status.
+local function demo(opts)
+  local info, derr = run.docker({ "info", "--format", "{{.ServerVersion}}" }, { timeout_ms = 20000 })
+  if not info or info.code ~= 0 then
+    if derr == "not found" then
+      warn("the docker CLI is not installed")
+      io.stderr:write("  fix: as root, make deps\n")
+    elseif info and info.stderr:lower():find("permission denied", 1, true) then
+      warn(run.user_name(), " may not use the Docker socket")
+      io.stderr:write("  fix: as root, usermod -aG docker ", run.user_name(), " (or run `make demo`)\n")
+    else
+      warn("the Docker daemon does not answer")
+      io.stderr:write("  fix: as root, make deps (starts dockerd)\n")
+    end
+    return 1
+  end
+  if not ensure_image(opts.image, opts.build) then return 1 end
+
+  local base = temp_base()
+  if not base then
+    warn("cannot create a private temporary directory under /tmp")
+    return 1
+  end
+  local key = "demo-host-key-" .. core.random_hex(16)
+  local model, merr = demo_model.start { key = key, model = "demo-model" }
+  if not model then
+    core.fs_rmtree(base)
+    warn("cannot start the scripted model on 127.0.0.1: ", tostring(merr))
+    return 1
+  end
+
+  local rt, status, interrupted, current = nil, 1, false, nil
+  local sigint = core.on_signal(core.SIGINT, function()
+    interrupted = true
+    if rt and current then rt:stop(current) end
+  end)
+
+  local ok, err = pcall(function()
+    local runtime = require "sandbox.runtime"
+    rt = runtime.new {
+      image = opts.image, runRoot = base .. "/run", workspaceRoot = base .. "/ws",
+      model = "demo-model", modelUrl = model.url, allowHttp = true,
+      apiKey = function(_scope) return key end,
+      tools = { clock }, turnTimeoutMs = opts.timeout, timeZone = run.time_zone(),
+    }
+    say("sbx demo: scripted model on ", model.url, " (loopback only; it answers only with the host key)")
+    say("sbx demo: channel ", M.CHANNEL, ", temporary roots under ", base)
+    local replies = {}
+    for i, text in ipairs(M.TURNS) do
+      if interrupted then break end
+      say("")
+      say(rule(i == 1 and "turn 1 (a fresh container)" or ("turn " .. i .. " (another fresh container)")))
+      say(M.SPEAKER.name, ": ", text)
+      local before = #model.calls
+      local t0 = core.now()
+      current = M.CHANNEL
+      local tok, res = pcall(rt.run_turn, rt, M.CHANNEL, M.SPEAKER, text)
+      current = nil
+      local secs = (core.now() - t0) / 1000
+      local calls = #model.calls - before
+      local asked = count_tools(model.calls, before + 1, #model.calls)
+      if not tok then
+        say("sandbox: ", run.GUEST_FAILED_OR_STOPPED)
+        run.report("demo", res, nil, nil)
+        return
+      elseif not res.ok then
+        say("sandbox: ", run.GUEST_FAILED)
+        warn("the worker answered ok=false")
+        return
+      end
+      replies[i] = res.text
+      say("sandbox: ", res.text)
+      say(string.format("         (%.1f s; %d model call%s%s)", secs, calls, calls == 1 and "" or "s",
+        #asked > 0 and ("; the model asked for " .. table.concat(asked, " and ")) or ""))
+    end
+    if interrupted then return end
+    say("")
+    local authorized, total = 0, #model.calls
+    for _, c in ipairs(model.calls) do if c.authorized then authorized = authorized + 1 end end
+    say(string.format("sbx demo: the model endpoint saw the host key on %d of %d calls; the containers held only the dummy key.",
+      authorized, total))
+    if replies[2] and replies[2]:find("team lunch", 1, true) then
+      say("sbx demo: turn 2 recalled turn 1's channel note from the workspace memory.")
+      status = 0
+    else
+      warn("turn 2 did not recall turn 1's note")
+    end
+  end)
+  sigint:stop()
+  if not ok then run.report("demo", err, nil, nil) end
+  if interrupted then warn("interrupted") status = 1 end
+
+  -- Cleanup: every turn settled and removed its container; check, then
+  -- remove the endpoint and the temporary roots.
+  local installation = rt and rt.installation
+  if rt then pcall(rt.dispose, rt) end
+  model:close()
+  local left = {}
+  if installation then
+    local names, listed = leftover_containers(installation)
+    if not listed then warn("could not list containers to check the cleanup") end
+    for _, n in ipairs(names) do
+      run.docker({ "rm", "-f", n }, { timeout_ms = 30000 })
+      left[#left + 1] = n
+    end
+  end
+  local removed = core.fs_rmtree(base)
+  if #left > 0 then
+    warn("removed ", #left, " leftover container(s): ", table.concat(left, ", "))
+    status = 1
+  end
+  if not removed then
+    warn("could not remove ", base, "; remove it by hand: rm -rf ", base)
+    status = 1
+  end
+  if #left == 0 and removed then
+    say("sbx demo: cleaned up: no container left, temporary directories removed.")
+  end
+  return status
+end
+
+function M.run(args)
+  local args_lib = require "sandbox.cli.args"
+  local parsed, err = args_lib.parse(args, { interleave = true, flags = {
+    image = "value", ["no-build"] = "bool", timeout = "value" } })
+  if not parsed then
+    io.stderr:write("sbx demo: ", err, "\n\n", M.help)
+    return 2
+  end
+  if parsed.positional[1] then
+    io.stderr:write("sbx demo: unexpected argument '", parsed.positional[1], "'\n\n", M.help)
+    return 2
+  end
+  local timeout = 60000
+  if parsed.flags.timeout then
+    timeout = math.tointeger(tonumber(parsed.flags.timeout))
+    if not timeout or timeout < 1000 or timeout > 600000 then
+      io.stderr:write("sbx demo: --timeout must be 1000 to 600000 ms\n")
+      return 2
+    end
+  end
+  if core.getuid() == 0 then
+    io.stderr:write("sbx demo: refusing to run as root (sealed workers never run as root).\n",
+      "  fix: run it as the service account: runuser -u sbx -- sbx demo, or `make demo` (which does that)\n")
+    return 1
+  end
+  return async.run(demo, { image = parsed.flags.image or M.IMAGE, build = not parsed.flags["no-build"],
+    timeout = timeout })
 end
 
 return M
