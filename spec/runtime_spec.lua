@@ -827,6 +827,60 @@ describe("one turn (spec/runtime.md 5)", function()
 end)
 
 ---------------------------------------------------------------------------
+describe("the per-channel FIFO in front of the runtime (spec/runtime.md 5.1)", function()
+  local turn_queue = require "sandbox.turn_queue"
+
+  it("runs one channel's messages in order without hitting 'channel is busy'; channels run in parallel", function()
+    service_account()
+    local root = tmproot()
+    local g = gate()
+    local order = {}
+    local driver = fake.new(function(_, turn)
+      g.wait()
+      order[#order + 1] = turn.text
+      return { ok = true, text = turn.text }
+    end)
+    local rt = runtime.new(options_for(root, { driver = driver }))
+    local q = turn_queue.new()
+    run(function()
+      local tasks = {}
+      for i, m in ipairs { { "fake:a", "a1" }, { "fake:a", "a2" }, { "fake:b", "b1" }, { "fake:a", "a3" } } do
+        tasks[i] = q:enqueue(m[1], rt.run_turn, rt, m[1], GUEST, m[2])
+      end
+      wait_for(function() return #driver.calls == 2 end, "one turn per channel")
+      assert.same({ "fake:a", "fake:b" }, rt:busy())
+      assert.equal(3, q:size("fake:a"))
+      g.release()
+      for i, want in ipairs { "a1", "a2", "b1", "a3" } do
+        local ok, reply = async.wait(tasks[i])
+        assert(ok, reply)
+        assert.equal(want, reply.text)
+      end
+      assert.equal("b1", q:run("fake:b", function() return "b1" end))
+      rt:dispose()
+    end)
+    local a_order = {}
+    for _, t in ipairs(order) do
+      if t:sub(1, 1) == "a" then a_order[#a_order + 1] = t end
+    end
+    assert.same({ "a1", "a2", "a3" }, a_order)
+    assert.equal(4, #order)
+    assert.equal(0, q:size("fake:a"))
+  end)
+
+  it("a failing job does not stop the jobs behind it", function()
+    local q = turn_queue.new()
+    run(function()
+      local t1 = q:enqueue("fake:a", function() async.sleep(5); error("first failed", 0) end)
+      local t2 = q:enqueue("fake:a", function() return "second" end)
+      assert.same({ false, "first failed" }, { async.wait(t1) })
+      assert.same({ true, "second" }, { async.wait(t2) })
+      assert.has_error(function() q:run("fake:a", error, "boom", 0) end, "boom")
+    end)
+  end)
+end)
+
+---------------------------------------------------------------------------
 describe("the runtime with the built-in CLI driver and a fake docker binary", function()
   it("sweeps, runs one turn with the turn on stdin and the reply from stdout, removes the container once", function()
     service_account()
