@@ -75,12 +75,19 @@ static int watch_stop(lua_State *L) {
 /* A watcher holding a reference to the function at fn_idx; the caller
  * initialises and starts its handle. */
 static watch_t *new_watch(lua_State *L, int fn_idx) {
-  watch_t *w = calloc(1, sizeof *w);
-  if (w == NULL) luaL_error(L, "out of memory");
+  int ref = sbx__ref(L, fn_idx);          /* may raise: before the calloc */
+  lua_State *main_L;
+  watch_t *w;
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  w->L = lua_tothread(L, -1);
+  main_L = lua_tothread(L, -1);
   lua_pop(L, 1);
-  w->fn_ref = sbx__ref(L, fn_idx);
+  w = calloc(1, sizeof *w);
+  if (w == NULL) {
+    sbx__unref(L, &ref);
+    luaL_error(L, "out of memory");
+  }
+  w->L = main_L;
+  w->fn_ref = ref;
   return w;
 }
 
