@@ -447,7 +447,8 @@ end
 
 -- Marks the runtime closed, aborts every active turn and waits until all have
 -- settled and a running sweep has finished; then releases the lock.
--- Idempotent: a second call waits for the same settlement.
+-- Idempotent: a second call waits for the same settlement. Returns the
+-- settlement task (done once the lock is released).
 function Runtime:dispose()
   if not self.dispose_task then
     self.disposed = true
@@ -463,7 +464,10 @@ function Runtime:dispose()
       self.lock = nil
     end)
   end
-  if not self.dispose_task.done then async.wait(self.dispose_task) end
+  -- Outside a task (a signal handler, a plain script) there is nothing to
+  -- yield: the settlement then completes on the loop without us waiting.
+  if not self.dispose_task.done and coroutine.isyieldable() then async.wait(self.dispose_task) end
+  return self.dispose_task
 end
 
 M.Runtime = Runtime
