@@ -182,7 +182,7 @@ function M.handle(opts, req)
   end
   local payload = json.decode(req.body)
   if type(payload) ~= "table" or getmetatable(payload) ~= core.json_object_mt
-    or type(payload.messages) ~= "table" then
+    or getmetatable(payload.messages) ~= core.json_array_mt then
     return 400, error_body("expected a JSON object with a messages array"), "refused"
   end
   local message, finish = M.respond(payload)
