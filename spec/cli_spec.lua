@@ -1,0 +1,367 @@
+-- cli_spec.lua: the operator commands through the real `sbx` binary:
+-- --help for every command, argument errors, `sbx doctor` on deliberately bad
+-- configs (with the fix it names), and `sbx run` / `sbx chat` end to end with
+-- a config whose `driver` is a fake (no Docker needed). Runs as a non-root
+-- user (the product refuses root); as root those cases are pending.
+local core = require "sandbox.core"
+local cli = require "sandbox.cli"
+
+-- The binary of the build whose core module busted loaded.
+local BUILD = package.cpath:match("(build[%w%-]*)/lua/%?%.so") or "build"
+local BIN = BUILD .. "/sbx"
+local IS_ROOT = core.getuid() == 0
+
+local function shq(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function slurp(path)
+  local f = io.open(path, "r")
+  if not f then return "" end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function write(path, text, mode)
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+  if mode then os.execute("chmod " .. mode .. " " .. shq(path)) end
+end
+
+-- Runs `sbx ARGS...` (a list of strings); returns {code, out, err}.
+local function sbx(args, stdin)
+  local q = {}
+  for i, a in ipairs(args) do q[i] = shq(a) end
+  local out, err = os.tmpname(), os.tmpname()
+  local input = "/dev/null"
+  if stdin then
+    input = os.tmpname()
+    write(input, stdin)
+  end
+  local cmd = string.format("env -u SBX_DEBUG %s %s <%s >%s 2>%s", BIN, table.concat(q, " "), input, out, err)
+  local _, _, code = os.execute(cmd)
+  local r = { code = code, out = slurp(out), err = slurp(err) }
+  os.remove(out)
+  os.remove(err)
+  if stdin then os.remove(input) end
+  return r
+end
+
+local function tmpdir()
+  local base = os.getenv("TMPDIR")
+  if not base or base == "" or #base > 40 then base = "/tmp" end
+  return assert(core.fs_mkdtemp(base .. "/cli-spec-XXXXXX"))
+end
+
+-- A config file in dir; `extra` is Lua source inserted into sandbox { ... }.
+local function config(dir, extra, prelude)
+  local path = dir .. "/sandbox.conf.lua"
+  write(path, string.format([[
+%s
+return require("sandbox") {
+  image = "pi-roundtable-sandbox:local",
+  runRoot = %q, workspaceRoot = %q, stateFile = %q,
+  model = "spec-model", modelUrl = "https://models.example/v1/chat/completions",
+  apiKey = function() return "spec-key" end,
+  %s
+}
+]], prelude or "", dir .. "/run", dir .. "/ws", dir .. "/state/channels.json", extra or ""))
+  return path
+end
+
+-- A fake driver (spec/runtime.md 4.1): echoes the turn, or fails on cue.
+local FAKE_DRIVER = [[
+local async = require "sandbox.async"
+local core = require "sandbox.core"
+local driver = {}
+function driver:run(spec, turn, signal)
+  local text = turn.text
+  if text == "raise" then error("driver exploded", 0) end
+  if text == "not ok" then return { ok = false, text = "The sandbox turn reached its model-call limit." } end
+  local ms = text == "slow" and 3000 or 50
+  local why = async.await(function(resume)
+    local t = core.timer(ms, function() resume("done") end)
+    signal:on_abort(function() t:stop() resume("aborted") end)
+  end)
+  if why == "aborted" then error(signal.reason, 0) end
+  return { ok = true, text = "echo " .. turn.speaker.name .. ": " .. text .. " (reset=" .. tostring(turn.reset) .. ")" }
+end
+]]
+
+local function rmtree(dir) core.fs_rmtree(dir) end
+
+local function non_root()
+  if IS_ROOT then
+    pending("needs a non-root user (the check runner uses the sbx account)")
+    return false
+  end
+  return true
+end
+
+describe("sbx --help", function()
+  it("lists every command and exits 0", function()
+    local r = sbx({ "--help" })
+    assert.equal(0, r.code)
+    for _, name in ipairs(cli.COMMANDS) do assert.matches("\n  " .. name .. " ", r.out, 1, true) end
+  end)
+
+  for _, name in ipairs(cli.COMMANDS) do
+    it("`sbx " .. name .. " --help` prints its usage and exits 0", function()
+      local r = sbx({ name, "--help" })
+      assert.equal(0, r.code)
+      assert.matches("^usage: sbx " .. name, r.out)
+      assert.equal("", r.err)
+    end)
+  end
+
+  it("exits 2 without a command and for an unknown one", function()
+    assert.equal(2, sbx({}).code)
+    local r = sbx({ "frobnicate" })
+    assert.equal(2, r.code)
+    assert.matches("unknown command 'frobnicate'", r.err, 1, true)
+  end)
+end)
+
+describe("sbx run and sbx chat argument errors", function()
+  local cases = {
+    { { "run" }, "CONFIG.lua is required" },
+    { { "run", "c.lua", "--speaker", "a", "hi" }, "--channel KEY is required" },
+    { { "run", "c.lua", "--channel", "Bad", "--speaker", "a", "hi" }, "invalid --channel 'Bad'" },
+    { { "run", "c.lua", "--channel", "demo:1", "hi" }, "--speaker is required" },
+    { { "run", "c.lua", "--channel", "demo:1", "--speaker", ":x", "hi" }, "--speaker needs a non-empty ID" },
+    { { "run", "c.lua", "--channel", "demo:1", "--speaker", "a", "--timeout", "5", "hi" }, "--timeout must be 1000 to 600000" },
+    { { "run", "c.lua", "--channel", "demo:1", "--speaker", "a" }, "TEXT is required" },
+    { { "run", "c.lua", "--bogus", "x" }, "unknown flag --bogus" },
+    { { "chat", "c.lua", "--speaker", "a" }, "--channel KEY is required" },
+    { { "chat", "c.lua", "--channel", "demo:1", "--speaker", "a", "extra" }, "unexpected argument 'extra'" },
+    { { "doctor" }, "exactly one CONFIG.lua is required" },
+    { { "doctor", "a.lua", "b.lua" }, "exactly one CONFIG.lua is required" },
+    { { "demo", "extra" }, "unexpected argument 'extra'" },
+    { { "demo", "--timeout", "10" }, "--timeout must be 1000 to 600000" },
+  }
+  for _, c in ipairs(cases) do
+    it("`sbx " .. table.concat(c[1], " ") .. "` exits 2: " .. c[2], function()
+      local r = sbx(c[1])
+      assert.equal(2, r.code)
+      assert.matches(c[2], r.err, 1, true)
+      assert.equal("", r.out)
+    end)
+  end
+
+  it("a config that does not load is an operator error (exit 1) naming the file", function()
+    local dir = tmpdir()
+    local r = sbx({ "run", dir .. "/missing.lua", "--channel", "demo:1", "--speaker", "a", "hi" })
+    assert.equal(1, r.code)
+    assert.matches("cannot load config", r.err, 1, true)
+    write(dir .. "/bad.lua", "return require('sandbox') { model = 'm', modelUrl = 'https://x.example/', apiKey = 'literal' }")
+    r = sbx({ "run", dir .. "/bad.lua", "--channel", "demo:1", "--speaker", "a", "hi" })
+    assert.equal(1, r.code)
+    assert.matches("apiKey must be a function", r.err, 1, true)
+    assert.matches("fix: make apiKey a function", r.err, 1, true)
+    rmtree(dir)
+  end)
+
+  it("`sbx demo` refuses root and says to use the sbx account", function()
+    if not IS_ROOT then
+      pending("only observable as root")
+      return
+    end
+    local r = sbx({ "demo" })
+    assert.equal(1, r.code)
+    assert.matches("runuser -u sbx", r.err, 1, true)
+  end)
+end)
+
+describe("sbx doctor", function()
+  local dir
+  before_each(function()
+    dir = tmpdir()
+    core.fs_mkdir(dir .. "/run")
+    core.fs_mkdir(dir .. "/ws")
+    core.fs_mkdir(dir .. "/state")
+  end)
+  after_each(function() rmtree(dir) end)
+
+  it("reports a 0755 runRoot with the chmod fix and exits 1", function()
+    if not non_root() then return end
+    os.execute("chmod 755 " .. shq(dir .. "/run"))
+    local r = sbx({ "doctor", config(dir), "--no-docker" })
+    assert.equal(1, r.code)
+    assert.matches("FAIL  runRoot          " .. dir .. "/run has mode 0755 (group/other bits set)", r.out, 1, true)
+    assert.matches("\n      fix: chmod 700 " .. dir .. "/run\n", r.out, 1, true)
+    assert.matches("ok    workspaceRoot    " .. dir .. "/ws (0700, ", r.out, 1, true)
+    assert.matches("1 check(s) failed", r.out, 1, true)
+  end)
+
+  it("passes every local check on private directories (exit 0) and creates nothing", function()
+    if not non_root() then return end
+    rmtree(dir .. "/run")
+    local r = sbx({ "doctor", config(dir), "--no-docker" })
+    assert.equal(0, r.code, r.out)
+    assert.matches("ok    config", r.out, 1, true)
+    assert.matches("ok    apiKey", r.out, 1, true)
+    assert.matches("ok    user", r.out, 1, true)
+    assert.matches("ok    runRoot          " .. dir .. "/run (missing; created 0700 at startup)", r.out, 1, true)
+    assert.matches("ok    state directory  " .. dir .. "/state (0700, ", r.out, 1, true)
+    assert.matches("ok    roots", r.out, 1, true)
+    assert.matches("ok    socket path", r.out, 1, true)
+    assert.matches("skip  docker", r.out, 1, true)
+    assert.matches("all checks passed", r.out, 1, true)
+    assert.is_nil(core.fs_stat(dir .. "/run"))
+  end)
+
+  it("reports group bits on the state directory and workspaceRoot", function()
+    if not non_root() then return end
+    os.execute("chmod 750 " .. shq(dir .. "/state") .. " " .. shq(dir .. "/ws"))
+    local r = sbx({ "doctor", config(dir), "--no-docker" })
+    assert.equal(1, r.code)
+    assert.matches("fix: chmod 700 " .. dir .. "/state\n", r.out, 1, true)
+    assert.matches("fix: chmod 700 " .. dir .. "/ws\n", r.out, 1, true)
+    assert.matches("2 check(s) failed", r.out, 1, true)
+  end)
+
+  it("reports a runRoot over 76 bytes with the fix", function()
+    if not non_root() then return end
+    local long = dir .. "/" .. string.rep("r", 80)
+    local path = dir .. "/long.conf.lua"
+    write(path, string.format([[return require("sandbox") { image = "i", runRoot = %q, workspaceRoot = %q,
+      stateFile = %q, model = "m", modelUrl = "https://m.example/", apiKey = function() end }]],
+      long, dir .. "/ws", dir .. "/state/c.json"))
+    local r = sbx({ "doctor", path, "--no-docker" })
+    assert.equal(1, r.code)
+    assert.matches("FAIL  socket path", r.out, 1, true)
+    assert.matches("fix: choose a runRoot of at most 76 bytes", r.out, 1, true)
+  end)
+
+  it("reports overlapping roots, a uid that is not the process's, and a missing apiKey", function()
+    if not non_root() then return end
+    local uid = core.getuid()
+    local path = dir .. "/overlap.conf.lua"
+    write(path, string.format([[return require("sandbox") { image = "i", runRoot = %q, workspaceRoot = %q,
+      stateFile = %q, model = "m", modelUrl = "https://m.example/", uid = %d }]],
+      dir .. "/ws/run", dir .. "/ws", dir .. "/state/c.json", uid + 1))
+    local r = sbx({ "doctor", path, "--no-docker" })
+    assert.equal(1, r.code)
+    assert.matches("FAIL  roots            runRoot and workspaceRoot overlap", r.out, 1, true)
+    assert.matches("fix: set uid = " .. uid, r.out, 1, true)
+    assert.matches("FAIL  apiKey", r.out, 1, true)
+    assert.matches("fix: add apiKey = function()", r.out, 1, true)
+  end)
+
+  it("reports a config that does not load as a FAIL line", function()
+    write(dir .. "/broken.lua", "return 42")
+    local r = sbx({ "doctor", dir .. "/broken.lua" })
+    assert.equal(1, r.code)
+    assert.matches("^FAIL  config", r.out)
+    assert.matches("must return sandbox", r.out, 1, true)
+  end)
+
+  it("names the service account when run as root", function()
+    if not IS_ROOT then
+      pending("only observable as root")
+      return
+    end
+    local r = sbx({ "doctor", config(dir), "--no-docker" })
+    assert.matches("runuser -u sbx -- sbx doctor", r.out, 1, true)
+  end)
+
+  it("asks the daemon when docker is usable: a docker line, and the image line or its fix", function()
+    if not non_root() then return end
+    local r = sbx({ "doctor", config(dir) })
+    assert.matches("\n%a+ +docker ", r.out)
+    if r.out:find("ok    docker ", 1, true) then
+      assert.matches("image            pi-roundtable-sandbox:local", r.out, 1, true)
+      assert.matches("docker data", r.out, 1, true)
+    end
+  end)
+end)
+
+describe("sbx run and sbx chat with a fake driver", function()
+  local dir, path
+  before_each(function()
+    dir = tmpdir()
+    path = config(dir, "driver = driver,", FAKE_DRIVER)
+  end)
+  after_each(function() rmtree(dir) end)
+
+  it("run prints the reply on stdout and exits 0", function()
+    if not non_root() then return end
+    local r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "alice:Alice:p-1", "hello", "there" })
+    assert.equal(0, r.code, r.err)
+    assert.equal("echo Alice: hello there (reset=false)\n", r.out)
+    -- the turn left nothing in runRoot; the workspace exists
+    assert.same({}, core.fs_readdir(dir .. "/run"))
+    assert.equal(1, #core.fs_readdir(dir .. "/ws"))
+  end)
+
+  it("run reads TEXT from stdin with -", function()
+    if not non_root() then return end
+    local r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "alice", "-" }, "from stdin\n")
+    assert.equal(0, r.code, r.err)
+    assert.equal("echo alice: from stdin (reset=false)\n", r.out)
+  end)
+
+  it("run: a worker answer ok=false prints the generic guest text and exits 1", function()
+    if not non_root() then return end
+    local r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "not ok" })
+    assert.equal(1, r.code)
+    assert.equal("The sandbox turn failed.\n", r.out)
+  end)
+
+  it("run: a failed turn prints the guest text, and no driver detail without SBX_DEBUG", function()
+    if not non_root() then return end
+    local r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "raise" })
+    assert.equal(1, r.code)
+    assert.equal("The sandbox turn failed or was stopped.\n", r.out)
+    assert.is_nil(r.err:find("driver exploded", 1, true))
+  end)
+
+  it("run: a turn over --timeout fails with the deadline and its fix", function()
+    if not non_root() then return end
+    local r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "--timeout", "1000", "slow" })
+    assert.equal(1, r.code)
+    assert.equal("The sandbox turn failed or was stopped.\n", r.out)
+    assert.matches("sandbox turn timed out", r.err, 1, true)
+    assert.matches("fix: raise turnTimeoutMs", r.err, 1, true)
+  end)
+
+  it("run as the wrong user names the fix", function()
+    if not non_root() then return end
+    local p2 = config(dir, "driver = driver, uid = " .. (core.getuid() + 1) .. ",", FAKE_DRIVER)
+    local r = sbx({ "run", p2, "--channel", "demo:1", "--speaker", "a", "hi" })
+    assert.equal(1, r.code)
+    assert.matches("run the host as a non-root user; worker uid/gid must match it", r.err, 1, true)
+    assert.matches("fix: remove uid/gid from the config or set uid = " .. core.getuid(), r.err, 1, true)
+  end)
+
+  it("run refuses a 0755 runRoot with the fix", function()
+    if not non_root() then return end
+    core.fs_mkdir(dir .. "/run")
+    os.execute("chmod 755 " .. shq(dir .. "/run"))
+    local r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "hi" })
+    assert.equal(1, r.code)
+    assert.matches("sandbox roots must be private directories owned by the service user", r.err, 1, true)
+    assert.matches("chmod 700", r.err, 1, true)
+  end)
+
+  it("chat runs one turn per line in order, skips blank lines and stops at /quit", function()
+    if not non_root() then return end
+    local r = sbx({ "chat", path, "--channel", "demo:1", "--speaker", "alice:Alice" },
+      "first\n\n   \nsecond\r\n/help\n/quit\nnever\n")
+    assert.equal(0, r.code, r.err)
+    assert.equal("sandbox: echo Alice: first (reset=false)\nsandbox: echo Alice: second (reset=false)\n", r.out)
+    assert.matches("sbx chat: channel demo:1 as Alice", r.err, 1, true)
+    assert.matches("/quit, /exit", r.err, 1, true)
+  end)
+
+  it("chat leaves at end of input after the queued turns, reporting failures as guest text", function()
+    if not non_root() then return end
+    local r = sbx({ "chat", path, "--channel", "demo:1", "--speaker", "bob" }, "one\nnot ok\nraise\ntwo")
+    assert.equal(0, r.code, r.err)
+    assert.equal(table.concat({
+      "sandbox: echo bob: one (reset=false)",
+      "sandbox: The sandbox turn failed.",
+      "sandbox: The sandbox turn failed or was stopped.",
+      "sandbox: echo bob: two (reset=false)", "" }, "\n"), r.out)
+  end)
+end)
