@@ -8,6 +8,7 @@
 #   $(B)/worker/sbx-worker-host  test build: Lua dir ./worker/lua (relative,
 #                                so specs run it from the repo root)
 #   $(B)/worker/sbx-worker-probe test build: Lua dir ./spec/fixtures/sbxw_probe
+#   $(B)/worker/sbxw-test-peer   spec-only fake broker (worker/test_peer.c)
 #   make image                   pi-roundtable-sandbox:local (worker/image.sh)
 #
 # core/json.c and core/reflect.c are compiled in (strict JSON is the core's);
@@ -34,7 +35,7 @@ WORKER_STATIC_LIBS := -l:liblua5.4-cjson.a -l:liblua5.4.a -lm
 
 .PHONY: worker worker-image-context
 worker: $(B)/worker/sbx-worker $(B)/worker/sbxw.so $(B)/worker/sbx-worker-host \
-  $(B)/worker/sbx-worker-probe
+  $(B)/worker/sbx-worker-probe $(B)/worker/sbxw-test-peer
 all: worker
 
 $(B)/worker/obj/static/%.o: %.c $(WORKER_HDRS)
@@ -62,6 +63,11 @@ $(B)/worker/sbx-worker-host: $(B)/worker/obj/main-host.o $(WORKER_STATIC_OBJ)
 	$(CC) -static -Wl,--gc-sections -o $@ $^ $(WORKER_STATIC_LIBS)
 $(B)/worker/sbx-worker-probe: $(B)/worker/obj/main-probe.o $(WORKER_STATIC_OBJ)
 	$(CC) -static -Wl,--gc-sections -o $@ $^ $(WORKER_STATIC_LIBS)
+
+# Spec-only fake broker for the client's framing tests (worker/test_peer.c).
+$(B)/worker/sbxw-test-peer: worker/test_peer.c
+	@mkdir -p $(@D)
+	$(CC) $(WORKER_BASE_CFLAGS) $(CFLAGS) -o $@ $<
 
 # Not linked with liblua: the host interpreter provides the Lua API.
 $(B)/worker/sbxw.so: $(WORKER_MODULE_OBJ)
