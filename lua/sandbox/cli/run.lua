@@ -161,7 +161,7 @@ function M.docker(args, opts)
     if v and v ~= "" then env[#env + 1] = name .. "=" .. v end
   end
   if core.spawn then
-    local proc
+    local proc, timer
     local res = async.await(function(resume)
       local ok, p = pcall(core.spawn, {
         file = "docker", args = args, env = env, stdin = opts.stdin or "",
@@ -169,12 +169,11 @@ function M.docker(args, opts)
         on_exit = resume,
       })
       if not ok then resume({ error = tostring(p), code = "EINVAL" }) else proc = p end
-      if opts.timeout_ms then
-        core.timer(opts.timeout_ms, function()
-          if proc then pcall(proc.kill, proc, 9) end
-        end)
+      if ok and opts.timeout_ms then
+        timer = core.timer(opts.timeout_ms, function() pcall(proc.kill, proc, 9) end)
       end
     end)
+    if timer then timer:stop() end
     if res.error then
       if res.code == "ENOENT" then return nil, "not found" end
       return nil, res.error
