@@ -365,3 +365,70 @@ describe("sbx run and sbx chat with a fake driver", function()
       "sandbox: echo bob: two (reset=false)", "" }, "\n"), r.out)
   end)
 end)
+
+-- Real Docker (opt-in like spec/docker/: SANDBOX_DOCKER_TEST=1, a daemon this
+-- user may use, and the image from `make image`).
+describe("with real Docker (SANDBOX_DOCKER_TEST=1)", function()
+  local function docker_ready()
+    if os.getenv("SANDBOX_DOCKER_TEST") ~= "1" then
+      pending("set SANDBOX_DOCKER_TEST=1 to run the real-Docker cases")
+      return false
+    end
+    if not non_root() then return false end
+    local ok = os.execute("docker image inspect pi-roundtable-sandbox:local >/dev/null 2>&1")
+    if not ok then
+      pending("the image pi-roundtable-sandbox:local is missing (make image)")
+      return false
+    end
+    return true
+  end
+
+  local function sbx_demo_dirs()
+    local p = io.popen("ls -d /tmp/sbx-demo-* 2>/dev/null")
+    local s = p:read("a")
+    p:close()
+    return s
+  end
+
+  it("`sbx demo` runs two turns, the second recalls the first's note, and leaves nothing", function()
+    if not docker_ready() then return end
+    local before = sbx_demo_dirs()
+    local r = sbx({ "demo", "--no-build" })
+    assert.equal(0, r.code, r.out .. r.err)
+    assert.matches("Alice: Please remember that the team lunch is on Friday at noon.", r.out, 1, true)
+    assert.matches("the model asked for host_clock and memory_set", r.out, 1, true)
+    assert.matches('notes say: "the team lunch is on Friday at noon"', r.out, 1, true)
+    assert.matches("saw the host key on 3 of 3 calls", r.out, 1, true)
+    assert.matches("cleaned up: no container left", r.out, 1, true)
+    assert.equal(before, sbx_demo_dirs())
+  end)
+
+  it("run, chat and doctor against the scripted model started by the config itself", function()
+    if not docker_ready() then return end
+    local dir = tmpdir()
+    local path = config(dir, "", "")
+    write(path, string.format([[
+local m = assert(require("sandbox.demo_model").start { key = "spec-host-key" })
+return require("sandbox") {
+  image = "pi-roundtable-sandbox:local", runRoot = %q, workspaceRoot = %q, stateFile = %q,
+  model = "demo-model", modelUrl = m.url, allowHttp = true,
+  apiKey = function() return "spec-host-key" end,
+  tools = { { name = "clock", description = "Read the current UTC time",
+    parameters = { type = "object", properties = {} },
+    run = function(_, ctx) ctx.signal:throw_if_aborted() return "2026-01-02T03:04:05Z" end } },
+}
+]], dir .. "/run", dir .. "/ws", dir .. "/state/channels.json"))
+    local r = sbx({ "run", path, "--channel", "demo:docker", "--speaker", "bob:Bob", "Remember that the door is blue" })
+    assert.equal(0, r.code, r.err)
+    assert.equal('Bob, got it. The host clock says 2026-01-02T03:04:05Z. I saved a channel note: "the door is blue".\n', r.out)
+    r = sbx({ "chat", path, "--channel", "demo:docker", "--speaker", "bob:Bob" }, "What do you remember?\n")
+    assert.equal(0, r.code, r.err)
+    assert.matches('^sandbox: Bob, this channel\'s notes say: "the door is blue"', r.out)
+    r = sbx({ "doctor", path })
+    assert.equal(0, r.code, r.out)
+    assert.matches("ok    image            pi-roundtable-sandbox:local present", r.out, 1, true)
+    assert.matches("ok    stale            no containers of this installation", r.out, 1, true)
+    assert.same({}, core.fs_readdir(dir .. "/run"))
+    rmtree(dir)
+  end)
+end)
