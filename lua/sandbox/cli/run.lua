@@ -10,9 +10,11 @@ local core = require "sandbox.core"
 
 local M = {}
 
--- Guest-visible texts (spec/runtime.md 5.7).
-M.GUEST_FAILED_OR_STOPPED = "The sandbox turn failed or was stopped."
-M.GUEST_FAILED = "The sandbox turn failed."
+-- Guest-visible texts (spec/runtime.md 5.7): the runtime's own constants.
+local has_rt, runtime_mod = pcall(require, "sandbox.runtime")
+if not has_rt then runtime_mod = {} end
+M.GUEST_FAILED_OR_STOPPED = runtime_mod.GUEST_FAILED_OR_STOPPED or "The sandbox turn failed or was stopped."
+M.GUEST_FAILED = runtime_mod.GUEST_FAILED or "The sandbox turn failed."
 
 M.help = [==[
 usage: sbx run CONFIG.lua --channel KEY --speaker ID[:NAME[:PRINCIPAL]] [--] TEXT
