@@ -52,6 +52,10 @@
 
 #include "sbx_internal.h"
 
+/* core.unix_stream (unix_stream.c), the Engine API driver's transport; opened
+   with this file so the shared opener list stays as it is. */
+void sbx__open_unix_stream(lua_State *L);
+
 #define PROC_MT "sbx.process"
 #define LOCK_MT "sbx.dirlock"
 
@@ -550,6 +554,7 @@ void sbx__open_process(lua_State *L) {
   }
   lua_pop(L, 1);
   luaL_setfuncs(L, fns, 0);
+  sbx__open_unix_stream(L);
   lua_pushinteger(L, SIGKILL);
   lua_setfield(L, -2, "SIGKILL");
 }

@@ -1,10 +1,13 @@
--- docker/driver_spec.lua: the CLI driver against the real daemon, as the
--- non-root service account (spec/runtime.md 4.3-4.7, 5.4; broker.md 81).
+-- docker/driver_spec.lua: the CLI driver (and the optional Engine API
+-- driver, which must make the identical container by the same algorithms)
+-- against the real daemon, as the non-root service account (spec/runtime.md
+-- 4.3-4.7, 5.4; broker.md 81).
 -- Test images are built FROM scratch from spec/fixtures/hostile/probe.c
 -- (one static binary, one ENTRYPOINT mode per image) and removed in
 -- teardown, with every container the specs created.
 local async = require "sandbox.async"
 local cli = require "sandbox.drivers.cli"
+local engine = require "sandbox.drivers.engine"
 local container = require "sandbox.container"
 local core = require "sandbox.core"
 local installation = require "sandbox.installation"
@@ -29,8 +32,8 @@ local IMAGES = {
   noop = "sbx-driver-spec-noop:" .. TAG,
 }
 
-describe("CLI driver against real Docker", function()
-  local root, run_dir, ws_dir, inst, owner, d
+describe("drivers against real Docker", function()
+  local root, run_dir, ws_dir, inst, owner, docker
   local uid, gid = core.getuid()
 
   setup(function()
@@ -53,7 +56,7 @@ describe("CLI driver against real Docker", function()
     end
     inst = installation.id(root .. "/work", root .. "/run")
     owner = installation.owner_id()
-    d = cli { binary = "docker" }
+    docker = cli { binary = "docker" }
   end)
 
   teardown(function()
@@ -87,115 +90,124 @@ describe("CLI driver against real Docker", function()
   end
 
   local function docker_async(args)
-    return d:exec(args, { max_stdout = 1048576, max_stderr = 65536, kill_after_ms = 10000 })
+    return docker:exec(args, { max_stdout = 1048576, max_stderr = 65536, kill_after_ms = 10000 })
   end
 
-  it("runs a turn: stdin delivered, user overridden, read-only root, writable workspace, then removed", function()
-    local s = spec(IMAGES.reply)
-    local res = async.run(function() return d:run(s, TURN, signal.new()) end)
-    local n = #container.turn_json(TURN)
-    assert.same({ ok = true, text = "uid=" .. uid .. " gid=" .. gid .. " stdin=" .. n
-      .. " home=/tmp/home root=0 workspace=1 broker=0" }, res)
-    assert.equal("", labelled())
-  end)
+  for _, kind in ipairs { "cli", "engine" } do
+    describe(kind .. " driver", function()
+      local d
+      setup(function()
+        d = kind == "cli" and cli { binary = "docker" } or engine {}
+      end)
 
-  it("the running container's settings read back with docker inspect match 4.3", function()
-    local s = spec(IMAGES.slow)
-    local info
-    async.run(function()
-      local task = async.spawn(function() return d:run(s, TURN, signal.new()) end)
-      for _ = 1, 40 do
-        local r = docker_async { "inspect", s.name }
-        if r.exit_status == 0 then
-          info = json.decode(r.stdout)[1]
-          break
-        end
-        async.sleep(50)
-      end
-      local ok, err = async.wait(task)
-      assert(ok, tostring(err))
+      it("runs a turn: stdin delivered, user overridden, read-only root, writable workspace, then removed", function()
+        local s = spec(IMAGES.reply)
+        local res = async.run(function() return d:run(s, TURN, signal.new()) end)
+        local n = #container.turn_json(TURN)
+        assert.same({ ok = true, text = "uid=" .. uid .. " gid=" .. gid .. " stdin=" .. n
+          .. " home=/tmp/home root=0 workspace=1 broker=0" }, res)
+        assert.equal("", labelled())
+      end)
+
+      it("the running container's settings read back with docker inspect match 4.3", function()
+        local s = spec(IMAGES.slow)
+        local info
+        async.run(function()
+          local task = async.spawn(function() return d:run(s, TURN, signal.new()) end)
+          for _ = 1, 40 do
+            local r = docker_async { "inspect", s.name }
+            if r.exit_status == 0 then
+              info = json.decode(r.stdout)[1]
+              break
+            end
+            async.sleep(50)
+          end
+          local ok, err = async.wait(task)
+          assert(ok, tostring(err))
+        end)
+        assert.truthy(info, "container never seen")
+        local h, c = info.HostConfig, info.Config
+        assert.equal(s.name, info.Name:gsub("^/", ""))
+        assert.is_true(h.AutoRemove)
+        assert.equal("none", h.LogConfig.Type)
+        assert.equal("none", h.NetworkMode)
+        assert.is_true(h.ReadonlyRootfs)
+        assert.same({ "ALL" }, { table.unpack(h.CapDrop) })
+        assert.is_true(h.CapAdd == nil or h.CapAdd == json.null or #h.CapAdd == 0)
+        assert.same({ "no-new-privileges:true" }, { table.unpack(h.SecurityOpt) })
+        assert.equal(128 * 1048576, h.Memory)
+        assert.equal(128 * 1048576, h.MemorySwap)
+        assert.equal(500000000, h.NanoCpus)
+        assert.equal(32, h.PidsLimit)
+        assert.equal(1, #h.Ulimits)
+        assert.equal("nofile", h.Ulimits[1].Name)
+        assert.equal(256, h.Ulimits[1].Soft)
+        assert.equal(256, h.Ulimits[1].Hard)
+        assert.equal("rw,noexec,nosuid,nodev,size=64m,mode=1777", h.Tmpfs["/tmp"])
+        assert.is_false(h.Privileged)
+        assert.is_true(h.Binds == nil or h.Binds == json.null)
+        assert.equal(2, #h.Mounts)
+        assert.same({ "bind", run_dir, "/broker", true, "rprivate" },
+          { h.Mounts[1].Type, h.Mounts[1].Source, h.Mounts[1].Target, h.Mounts[1].ReadOnly, h.Mounts[1].BindOptions.Propagation })
+        assert.same({ "bind", ws_dir, "/workspace", false, "rprivate" },
+          { h.Mounts[2].Type, h.Mounts[2].Source, h.Mounts[2].Target, h.Mounts[2].ReadOnly == true, h.Mounts[2].BindOptions.Propagation })
+        assert.equal(uid .. ":" .. gid, c.User)
+        local env = {}
+        for _, e in ipairs(c.Env) do if not e:find("^PATH=") then env[#env + 1] = e end end
+        assert.same({ "HOME=/tmp/home" }, env)   -- (plus the PATH Docker adds to every container)
+        assert.same({ ["roundtable.sandbox.installation"] = inst, ["roundtable.sandbox.owner"] = owner },
+          (function() local t = {} for k, v in pairs(c.Labels) do t[k] = v end return t end)())
+        assert.is_true(c.OpenStdin)
+        assert.is_true(c.StdinOnce)
+        assert.is_false(c.Tty)
+        assert.same({ "/probe", "slow" }, { table.unpack(c.Entrypoint) })
+        assert.is_true(c.Cmd == nil or c.Cmd == json.null)
+        assert.equal("", c.WorkingDir)
+        assert.equal("", labelled())
+      end)
+
+      it("removes a SIGTERM-ignoring PID 1 after a 1 s deadline in under 8 s, leaving no container (broker.md 81)", function()
+        local s = spec(IMAGES.hostile)
+        local sig = signal.new()
+        local ok, err, ms = async.run(function()
+          local t0 = core.now()
+          core.timer(1000, function() sig:abort("sandbox turn timed out") end)
+          local ok, err = pcall(d.run, d, s, TURN, sig)
+          return ok, err, core.now() - t0
+        end)
+        assert.is_false(ok)
+        assert.equal("sandbox turn timed out", err)
+        assert.is_true(ms < 8000, "took " .. ms .. " ms")
+        local names, rc = sh("docker ps -a --filter ancestor=" .. q(IMAGES.hostile) .. " --format '{{.Names}}'")
+        assert.equal(0, rc)
+        assert.equal("", names)
+        assert.equal("", labelled())
+      end)
+
+      it("a missing image fails with sandbox worker failed and leaves nothing", function()
+        local s = spec("sbx-driver-spec-missing:" .. TAG)
+        local ok, err = pcall(async.run, function() return d:run(s, TURN, signal.new()) end)
+        assert.is_false(ok)
+        assert.equal("sandbox worker failed", err)
+        assert.equal("", labelled())
+      end)
+
+      it("lists labelled containers with their owner and removes by exact name", function()
+        local name = container.name(core.sha256_hex("fake:list"))
+        local gone = "00000000-0000-4000-8000-000000000000:1:1"
+        local out, rc = sh("docker create --label roundtable.sandbox.installation=" .. inst
+          .. " --label roundtable.sandbox.owner=" .. gone .. " --name " .. name .. " " .. q(IMAGES.hostile) .. " 2>&1")
+        assert.equal(0, rc, out)
+        local list = async.run(function() return d:list(inst) end)
+        assert.same({ { name = name, owner = gone } }, list)
+        local n = async.run(function()
+          return installation.sweep { driver = d, installation = inst, self = owner, log = function() end }
+        end)
+        assert.equal(1, n)
+        assert.equal("", labelled())
+        -- removing an absent name is success ("No such container")
+        async.run(function() d:remove(name) end)
+      end)
     end)
-    assert.truthy(info, "container never seen")
-    local h, c = info.HostConfig, info.Config
-    assert.equal(s.name, info.Name:gsub("^/", ""))
-    assert.is_true(h.AutoRemove)
-    assert.equal("none", h.LogConfig.Type)
-    assert.equal("none", h.NetworkMode)
-    assert.is_true(h.ReadonlyRootfs)
-    assert.same({ "ALL" }, { table.unpack(h.CapDrop) })
-    assert.is_true(h.CapAdd == nil or h.CapAdd == json.null or #h.CapAdd == 0)
-    assert.same({ "no-new-privileges:true" }, { table.unpack(h.SecurityOpt) })
-    assert.equal(128 * 1048576, h.Memory)
-    assert.equal(128 * 1048576, h.MemorySwap)
-    assert.equal(500000000, h.NanoCpus)
-    assert.equal(32, h.PidsLimit)
-    assert.equal(1, #h.Ulimits)
-    assert.equal("nofile", h.Ulimits[1].Name)
-    assert.equal(256, h.Ulimits[1].Soft)
-    assert.equal(256, h.Ulimits[1].Hard)
-    assert.equal("rw,noexec,nosuid,nodev,size=64m,mode=1777", h.Tmpfs["/tmp"])
-    assert.is_false(h.Privileged)
-    assert.is_true(h.Binds == nil or h.Binds == json.null)
-    assert.equal(2, #h.Mounts)
-    assert.same({ "bind", run_dir, "/broker", true, "rprivate" },
-      { h.Mounts[1].Type, h.Mounts[1].Source, h.Mounts[1].Target, h.Mounts[1].ReadOnly, h.Mounts[1].BindOptions.Propagation })
-    assert.same({ "bind", ws_dir, "/workspace", false, "rprivate" },
-      { h.Mounts[2].Type, h.Mounts[2].Source, h.Mounts[2].Target, h.Mounts[2].ReadOnly == true, h.Mounts[2].BindOptions.Propagation })
-    assert.equal(uid .. ":" .. gid, c.User)
-    local env = {}
-    for _, e in ipairs(c.Env) do if not e:find("^PATH=") then env[#env + 1] = e end end
-    assert.same({ "HOME=/tmp/home" }, env)   -- (plus the PATH Docker adds to every container)
-    assert.same({ ["roundtable.sandbox.installation"] = inst, ["roundtable.sandbox.owner"] = owner },
-      (function() local t = {} for k, v in pairs(c.Labels) do t[k] = v end return t end)())
-    assert.is_true(c.OpenStdin)
-    assert.is_true(c.StdinOnce)
-    assert.is_false(c.Tty)
-    assert.same({ "/probe", "slow" }, { table.unpack(c.Entrypoint) })
-    assert.is_true(c.Cmd == nil or c.Cmd == json.null)
-    assert.equal("", c.WorkingDir)
-    assert.equal("", labelled())
-  end)
-
-  it("removes a SIGTERM-ignoring PID 1 after a 1 s deadline in under 8 s, leaving no container (broker.md 81)", function()
-    local s = spec(IMAGES.hostile)
-    local sig = signal.new()
-    local ok, err, ms = async.run(function()
-      local t0 = core.now()
-      core.timer(1000, function() sig:abort("sandbox turn timed out") end)
-      local ok, err = pcall(d.run, d, s, TURN, sig)
-      return ok, err, core.now() - t0
-    end)
-    assert.is_false(ok)
-    assert.equal("sandbox turn timed out", err)
-    assert.is_true(ms < 8000, "took " .. ms .. " ms")
-    local names, rc = sh("docker ps -a --filter ancestor=" .. q(IMAGES.hostile) .. " --format '{{.Names}}'")
-    assert.equal(0, rc)
-    assert.equal("", names)
-    assert.equal("", labelled())
-  end)
-
-  it("a missing image fails with sandbox worker failed and leaves nothing", function()
-    local s = spec("sbx-driver-spec-missing:" .. TAG)
-    local ok, err = pcall(async.run, function() return d:run(s, TURN, signal.new()) end)
-    assert.is_false(ok)
-    assert.equal("sandbox worker failed", err)
-    assert.equal("", labelled())
-  end)
-
-  it("lists labelled containers with their owner and removes by exact name", function()
-    local name = container.name(core.sha256_hex("fake:list"))
-    local gone = "00000000-0000-4000-8000-000000000000:1:1"
-    local out, rc = sh("docker create --label roundtable.sandbox.installation=" .. inst
-      .. " --label roundtable.sandbox.owner=" .. gone .. " --name " .. name .. " " .. q(IMAGES.hostile) .. " 2>&1")
-    assert.equal(0, rc, out)
-    local list = async.run(function() return d:list(inst) end)
-    assert.same({ { name = name, owner = gone } }, list)
-    local n = async.run(function()
-      return installation.sweep { driver = d, installation = inst, self = owner, log = function() end }
-    end)
-    assert.equal(1, n)
-    assert.equal("", labelled())
-    -- removing an absent name is success ("No such container")
-    async.run(function() d:remove(name) end)
-  end)
+  end
 end)

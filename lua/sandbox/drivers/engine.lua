@@ -1,0 +1,357 @@
+-- drivers/engine.lua: the optional Engine API driver (spec/runtime.md 4.1,
+-- 4.3 table, 4.6 "Engine API driver, same contract", 4.7 with DELETE, 6.3
+-- step 1 with GET). It talks HTTP/1.1 to the local daemon's Unix socket
+-- over core.unix_stream, one connection per call (`Connection: close`), and
+-- makes the identical container by the identical algorithms as the CLI
+-- driver (drivers/cli.lua), whose error texts and limits it shares.
+--
+--   local engine = require "sandbox.drivers.engine"
+--   local d = engine { socket = "/var/run/docker.sock" }   -- default: DOCKER_HOST
+--                                                          -- unix://..., else that path
+--   d:run(spec, turn, signal) / d:list(installation) / d:remove(name)
+--
+-- The attach stream is hijacked: stdin is written only after the daemon's
+-- 101 answer has been read (the daemon drops bytes sent before it), then the
+-- write side is half-closed; output frames (8-byte headers: stream type,
+-- big-endian length) are demultiplexed into the 2 MiB / 128 KiB limits as
+-- they arrive. An abort closes every connection of the run at once.
+local async = require "sandbox.async"
+local cli = require "sandbox.drivers.cli"
+local container = require "sandbox.container"
+local core = require "sandbox.core"
+local json = require "sandbox.json"
+
+local M = {}
+
+M.DEFAULT_SOCKET = "/var/run/docker.sock"
+M.MAX_CONTROL = 65536
+M.MAX_LIST = 1048576
+M.MAX_HEAD = 65536
+M.CONTROL_TIMEOUT_MS = 30000
+
+local E_WORKER, E_REPLY, E_TOO_LARGE, E_CLEANUP = cli.E_WORKER, cli.E_REPLY, cli.E_TOO_LARGE, cli.E_CLEANUP
+
+local Driver = {}
+Driver.__index = Driver
+
+local function fail(msg) error(msg, 0) end
+
+function M.new(opts)
+  opts = opts or {}
+  local getenv = opts.getenv or os.getenv
+  local sock = opts.socket
+  if sock == nil then
+    local host = getenv("DOCKER_HOST")
+    sock = host and host ~= "" and host:match("^unix://(/.*)$") or M.DEFAULT_SOCKET
+  end
+  return setmetatable({
+    socket = sock, getenv = getenv, builtin = true,
+    remove_timeout_ms = opts.remove_timeout_ms or cli.REMOVE_TIMEOUT_MS,
+    list_timeout_ms = opts.list_timeout_ms or cli.LIST_TIMEOUT_MS,
+  }, Driver)
+end
+
+function Driver:check_endpoint()
+  if not cli.local_endpoint(self.getenv("DOCKER_HOST")) then fail(cli.E_REMOTE) end
+end
+
+-- Splits a response into status, headers (lowercase names) and body;
+-- de-chunks a chunked body. nil on anything malformed.
+local function parse_response(data)
+  local head_end = data:find("\r\n\r\n", 1, true)
+  if not head_end then return nil end
+  local head, body = data:sub(1, head_end - 1), data:sub(head_end + 4)
+  local status = head:match("^HTTP/1%.[01] (%d%d%d)")
+  if not status then return nil end
+  local headers = {}
+  for line in head:gmatch("\r\n([^\r\n]*)") do
+    local k, v = line:match("^([^:]+):%s*(.-)%s*$")
+    if k then headers[k:lower()] = v end
+  end
+  if (headers["transfer-encoding"] or ""):lower():find("chunked") then
+    local out, pos = {}, 1
+    while true do
+      local size_hex, line_end = body:match("^(%x+)[^\r\n]*\r\n()", pos)
+      if not size_hex or #size_hex > 8 then return nil end
+      local size = tonumber(size_hex, 16)
+      if size == 0 then break end
+      if #body < line_end + size + 1 then return nil end
+      out[#out + 1] = body:sub(line_end, line_end + size - 1)
+      pos = line_end + size + 2
+    end
+    body = table.concat(out)
+  elseif headers["content-length"] then
+    local n = tonumber(headers["content-length"])
+    if not n or #body < n then return nil end
+    body = body:sub(1, n)
+  end
+  return tonumber(status), headers, body
+end
+
+-- A run's set of open connections; close_all() ends every pending call.
+local function new_group()
+  return { conns = {} }
+end
+
+local function close_all(group)
+  group.closed = true
+  local list = {}
+  for cancel in pairs(group.conns) do list[#list + 1] = cancel end
+  group.conns = {}
+  for _, cancel in ipairs(list) do cancel() end
+end
+
+-- One request on its own connection; yields until the answer (or failure).
+-- o = {body=, max=, timeout_ms=, group=}. Returns status, body or nil, why
+-- ("connect", "io", "timeout", "too large", "closed", "malformed").
+function Driver:http(method, target, o)
+  o = o or {}
+  local body = o.body or ""
+  local req = method .. " " .. target .. " HTTP/1.1\r\nHost: docker\r\n"
+    .. (o.body and "Content-Type: application/json\r\n" or "")
+    .. "Content-Length: " .. #body .. "\r\nConnection: close\r\n\r\n" .. body
+  local limit = (o.max or M.MAX_CONTROL) + M.MAX_HEAD
+  if o.group and o.group.closed then return nil, "closed" end
+  local result = table.pack(async.await(function(resume)
+    local chunks, size, stream, timer = {}, 0, nil, nil
+    local function finish(...)
+      if timer then timer:stop(); timer = nil end
+      if o.group and stream then o.group.conns[stream.cancel] = nil end
+      resume(...)
+    end
+    local handle = core.unix_stream(self.socket, function(ev, data)
+      if ev == "data" then
+        size = size + #data
+        if size > limit then
+          stream.h:close()
+          finish(nil, "too large")
+          return
+        end
+        chunks[#chunks + 1] = data
+      else
+        if data then finish(nil, data) return end
+        local status, _, b = parse_response(table.concat(chunks))
+        if not status then finish(nil, "malformed") return end
+        finish(status, b)
+      end
+    end)
+    if not handle then resume(nil, "connect") return end
+    stream = { h = handle }
+    stream.cancel = function() handle:close(); finish(nil, "closed") end
+    if o.group then o.group.conns[stream.cancel] = true end
+    handle:write(req)
+    if o.timeout_ms then
+      timer = core.timer(o.timeout_ms, function()
+        timer = nil
+        handle:close()
+        finish(nil, "timeout")
+      end)
+    end
+  end))
+  return table.unpack(result, 1, result.n)
+end
+
+-- One DELETE attempt: "ok", "retry" or "fail" (4.7).
+function Driver:remove_attempt(name)
+  local status, body = self:http("DELETE", "/containers/" .. name .. "?force=1",
+    { max = cli.MAX_RM_STDERR, timeout_ms = self.remove_timeout_ms })
+  if not status then return "fail" end
+  if status == 204 or status == 404 then return "ok" end
+  if status == 409 and body:lower():find("removal.*already in progress") then return "retry" end
+  return "fail"
+end
+
+Driver.remove = function(self, name)
+  if type(name) ~= "string" or #name > 91 or not name:find("^[a-z0-9][a-z0-9_.%-]*$") then fail(E_CLEANUP) end
+  for attempt = 1, cli.REMOVE_ATTEMPTS do
+    local r = self:remove_attempt(name)
+    if r == "ok" then return end
+    if r ~= "retry" or attempt == cli.REMOVE_ATTEMPTS then break end
+    async.sleep(100 * attempt)
+  end
+  fail(E_CLEANUP)
+end
+
+local function urlencode(s)
+  return (s:gsub("[^%w%-_.~]", function(c) return string.format("%%%02X", c:byte()) end))
+end
+
+function Driver:list(installation)
+  if type(installation) ~= "string" or not installation:find("^%x+$") then fail(E_CLEANUP) end
+  local filters = '{"label":["' .. container.LABEL_INSTALLATION .. "=" .. installation .. '"]}'
+  local status, body = self:http("GET", "/containers/json?all=1&filters=" .. urlencode(filters),
+    { max = M.MAX_LIST, timeout_ms = self.list_timeout_ms })
+  if status ~= 200 then fail(E_CLEANUP) end
+  local v = json.decode(body)
+  if json.kind(v) ~= "array" then fail(E_CLEANUP) end
+  local out = {}
+  for _, c in ipairs(v) do
+    local name = type(c.Names) == "table" and type(c.Names[1]) == "string" and c.Names[1]:gsub("^/", "") or ""
+    local labels = type(c.Labels) == "table" and c.Labels or {}
+    local owner = labels[container.LABEL_OWNER]
+    out[#out + 1] = { name = name, owner = type(owner) == "string" and owner or "" }
+  end
+  return out
+end
+
+-- The hijacked attach stream. Returns an object whose :wait_ready() yields
+-- until the 101 head (true) or failure (false), and :wait_end() until the
+-- stream ended; .stdout, .stdout_truncated, .stderr_truncated, .bad.
+local function attach(self, name, group)
+  local a = { out = {}, out_len = 0, err_len = 0, ready = nil, ended = false, waiters = {} }
+  local buf, head_done = "", false
+  local function notify()
+    local ws = a.waiters
+    a.waiters = {}
+    for _, w in ipairs(ws) do w() end
+  end
+  local function over()
+    close_all(group)
+  end
+  local function frames()
+    local pos = 1
+    while #buf - pos + 1 >= 8 do
+      local t = buf:byte(pos)
+      local n = string.unpack(">I4", buf, pos + 4)
+      if #buf - pos + 1 < 8 + n then break end
+      if t == 1 then
+        if a.out_len + n > cli.MAX_STDOUT then a.stdout_truncated = true; over(); return end
+        a.out[#a.out + 1] = buf:sub(pos + 8, pos + 7 + n)
+        a.out_len = a.out_len + n
+      elseif t == 2 then
+        if a.err_len + n > cli.MAX_STDERR then a.stderr_truncated = true; over(); return end
+        a.err_len = a.err_len + n
+      else
+        a.bad = true
+        over()
+        return
+      end
+      pos = pos + 8 + n
+    end
+    buf = buf:sub(pos)
+    -- a frame header announcing more than a limit is refused before its body
+    if #buf >= 8 then
+      local t, n = buf:byte(1), string.unpack(">I4", buf, 5)
+      if (t == 1 and a.out_len + n > cli.MAX_STDOUT) then a.stdout_truncated = true; over()
+      elseif (t == 2 and a.err_len + n > cli.MAX_STDERR) then a.stderr_truncated = true; over() end
+    end
+  end
+  local handle = core.unix_stream(self.socket, function(ev, data)
+    if ev == "data" then
+      buf = buf .. data
+      if not head_done then
+        local e = buf:find("\r\n\r\n", 1, true)
+        if not e then
+          if #buf > M.MAX_HEAD then a.ready = false; over(); notify() end
+          return
+        end
+        local status = buf:match("^HTTP/1%.[01] (%d%d%d)")
+        head_done = true
+        buf = buf:sub(e + 4)
+        a.ready = status == "101"
+        if not a.ready then over() end
+        notify()
+        if not a.ready then return end
+      end
+      frames()
+    else
+      if a.ready == nil then a.ready = false end
+      a.ended = true
+      group.conns[a.cancel] = nil
+      notify()
+    end
+  end)
+  if not handle then
+    a.ready, a.ended = false, true
+    return a
+  end
+  a.handle = handle
+  a.cancel = function()
+    handle:close()
+    if a.ready == nil then a.ready = false end
+    a.ended = true
+    notify()
+  end
+  group.conns[a.cancel] = true
+  handle:write("POST /containers/" .. name .. "/attach?stream=1&stdin=1&stdout=1&stderr=1 HTTP/1.1\r\n"
+    .. "Host: docker\r\nConnection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: 0\r\n\r\n")
+  function a.wait_ready()
+    if a.ready == nil then async.await(function(resume) a.waiters[#a.waiters + 1] = resume end) end
+    return a.ready
+  end
+  function a.wait_end()
+    while not a.ended do async.await(function(resume) a.waiters[#a.waiters + 1] = resume end) end
+  end
+  return a
+end
+
+local function abort_reason(signal)
+  local r = signal.reason
+  if r == nil then r = "aborted" end
+  return r
+end
+
+-- One turn in one fresh container: the CLI driver's steps with the Engine
+-- API equivalents of 4.6.
+function Driver:run(spec, turn, signal)
+  local body = container.engine_body(spec)
+  local name = spec.name
+  local labels = spec.labels or {}
+  if type(labels[container.LABEL_INSTALLATION]) ~= "string" or labels[container.LABEL_INSTALLATION] == ""
+      or type(labels[container.LABEL_OWNER]) ~= "string" or labels[container.LABEL_OWNER] == "" then
+    fail(container.E_LABELS)
+  end
+  local input = container.turn_json(turn)
+  if signal and signal.aborted then error(abort_reason(signal), 0) end
+
+  local group = new_group()
+  local unregister = signal and signal:on_abort(function() close_all(group) end)
+  local failed, stdout, truncated = true, nil, false
+  local exit_code
+  repeat
+    local status = self:http("POST", "/containers/create?name=" .. name,
+      { body = body, group = group, timeout_ms = M.CONTROL_TIMEOUT_MS })
+    if status ~= 201 then break end
+    local a = attach(self, name, group)
+    if not a.wait_ready() then a.wait_end() break end
+    -- wait on its own connection, before start
+    local wait_task = async.spawn(function()
+      return self:http("POST", "/containers/" .. name .. "/wait?condition=next-exit", { group = group })
+    end)
+    status = self:http("POST", "/containers/" .. name .. "/start",
+      { group = group, timeout_ms = M.CONTROL_TIMEOUT_MS })
+    if status ~= 204 then close_all(group); a.wait_end(); async.wait(wait_task) break end
+    a.handle:write(input)
+    a.handle:shutdown()
+    a.wait_end()
+    local _, wstatus, wbody = async.wait(wait_task)
+    truncated = a.stdout_truncated or a.stderr_truncated
+    if a.bad then break end
+    if wstatus == 200 then
+      local v = json.decode(wbody)
+      if json.kind(v) == "object" and math.type(v.StatusCode) == "integer" then exit_code = v.StatusCode end
+    end
+    if exit_code == 0 then failed = false end
+    stdout = table.concat(a.out)
+  until true
+  if unregister then unregister() end
+  close_all(group)
+
+  local ok, out = pcall(function()
+    if truncated then fail(E_TOO_LARGE) end
+    if signal and signal.aborted then error(abort_reason(signal), 0) end
+    if failed then fail(E_WORKER) end
+    return cli.parse_reply(stdout)
+  end)
+  self:remove(name)
+  if (signal and signal.aborted) or failed then
+    async.sleep(cli.SECOND_REMOVAL_DELAY_MS)
+    self:remove(name)
+  end
+  if not ok then error(out, 0) end
+  return out
+end
+
+M.parse_response = parse_response
+
+return setmetatable(M, { __call = function(_, opts) return M.new(opts) end })
