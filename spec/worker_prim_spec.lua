@@ -475,7 +475,7 @@ describe("sbxw.broker_request against a real broker (build/sbx broker)", functio
           run = function(input) return "got " .. tostring(input.x) end } },
       }
     ]])
-    pid = sh(string.format("build/sbx broker '%s/conf.lua' --socket '%s/broker.sock' --channel c:one "
+    pid = sh(string.format(B .. "/sbx broker '%s/conf.lua' --socket '%s/broker.sock' --channel c:one "
       .. "--speaker guest --quiet >/dev/null 2>&1 & echo $!", dir, dir))
     for _ = 1, 300 do
       if os.execute("test -S '" .. dir .. "/broker.sock'") then break end
