@@ -6,6 +6,13 @@
 -- model saw, and the cgroup's peak usage.
 --
 --   build/sbx lua bench/worker_rss.lua [image]      (as a docker-group user)
+--   build/sbx lua bench/worker_rss.lua --chroot     (as root, no Docker)
+--
+-- --chroot runs the same turn without Docker to measure the process alone:
+-- `unshare -m`, then GNU time around a chroot into the image's own root file
+-- system (build/image/rootfs from `make image`), with the run directory,
+-- the workspace and a tmpfs mounted at /broker, /workspace and /tmp; it
+-- prints time's maximum resident set size of the worker process.
 --
 -- The peak is the cgroup's memory.max_usage_in_bytes (v1) or memory.peak
 -- (v2) of the parent /sbxw-bench, which Docker creates; it counts the
@@ -16,7 +23,8 @@ local async = require "sandbox.async"
 local core = require "sandbox.core"
 local sandbox = require "sandbox"
 
-local image = arg[1] or "pi-roundtable-sandbox:local"
+local chroot = arg[1] == "--chroot"
+local image = (not chroot and arg[1]) or "pi-roundtable-sandbox:local"
 local PARENT = "sbxw-bench"
 local REPLY = '{"id":"x","object":"chat.completion","choices":[{"index":0,"message":'
   .. '{"role":"assistant","content":"Hello from the sealed worker."},"finish_reason":"stop"}]}'
@@ -66,13 +74,23 @@ local args = { "run", "--rm", "--interactive", "--sig-proxy=false", "--log-drive
   "--mount", "type=bind,src=" .. dir .. "/work,dst=/workspace,bind-propagation=rprivate",
   "--env", "HOME=/tmp/home", "--cgroup-parent", "/" .. PARENT, image }
 
+if chroot then
+  local rootfs = sh("pwd") .. "/build/image/rootfs"
+  assert(io.open(rootfs .. "/app/worker/sbx-worker", "r"), "run make image first")
+  local script = string.format("mount --bind '%s/run' '%s/broker' && mount --bind '%s/work' "
+    .. "'%s/workspace' && mount -t tmpfs -o size=64m tmpfs '%s/tmp' && "
+    .. "exec /usr/bin/time -f maxrss_kb=%%M chroot '%s' /app/worker/sbx-worker",
+    dir, rootfs, dir, rootfs, rootfs, rootfs)
+  args = { "-m", "sh", "-c", script }
+end
+
 local status = 0
 async.run(function()
   local f = cgroup_file()
   if f then os.execute("echo 0 > '" .. f .. "' 2>/dev/null") end   -- root only
   local t0 = core.now and core.now() or os.time()
   local res = async.await(function(resume)
-    core.spawn({ file = "docker", args = args, stdin = turn,
+    core.spawn({ file = chroot and "unshare" or "docker", args = args, stdin = turn,
       env = { "PATH=" .. os.getenv("PATH"), "HOME=" .. (os.getenv("HOME") or "/tmp"),
               "DOCKER_CONTEXT=default" },
       on_exit = resume })
@@ -85,7 +103,9 @@ async.run(function()
   print("model body: " .. tostring(seen[1] and seen[1].body):sub(1, 160) .. " ...")
   print("wall:       " .. tostring(t1 - t0))
   f = cgroup_file()
-  if f then
+  if chroot then
+    print("process:    " .. tostring(res.stderr:match("maxrss_kb=%d+")) .. " (GNU time, max RSS)")
+  elseif f then
     local peak = tonumber(sh("cat '" .. f .. "'"))
     print(string.format("cgroup peak (%s): %d bytes = %.2f MiB", f, peak, peak / 1048576))
   else
