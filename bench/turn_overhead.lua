@@ -7,8 +7,10 @@
 -- in `noop` mode (prints a fixed reply, exits 0), then times, N times each:
 --   bare      `docker run --rm -i <image> </dev/null` from a shell
 --   sealed    the same `docker run` with the exact 4.3 argv, from a shell
---   driver    driver:run(spec, turn, signal) (spawn + stdin + capped reads +
---             reply parse + the explicit `docker rm --force`)
+--   driver    the CLI driver's run(spec, turn, signal) (spawn + stdin +
+--             capped reads + reply parse + the explicit `docker rm --force`)
+--   engine    the Engine API driver's run (create, attach, wait, start,
+--             DELETE over the daemon's Unix socket; no CLI process)
 -- and prints min / median / p90 in milliseconds. The image is removed at
 -- the end.
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
@@ -16,6 +18,7 @@ package.cpath = "build/lua/?.so;" .. package.cpath
 
 local async = require "sandbox.async"
 local cli = require "sandbox.drivers.cli"
+local engine = require "sandbox.drivers.engine"
 local container = require "sandbox.container"
 local core = require "sandbox.core"
 local installation = require "sandbox.installation"
@@ -55,6 +58,7 @@ local ok = pcall(function()
   local turn = { text = "hello", speaker = { id = "guest", name = "Guest" }, model = "m",
     prompt = "p", timeZone = "UTC", reset = false, tools = {}, mcp = {} }
   local d = cli { binary = "docker" }
+  local e = engine {}
 
   local function stats(name, xs)
     table.sort(xs)
@@ -69,7 +73,7 @@ local ok = pcall(function()
     return (core.hrtime() - t0) / 1e6
   end
 
-  local bare, sealed, drv = {}, {}, {}
+  local bare, sealed, drv, eng = {}, {}, {}, {}
   for i = 1, N + 1 do   -- the first round warms caches and is dropped
     local a = time_shell("docker run --rm -i " .. q(image) .. " </dev/null")
     local argv = container.args(spec())
@@ -82,13 +86,20 @@ local ok = pcall(function()
       assert(res.ok and res.text == "noop")
       return (core.hrtime() - t0) / 1e6
     end)
+    local x = async.run(function()
+      local t0 = core.hrtime()
+      local res = e:run(spec(), turn, signal.new())
+      assert(res.ok and res.text == "noop")
+      return (core.hrtime() - t0) / 1e6
+    end)
     if i > 1 then
-      bare[#bare + 1], sealed[#sealed + 1], drv[#drv + 1] = a, b, c
+      bare[#bare + 1], sealed[#sealed + 1], drv[#drv + 1], eng[#eng + 1] = a, b, c, x
     end
   end
   stats("bare", bare)
   stats("sealed", sealed)
   stats("driver", drv)
+  stats("engine", eng)
 end)
 sh("docker image rm -f " .. q(image) .. " >/dev/null 2>&1")
 os.execute("rm -rf " .. q(root))
