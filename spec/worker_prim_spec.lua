@@ -598,3 +598,85 @@ describe("the static binary with the real worker Lua (host build)", function()
   check("fails closed on invalid stdin", "{not json")
   check("fails closed on stdin over 256 KiB", '{"text":"' .. string.rep("x", 262144) .. '"}')
 end)
+
+-- Real Docker, opt-in like spec/docker/ (SANDBOX_DOCKER_TEST=1), against the
+-- image `make image` built (never built here: the spec user may not own build/).
+describe("the worker image (opt-in: SANDBOX_DOCKER_TEST=1)", function()
+  local IMAGE = "pi-roundtable-sandbox:local"
+  if os.getenv("SANDBOX_DOCKER_TEST") ~= "1" then
+    pending("set SANDBOX_DOCKER_TEST=1 to check the image")
+    return
+  end
+  if sh("docker image inspect -f ok " .. IMAGE .. " 2>/dev/null") ~= "ok" then
+    pending(IMAGE .. " is not built (make image)")
+    return
+  end
+
+  local dir
+  before_each(function() dir = tmpdir() end)
+  after_each(function() rmdir(dir) end)
+
+  it("is FROM scratch with USER 1000:1000, the worker as exec-form ENTRYPOINT, under 5 MB", function()
+    local cfg = w.json_decode(sh("docker image inspect -f '{{json .Config}}' " .. IMAGE))
+    assert.equal("1000:1000", cfg.User)
+    assert.same({ "/app/worker/sbx-worker" }, { table.unpack(cfg.Entrypoint) })
+    assert.is_true(cfg.Cmd == nil or cfg.Cmd == w.json_null or #cfg.Cmd == 0)
+    assert.equal("", cfg.WorkingDir or "")
+    assert.is_true(tonumber(sh("docker image inspect -f '{{.Size}}' " .. IMAGE)) < 5 * 1000 * 1000)
+    assert.equal("1", sh("docker image inspect -f '{{len .RootFS.Layers}}' " .. IMAGE))
+  end)
+
+  it("holds only the worker, its Lua, zone files and the empty mount points", function()
+    local id = sh("docker create " .. IMAGE)
+    local list = sh("docker export " .. id .. " | tar -t; docker rm " .. id .. " >/dev/null")
+    local top = {}
+    for path in list:gmatch("[^\n]+") do
+      local first = path:match("^([^/]+)")
+      top[first] = true
+      assert.is_nil(path:match("^bin") or path:match("^lib") or path:match("/sh$"), path)
+      if first == "app" then
+        assert.truthy(path == "app/" or path == "app/worker/" or path == "app/worker/sbx-worker"
+          or path:match("^app/worker/lua/.*") , path)
+      end
+      if first == "broker" or first == "workspace" or first == "tmp" then
+        assert.equal(first .. "/", path)
+      end
+    end
+    -- what `docker create` itself adds: .dockerenv, dev, etc, proc, sys
+    for name in pairs(top) do
+      assert.truthy(({ app = 1, usr = 1, broker = 1, workspace = 1, tmp = 1, [".dockerenv"] = 1,
+        dev = 1, etc = 1, proc = 1, sys = 1 })[name], name)
+    end
+    assert.truthy(list:match("usr/share/zoneinfo/UTC\n"))
+    assert.truthy(list:match("usr/share/zoneinfo/Asia/Taipei\n"))
+    assert.is_nil(list:match("zoneinfo/posix/"))
+    assert.is_nil(list:match("zoneinfo/right/"))
+    assert.truthy(list:match("app/worker/lua/worker%.lua\n"))
+  end)
+
+  it("has no shell to run", function()
+    local _, _, code = run(dir, "docker run --rm --network none --entrypoint /bin/sh " .. IMAGE .. " -c true")
+    assert.is_not.equal(0, code)
+  end)
+
+  it("fails closed in the container's real settings when no broker answers", function()
+    os.execute("mkdir -m 700 '" .. dir .. "/run' '" .. dir .. "/work'")
+    local turn = '{"text":"hello","speaker":{"id":"guest","name":"Guest"},"model":"fake",'
+      .. '"prompt":"p","timeZone":"UTC","reset":false,"tools":[],"mcp":[]}'
+    local cmd = "docker run --rm --interactive --log-driver none --pull never --network none "
+      .. "--read-only --cap-drop ALL --security-opt no-new-privileges:true --user "
+      .. sh("id -u") .. ":" .. sh("id -g") .. " --memory 512m --memory-swap 512m --pids-limit 64 "
+      .. "--tmpfs /tmp:rw,noexec,nosuid,nodev,size=64m,mode=1777 "
+      .. "--mount type=bind,src=" .. dir .. "/run,dst=/broker,readonly,bind-propagation=rprivate "
+      .. "--mount type=bind,src=" .. dir .. "/work,dst=/workspace,bind-propagation=rprivate "
+      .. "--env HOME=/tmp/home " .. IMAGE
+    assert.same({ FAILED, "", 1 }, { run(dir, cmd, turn) })
+  end)
+
+  it("answers a real turn through a real broker and a fake model (bench/worker_rss.lua)", function()
+    local out = sh(B .. "/sbx lua bench/worker_rss.lua " .. IMAGE .. " 2>&1")
+    assert.truthy(out:find('stdout:     {"ok":true,"text":"Hello from the sealed worker."}', 1, true), out)
+    assert.truthy(out:find("exit:       0", 1, true), out)
+    assert.truthy(out:find("authorization Bearer bench-host-key", 1, true), out)
+  end)
+end)
