@@ -76,15 +76,17 @@ local clock = {
 local function ensure_image(image, may_build)
   local img = run.docker({ "image", "inspect", "--format", "{{.Id}}", image }, { timeout_ms = 30000 })
   if img and img.code == 0 then return true end
+  local fix = image == M.IMAGE and "make image"
+    or ("make image, then docker tag " .. M.IMAGE .. " " .. image)
   if not may_build then
     warn("the image ", image, " is missing")
-    io.stderr:write("  fix: make image\n")
+    io.stderr:write("  fix: ", fix, "\n")
     return false
   end
   local root = project_root()
   if not root or image ~= M.IMAGE then
-    warn("the image ", image, " is missing and this install cannot build it")
-    io.stderr:write("  fix: build it from the checkout with `make image`\n")
+    warn("the image ", image, " is missing and sbx demo builds only ", M.IMAGE, " from its checkout")
+    io.stderr:write("  fix: ", fix, " (in the checkout)\n")
     return false
   end
   warn("building ", image, " (make image) ...")
