@@ -7,6 +7,9 @@
 --
 --   build/sbx lua bench/worker_rss.lua [image]      (as a docker-group user)
 --   build/sbx lua bench/worker_rss.lua --chroot     (as root, no Docker)
+--   ... --heavy    the worst working set of worker.md section 9 item 37: 144
+--                  channel notes of 2,048 characters (32 CJK), 20 history
+--                  entries of 100,000 characters, a 20,000-character CJK message
 --
 -- --chroot runs the same turn without Docker to measure the process alone:
 -- `unshare -m`, then GNU time around a chroot into the image's own root file
@@ -23,8 +26,12 @@ local async = require "sandbox.async"
 local core = require "sandbox.core"
 local sandbox = require "sandbox"
 
-local chroot = arg[1] == "--chroot"
-local image = (not chroot and arg[1]) or "pi-roundtable-sandbox:local"
+local flags, positional = {}, {}
+for _, a in ipairs(arg) do
+  if a:match("^%-%-") then flags[a] = true else positional[#positional + 1] = a end
+end
+local chroot, heavy = flags["--chroot"], flags["--heavy"]
+local image = positional[1] or "pi-roundtable-sandbox:local"
 local PARENT = "sbxw-bench"
 local REPLY = '{"id":"x","object":"chat.completion","choices":[{"index":0,"message":'
   .. '{"role":"assistant","content":"Hello from the sealed worker."},"finish_reason":"stop"}]}'
@@ -61,8 +68,29 @@ local broker = sandbox.broker({
 })
 assert(broker:start(dir .. "/run/broker.sock"))
 
+local message = "hello"
+if heavy then
+  local notes = {}
+  for i = 0, 143 do
+    local t = i < 32 and string.rep("\u{4E16}", 2048) or string.rep("n", 2048)
+    notes[#notes + 1] = string.format('{"scope":"channel","key":"note_%d","text":"%s"}', i, t)
+  end
+  local hist = {}
+  for i = 1, 20 do
+    hist[i] = string.format('{"role":"%s","content":"%s"}', i % 2 == 1 and "user" or "assistant",
+      string.rep("h", 100000))
+  end
+  local f = assert(io.open(dir .. "/work/memory.json", "w"))
+  f:write("[", table.concat(notes, ","), "]")
+  f:close()
+  f = assert(io.open(dir .. "/work/history.json", "w"))
+  f:write("[", table.concat(hist, ","), "]")
+  f:close()
+  message = string.rep("\u{4E16}", 20000)
+end
+
 local uid_gid = sh("id -u") .. ":" .. sh("id -g")
-local turn = '{"text":"hello","speaker":{"id":"guest","name":"Guest"},"model":"bench-model",'
+local turn = '{"text":"' .. message .. '","speaker":{"id":"guest","name":"Guest"},"model":"bench-model",'
   .. '"prompt":"Be brief.","timeZone":"Asia/Taipei","reset":false,"tools":[],"mcp":[]}'
 local args = { "run", "--rm", "--interactive", "--sig-proxy=false", "--log-driver", "none",
   "--pull", "never", "--name", "sbxw-bench-" .. tostring(os.time()),
@@ -112,7 +140,7 @@ async.run(function()
     print("cgroup peak: not found")
   end
   local hist = io.open(dir .. "/work/history.json", "r")
-  print("history:    " .. (hist and hist:read("a") or "(none)"))
+  print("history:    " .. (hist and hist:read("a"):sub(1, 200) or "(none)"))
   if hist then hist:close() end
   if res.exit_status ~= 0 then status = 1 end
 end)

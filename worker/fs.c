@@ -18,7 +18,7 @@
 
 #include "sbxw.h"
 
-#define READ_CHUNK 65536
+#define READ_MIN_ROOM 1   /* reserve at least this much before each read */
 
 static int fail(lua_State *L, const char *msg) {
   lua_pushnil(L);
@@ -55,9 +55,12 @@ static int l_read_file(lua_State *L) {
     sbxw_fd_close(fd);
     return fail(L, "too large");
   }
+  /* The size is known: one buffer of size + 1 (the +1 sees growth). */
+  sbxw_buf_reserve(&b, (size_t)st.st_size + 1);
   for (;;) {
-    char *at = sbxw_buf_reserve(&b, READ_CHUNK);
-    ssize_t n = read(*fd, at, READ_CHUNK);
+    char *at = sbxw_buf_reserve(&b, READ_MIN_ROOM);
+    size_t room = b.cap - b.len;
+    ssize_t n = read(*fd, at, room);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       sbxw_fd_close(fd);
