@@ -251,7 +251,7 @@ describe("driver:run", function()
     assert.equal(1, fake:count("rm"))
   end)
 
-  it("a hanging rm is killed after 5 s and yields the cleanup error (19)", function()
+  it("a hanging rm is killed after 5 s and yields the cleanup error (19) #slow", function()
     fake:set("run.out", '{"ok":true,"text":"Done."}')
     fake:set("rm.sleep", 60)
     local ok, err, ms = run(driver(fake), spec_for(fake))
