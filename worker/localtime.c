@@ -74,16 +74,18 @@ static int convert(const char *path, time_t t, struct tm *out) {
   int rc;
 #ifdef SBXW_MODULE
   const char *old = getenv("TZ");
-  char saved[1024];
-  int had = old != NULL && strlen(old) < sizeof saved;
-  if (had) strcpy(saved, old);
+  char *saved = NULL;
+  if (old != NULL && (saved = strdup(old)) == NULL) return -1;
 #endif
   snprintf(tz, sizeof tz, ":%s", path);
-  if (setenv("TZ", tz, 1) != 0) return -1;
-  tzset();
-  rc = localtime_r(&t, out) == NULL ? -1 : 0;
+  rc = setenv("TZ", tz, 1);
+  if (rc == 0) {
+    tzset();
+    rc = localtime_r(&t, out) == NULL ? -1 : 0;
+  }
 #ifdef SBXW_MODULE
-  if (had) setenv("TZ", saved, 1); else unsetenv("TZ");
+  if (saved != NULL) setenv("TZ", saved, 1); else unsetenv("TZ");
+  free(saved);
   tzset();
 #endif
   return rc;
