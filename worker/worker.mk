@@ -33,7 +33,7 @@ WORKER_STATIC_OBJ := $(patsubst %.c,$(B)/worker/obj/static/%.o,$(WORKER_PRIM_SRC
 WORKER_MODULE_OBJ := $(patsubst %.c,$(B)/worker/obj/module/%.o,$(WORKER_PRIM_SRC))
 WORKER_STATIC_LIBS := -l:liblua5.4-cjson.a -l:liblua5.4.a -lm
 
-.PHONY: worker worker-image-context
+.PHONY: worker worker-gen
 worker: $(B)/worker/sbx-worker $(B)/worker/sbxw.so $(B)/worker/sbx-worker-host \
   $(B)/worker/sbx-worker-probe $(B)/worker/sbxw-test-peer
 all: worker
