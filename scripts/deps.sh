@@ -50,6 +50,7 @@ chk_gcc_asan()   {
 chk_docker_pkg() { have docker && have dockerd; }
 chk_openssl()    { have openssl; }
 chk_cacerts()    { [ -f /etc/ssl/certs/ca-certificates.crt ]; }
+chk_tzdata()     { [ -f /usr/share/zoneinfo/UTC ] && [ -f /usr/share/zoneinfo/Asia/Taipei ]; }
 
 APT_CHECKS=(
   "cc, make (build-essential)|build-essential|chk_build"
@@ -68,6 +69,7 @@ APT_CHECKS=(
   "docker + dockerd|docker.io cgroupfs-mount|chk_docker_pkg"
   "openssl|openssl|chk_openssl"
   "ca-certificates|ca-certificates|chk_cacerts"
+  "tz database (worker image)|tzdata|chk_tzdata"
 )
 
 # Node.js and npm: preinstalled from nodesource on these machines; Debian's

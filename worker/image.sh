@@ -14,11 +14,11 @@
 # pi-roundtable-sandbox.context=<sha256 of the context>; prints the size.
 set -euo pipefail
 B="${1:-build}"
-IMAGE="pi-roundtable-sandbox:local"
+IMAGE="${SBX_IMAGE:-pi-roundtable-sandbox:local}"   # `make image SBX_IMAGE=...` for another tag
 LABEL="pi-roundtable-sandbox.context"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-CTX="$B/image"
+CTX="${SBX_IMAGE_CONTEXT:-$B/image}"   # a writable dir when build/ is not ours
 FS="$CTX/rootfs"
 ZONES=/usr/share/zoneinfo
 
