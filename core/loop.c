@@ -17,17 +17,25 @@
 #define TIMER_MT "sbx.timer"
 #define SIGNAL_MT "sbx.signal"
 
+typedef struct watch_box watch_box_t;
+
 typedef struct {
   union { uv_timer_t timer; uv_signal_t sig; } h;
   lua_State *L;          /* main state, for unref in close */
   int fn_ref;
   int closing;
+  watch_box_t *box;      /* the Lua object, until it is collected */
 } watch_t;
 
-typedef struct { watch_t *w; } watch_box_t;
+/* The Lua object and the watcher point at each other; whichever goes first
+ * clears the other's pointer, so neither ever reaches freed memory (a
+ * one-shot timer frees its watcher when it fires, while the Lua object may
+ * still be stopped later). */
+struct watch_box { watch_t *w; };
 
 static void watch_closed(uv_handle_t *h) {
   watch_t *w = h->data;
+  if (w->box != NULL) w->box->w = NULL;
   free(w);
 }
 
@@ -59,16 +67,10 @@ static void signal_fired(uv_signal_t *s, int signum) {
   sbx__pcall(L, 1);
 }
 
-static watch_t *check_watch(lua_State *L, int idx, const char *mt) {
-  watch_box_t *b = luaL_checkudata(L, idx, mt);
-  return b->w;
-}
-
 static int watch_stop(lua_State *L) {
   watch_box_t *b = lua_touserdata(L, 1);
   luaL_argcheck(L, b != NULL, 1, "watcher expected");
-  if (b->w != NULL && !b->w->closing) watch_close(b->w);
-  b->w = NULL;
+  if (b->w != NULL) watch_close(b->w);   /* b->w stays until the close callback */
   return 0;
 }
 
@@ -94,6 +96,7 @@ static watch_t *new_watch(lua_State *L, int fn_idx) {
 static watch_box_t *new_box(lua_State *L, const char *mt, watch_t *w) {
   watch_box_t *b = lua_newuserdatauv(L, sizeof *b, 0);
   b->w = w;
+  w->box = b;
   luaL_setmetatable(L, mt);
   return b;
 }
@@ -115,7 +118,9 @@ static int l_timer(lua_State *L) {
 
 /* Collected timers keep running (fire-and-forget); only stop() cancels. */
 static int timer_gc(lua_State *L) {
-  (void)L;
+  watch_box_t *b = lua_touserdata(L, 1);
+  if (b->w != NULL) b->w->box = NULL;
+  b->w = NULL;
   return 0;
 }
 
@@ -136,7 +141,10 @@ static int l_on_signal(lua_State *L) {
 
 static int signal_gc(lua_State *L) {
   watch_box_t *b = lua_touserdata(L, 1);
-  if (b->w != NULL) watch_close(b->w);
+  if (b->w != NULL) {
+    b->w->box = NULL;
+    watch_close(b->w);
+  }
   b->w = NULL;
   return 0;
 }
@@ -219,7 +227,6 @@ void sbx__open_loop(lua_State *L) {
     lua_setfield(L, -2, "__gc");
   }
   lua_pop(L, 1);
-  (void)check_watch;
   luaL_setfuncs(L, fns, 0);
   lua_pushinteger(L, SIGINT);
   lua_setfield(L, -2, "SIGINT");

@@ -1,0 +1,79 @@
+-- loop_spec.lua: core.run, core.timer and core.on_signal (core/loop.c) and
+-- the async layer on top (lua/sandbox/async.lua). Run under ASan by make
+-- check, so a watcher reaching freed memory fails here.
+local async = require "sandbox.async"
+local core = require "sandbox.core"
+
+describe("core.timer", function()
+  it("fires once after its delay", function()
+    local fired = 0
+    async.run(function()
+      core.timer(5, function() fired = fired + 1 end)
+      async.sleep(30)
+    end)
+    assert.equal(1, fired)
+  end)
+
+  it("never fires once stopped, and a second stop is harmless", function()
+    local fired = false
+    async.run(function()
+      local t = core.timer(10, function() fired = true end)
+      t:stop()
+      t:stop()
+      async.sleep(30)
+    end)
+    assert.is_false(fired)
+  end)
+
+  it("can be stopped after it fired (its watcher is gone by then)", function()
+    async.run(function()
+      local t = core.timer(1, function() end)
+      async.sleep(20)
+      collectgarbage()
+      t:stop()
+      t:stop()
+    end)
+  end)
+
+  it("keeps running when its Lua object is collected", function()
+    local fired = false
+    async.run(function()
+      core.timer(10, function() fired = true end)
+      collectgarbage(); collectgarbage()
+      async.sleep(40)
+    end)
+    assert.is_true(fired)
+  end)
+end)
+
+describe("core.on_signal", function()
+  it("delivers a signal to the loop until stopped", function()
+    local got = {}
+    async.run(function()
+      local w = core.on_signal(core.SIGTERM, function(n) got[#got + 1] = n end)
+      os.execute("kill -TERM " .. core.getpid())
+      for _ = 1, 100 do if #got > 0 then break end; async.sleep(5) end
+      w:stop()
+      w:stop()
+    end)
+    assert.same({ core.SIGTERM }, got)
+  end)
+end)
+
+describe("async", function()
+  it("run returns the task's results and raises its error", function()
+    assert.same({ 1, 2 }, { async.run(function() async.sleep(1); return 1, 2 end) })
+    assert.has_error(function() async.run(function() error("boom", 0) end) end, "boom")
+  end)
+
+  it("await accepts a synchronous resume and ignores later ones", function()
+    local v = async.run(function()
+      return async.await(function(resume) resume("first"); resume("second") end)
+    end)
+    assert.equal("first", v)
+  end)
+
+  it("refuses a task that waits on nothing instead of hanging", function()
+    assert.has_error(function() async.run(function() async.await(function() end) end) end)
+  end)
+end)
