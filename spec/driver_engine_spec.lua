@@ -34,7 +34,7 @@ local function node_path()
 end
 
 describe("Engine API driver (fake daemon)", function()
-  local dir, sock, node, proc
+  local dir, sock, node, proc, node_exited
 
   setup(function()
     node = node_path()
@@ -46,7 +46,7 @@ describe("Engine API driver (fake daemon)", function()
     write(dir .. "/script.json", "{}")
     proc = core.spawn {
       file = node, args = { "spec/fixtures/fake_docker_api.mjs", sock, dir .. "/script.json", dir .. "/log.jsonl" },
-      env = {}, on_exit = function() end,
+      env = {}, on_exit = function() node_exited = true end,
     }
     async.run(function()
       for _ = 1, 100 do
@@ -58,7 +58,10 @@ describe("Engine API driver (fake daemon)", function()
   end)
 
   teardown(function()
-    if proc then proc:kill(core.SIGKILL) end
+    if proc then
+      proc:kill(core.SIGKILL)
+      while not node_exited do core.run("once") end   -- reaped: the loop ends empty
+    end
     if dir then os.execute("rm -rf '" .. dir .. "'") end
   end)
 
