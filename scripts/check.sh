@@ -288,8 +288,26 @@ show_crash() {
 # The spec files: every *_spec.lua under spec/ except spec/docker/.
 mapfile -t SPECS < <(cd "$SBX_ROOT" && find spec -name '*_spec.lua' -not -path 'spec/docker/*' | LC_ALL=C sort)
 
+# ---- the worker image, once, for every suite that runs real Docker ----------------
+# When the daemon answers and the image builds, the real-Docker cases (opt-in
+# with SANDBOX_DOCKER_TEST=1) run in the busted suite and the docker suite.
+docker_state="unknown"
+if [ "$build_ok" -ne 1 ]; then
+  docker_state="make all failed"
+elif ! timeout 20 docker info >/dev/null 2>&1; then
+  docker_state="the Docker daemon does not answer (make deps starts it)"
+elif ! make --no-print-directory image >"$LOGS/image.log" 2>&1; then
+  docker_state="make image failed (build/check-logs/image.log)"
+  show_tail "$LOGS/image.log" 40
+else
+  docker_state="ok"
+  if [ "$WORK" != "$SBX_ROOT" ]; then make_copy || true; fi  # pick up the image build's outputs
+fi
+DOCKER_ENV=()
+[ "$docker_state" = ok ] && DOCKER_ENV=("SANDBOX_DOCKER_TEST=1")
+
 # ---- suite: busted --------------------------------------------------------------
-BUSTED_ENV=()
+BUSTED_ENV=(${DOCKER_ENV[@]+"${DOCKER_ENV[@]}"})
 if [ "$runner_ok" -ne 1 ]; then
   record busted 0 1 0 "could not run: no user to run the specs as"
 elif [ "$build_ok" -ne 1 ]; then
@@ -300,6 +318,7 @@ else
   say check "suite busted: ${#SPECS[@]} spec files against build/"
   run_busted busted "$LOGS/busted.log" --cpath='build/lua/?.so' "${SPECS[@]}"
 fi
+BUSTED_ENV=()
 
 # ---- suite: busted-asan ---------------------------------------------------------
 if skipped_by_knob asan; then
@@ -346,25 +365,20 @@ fi
 
 # ---- hook: suite docker (spec/docker/*_spec.lua, real Docker) --------------------
 # Runs only when such specs exist. As root they run as $SBX_USER, which is in
-# the `docker` group (make deps). `make image` runs first (a no-op until the
-# Makefile gives it a recipe).
+# the `docker` group (make deps). The image was built above (docker_state).
 shopt -s nullglob
 DOCKER_SPECS=(spec/docker/*_spec.lua)
 shopt -u nullglob
 if [ ${#DOCKER_SPECS[@]} -gt 0 ]; then
   if [ "$runner_ok" -ne 1 ]; then
     record docker 0 1 0 "could not run: no user to run the specs as"
-  elif [ "$build_ok" -ne 1 ]; then
-    record docker 0 1 0 "could not run: make all failed"
-  elif ! timeout 20 docker info >/dev/null 2>&1; then
-    record docker 0 1 0 "could not run: the Docker daemon does not answer (make deps starts it)"
-  elif ! make --no-print-directory image >"$LOGS/image.log" 2>&1; then
-    record docker 0 1 0 "could not run: make image failed (build/check-logs/image.log)"
-    show_tail "$LOGS/image.log" 40
+  elif [ "$docker_state" != ok ]; then
+    record docker 0 1 0 "could not run: $docker_state"
   else
-    if [ "$WORK" != "$SBX_ROOT" ]; then make_copy || true; fi  # pick up the image build's outputs
     say check "suite docker: ${#DOCKER_SPECS[@]} spec files against real Docker"
+    BUSTED_ENV=("${DOCKER_ENV[@]}")
     run_busted docker "$LOGS/docker.log" --cpath='build/lua/?.so' "${DOCKER_SPECS[@]}"
+    BUSTED_ENV=()
   fi
 fi
 
