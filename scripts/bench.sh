@@ -1,11 +1,25 @@
 #!/usr/bin/env bash
 # scripts/bench.sh: runs every benchmark and prints its figures; `make bench`.
 # Results are recorded by hand in bench/results.md with the machine and date.
+# The Docker benchmarks run as the sbx service account (the engine refuses
+# root); BENCH_DOCKER=0 leaves them out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make --no-print-directory all bench-bins >/dev/null
+as_sbx() {
+  if [ "$(id -u)" -eq 0 ]; then runuser -u sbx -- "$@"; else "$@"; fi
+}
 echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(date -u +%F)"
 echo "== reflection filter vs memmem (bench/reflect_bench.c)"
 build/bench/reflect_bench
 echo "== broker round trip vs bare echo (bench/broker_bench.lua)"
 build/sbx lua bench/broker_bench.lua "${BENCH_CALLS:-5000}"
+if [ "${BENCH_DOCKER:-1}" = 1 ]; then
+  make --no-print-directory image >/dev/null
+  echo "== sealed turn vs bare docker run --rm, host RSS (bench/turn_bench.lua)"
+  as_sbx build/sbx lua bench/turn_bench.lua "${BENCH_TURNS:-20}"
+  echo "== container drivers: CLI vs Engine API (bench/turn_overhead.lua)"
+  as_sbx lua5.4 bench/turn_overhead.lua "${BENCH_TURNS:-20}"
+  echo "== worker peak memory (bench/worker_rss.lua)"
+  as_sbx build/sbx lua bench/worker_rss.lua
+fi
