@@ -110,8 +110,16 @@ function W.turn_fields(over)
 end
 
 function W.turn(over)
-  return W.encode(W.obj({ "text", "speaker", "model", "prompt", "timeZone", "reset", "tools", "mcp" },
-    W.turn_fields(over)))
+  local names = { "text", "speaker", "model", "prompt", "timeZone", "reset", "tools", "mcp" }
+  local known = {}
+  for _, n in ipairs(names) do known[n] = true end
+  local extra = {}
+  for k in pairs(over or {}) do
+    if not known[k] then extra[#extra + 1] = k end
+  end
+  table.sort(extra)
+  for _, k in ipairs(extra) do names[#names + 1] = k end
+  return W.encode(W.obj(names, W.turn_fields(over)))
 end
 
 -- A Chat Completions response with a final text (content may be W.null()).
@@ -210,6 +218,133 @@ function W.socket_broker(path, statuses, bodies)
     if statuses then statuses[#statuses + 1] = tonumber(code) end
     return client.interpret(tonumber(code), payload)
   end
+end
+
+---------------------------------------------------------------- processes
+
+local CWD = sh("pwd")
+
+-- Runs worker.main() in a child Lua process with stdin_bytes on stdin.
+-- opts.workspace (required), opts.socket (sbxw.set_socket target).
+-- -> stdout bytes, stderr bytes, exit status.
+function W.run_main(stdin_bytes, opts)
+  local dir = W.tmpdir()
+  W.write(dir .. "/stdin", stdin_bytes)
+  W.write(dir .. "/main.lua", string.format([[
+package.path = %q .. package.path
+package.cpath = %q .. package.cpath
+local sbxw = require "sbxw"
+%s
+local worker = require "worker"
+worker.defaults.workspace = %q
+local emit, status = sbxw.emit, 99
+sbxw.emit = function(bytes, code) status = code; return emit(bytes, code) end
+worker.main()
+os.exit(status)
+]], CWD .. "/worker/lua/?.lua;", CWD .. "/build/worker/?.so;",
+    opts.socket and string.format("sbxw.set_socket(%q)", opts.socket) or "", opts.workspace))
+  local rc = sh(string.format("cd '%s' && lua5.4 main.lua < stdin > stdout 2> stderr; echo $?", dir))
+  local out, err = W.read(dir .. "/stdout"), W.read(dir .. "/stderr")
+  W.rmdir(dir)
+  return out, err, tonumber(rc)
+end
+
+local FAKE_SOCKET = [[
+import socket, sys, os
+path, resp_dir, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind(path)
+srv.listen(8)
+print(os.getpid(), flush=True)
+for i in range(n):
+    c, _ = srv.accept()
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = c.recv(65536)
+        if not chunk: break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length": length = int(value.strip())
+    while len(body) < length:
+        chunk = c.recv(65536)
+        if not chunk: break
+        body += chunk
+    with open(os.path.join(resp_dir, "req_%d" % i), "wb") as f: f.write(head + b"\r\n\r\n" + body)
+    with open(os.path.join(resp_dir, "resp_%d" % i), "rb") as f: c.sendall(f.read())
+    c.close()
+]]
+
+-- A fake broker process on a Unix socket that answers the raw responses in
+-- order (one per connection) and records each raw request.
+-- -> {path=, requests=function() -> list of raw requests, stop=function()}
+function W.fake_socket(responses)
+  local dir = W.tmpdir()
+  W.write(dir .. "/fake.py", FAKE_SOCKET)
+  for i, r in ipairs(responses) do W.write(dir .. "/resp_" .. (i - 1), r) end
+  local path = dir .. "/broker.sock"
+  local pipe = assert(io.popen(string.format("exec python3 '%s/fake.py' '%s' '%s' %d",
+    dir, path, dir, #responses), "r"))
+  local pid = tonumber(pipe:read("l"))
+  assert(pid, "fake socket did not start")
+  local f = {}
+  f.path = path
+  function f.requests()
+    local out = {}
+    for i = 0, #responses - 1 do out[#out + 1] = W.read(dir .. "/req_" .. i) end
+    return out
+  end
+  function f.stop()
+    if not pipe then return end
+    os.execute("kill " .. pid .. " 2>/dev/null")
+    pipe:close()
+    pipe = nil
+    W.rmdir(dir)
+  end
+  return f
+end
+
+-- A real broker (lua/sandbox) in a child process with host tool `echo`
+-- answering "pong"; opts.model_url points /model at a fake upstream.
+-- -> {path=, stop=function()}
+function W.broker_process(opts)
+  opts = opts or {}
+  local dir = W.tmpdir()
+  os.execute("chmod 700 '" .. dir .. "'")
+  local path = dir .. "/broker.sock"
+  W.write(dir .. "/broker.lua", string.format([[
+package.path = %q .. package.path
+package.cpath = %q .. package.cpath
+local sandbox = require "sandbox"
+local core = require "sandbox.core"
+local b = sandbox.broker {
+  model = "test-model", modelUrl = %q, allowHttp = true,
+  apiKey = function() return "real-model-key" end,
+  channel = "fake:guests", speaker = { id = "guest-a", name = "Guest", principalId = "p-guest-a" },
+  tools = { { name = "echo", description = "d", parameters = { type = "object" },
+              run = function() return "pong" end } },
+}
+assert(b:start(%q))
+io.stdout:write(core.getpid(), "\n")
+io.stdout:flush()
+core.run()
+]], CWD .. "/lua/?.lua;" .. CWD .. "/lua/?/init.lua;", CWD .. "/build/lua/?.so;",
+    opts.model_url or "http://127.0.0.1:9/v1/chat/completions", path))
+  local pipe = assert(io.popen("exec lua5.4 '" .. dir .. "/broker.lua'", "r"))
+  local pid = tonumber(pipe:read("l"))
+  assert(pid, "broker process did not start")
+  return {
+    path = path,
+    stop = function()
+      if not pipe then return end
+      os.execute("kill " .. pid .. " 2>/dev/null")
+      pipe:close()
+      pipe = nil
+      W.rmdir(dir)
+    end,
+  }
 end
 
 return W

@@ -40,8 +40,12 @@ local function must(value, err)
   return value
 end
 
+-- Defaults of the seams main() uses (a host spec running main() in a child
+-- process points workspace elsewhere).
+M.defaults = { workspace = "/workspace" }
+
 local function run(bytes, seams)
-  local workspace = seams.workspace or "/workspace"
+  local workspace = seams.workspace or M.defaults.workspace
   local clock = seams.clock or sbxw.now
   local call = broker_client.caller(seams.broker or broker_client.request)
 

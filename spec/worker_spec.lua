@@ -1,0 +1,480 @@
+-- worker_spec.lua: the sealed worker's Lua (worker/lua/) on the host, through
+-- the turn entry's seams, against the real primitive module
+-- build/worker/sbxw.so. Items refer to spec/worker.md section 9
+-- ("Behaviours the specs must cover") and, for the runs against a real
+-- broker, to spec/broker.md items 75-78.
+local W = require "worker_harness"
+
+if not W.available() then
+  describe("sealed worker", function()
+    pending("build/worker/sbxw.so is not built (run make)")
+  end)
+  return
+end
+
+local sbxw = W.sbxw()
+local codec = W.codec()
+local worker = W.worker()
+local text = require "text"
+local memory = require "memory"
+local agent = require "agent"
+local budget = require "budget"
+
+local REFUSAL = "Tool call refused or failed."
+local FAILED = { ok = false, text = "The sandbox worker failed." }
+local LIMIT = { ok = false, text = "The sandbox turn reached its model-call limit." }
+
+local dirs = {}
+local function workspace()
+  local dir = W.tmpdir()
+  dirs[#dirs + 1] = dir
+  return dir
+end
+
+after_each(function()
+  for _, dir in ipairs(dirs) do W.rmdir(dir) end
+  dirs = {}
+end)
+
+-- Runs one turn: opts.turn (turn overrides), opts.script (W.scripted),
+-- opts.dir, opts.clock. -> {reply, status, err, log, dir}
+local function turn(opts)
+  opts = opts or {}
+  local dir = opts.dir or workspace()
+  local broker, log = W.scripted(opts.script or {})
+  local reply, status, err = worker.run_turn(W.turn(opts.turn),
+    { workspace = dir, broker = broker, clock = opts.clock })
+  return { reply = reply, status = status, err = err, log = log, dir = dir }
+end
+
+local function models(r) return W.model_requests(r.log) end
+
+-- The messages of the n-th model request.
+local function messages(r, n) return models(r)[n or 1].messages end
+
+local function tool_messages(msgs)
+  local out = {}
+  for _, m in ipairs(msgs) do
+    if m.role == "tool" then out[#out + 1] = m end
+  end
+  return out
+end
+
+local function last_assistant(msgs)
+  for i = #msgs, 1, -1 do
+    if msgs[i].role == "assistant" and msgs[i].tool_calls then return msgs[i] end
+  end
+end
+
+local function args(t) return W.encode(t) end
+
+local function set_args(scope, key, value, extra)
+  local names, values = { "scope", "key", "text" }, { scope = scope, key = key, text = value }
+  for k, v in pairs(extra or {}) do names[#names + 1] = k; values[k] = v end
+  return W.encode(W.obj(names, values))
+end
+
+local function store_call(store, name, a, speaker)
+  return store:run(name, a, speaker or "alice")
+end
+
+---------------------------------------------------------------- contract
+
+describe("contract", function()
+  it("prints exactly {\"ok\":true,\"text\":...} without a newline and exits 0 (item 2)", function()
+    local fake = W.fake_socket({
+      "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: " .. #W.chat(" Hi\n")
+        .. "\r\nconnection: close\r\n\r\n" .. W.chat(" Hi\n"),
+    })
+    finally(fake.stop)
+    local out, err, rc = W.run_main(W.turn(), { workspace = workspace(), socket = fake.path })
+    fake.stop()
+    assert.equal('{"ok":true,"text":"Hi"}', out)
+    assert.equal("", err)
+    assert.equal(0, rc)
+    local reply, status = worker.run_turn(W.turn(), { workspace = workspace(), broker = (W.scripted {}) })
+    assert.same({ ok = true, text = "done" }, reply)
+    assert.equal(0, status)
+    assert.equal('{"ok":true,"text":"done"}', worker.encode_reply(reply))
+  end)
+
+  it("refuses invalid stdin with the failed reply and exit 1 (item 3)", function()
+    local deep = string.rep("[", 65) .. string.rep("]", 65)
+    local big = W.turn { text = string.rep("a", 262144) }
+    local cases = {
+      big, "\xff" .. W.turn(), W.turn():sub(1, -2), '{"text":' .. deep .. "}",
+      W.turn { reset = W.null() }, W.turn { tools = W.arr { W.tool_spec("Bad-Name") } },
+      W.turn { timeZone = "Mars/Olympus" }, W.turn { timeZone = "../etc/passwd" }, "",
+      W.turn { speaker = W.NONE }, W.turn { tools = W.arr { W.tool_spec("clock"), W.tool_spec("clock") } },
+      W.turn { mcp = W.arr { W.obj({ "server", "tools" }, { server = "catalog",
+        tools = W.arr { W.tool_spec("search"), W.tool_spec("search") } }) } },
+      W.turn { tools = W.NONE }, W.turn { text = 5 }, "[]",
+    }
+    for i, bytes in ipairs(cases) do
+      local reply, status, err = worker.run_turn(bytes, { workspace = workspace(), broker = (W.scripted {}) })
+      assert.same(FAILED, reply, "case " .. i)
+      assert.equal(1, status)
+      assert.equal("invalid turn", err, "case " .. i)
+    end
+    -- The depth rule is the decoder's: 64 levels are fine.
+    local ok64 = W.turn():sub(1, -2) .. ',"extra":' .. string.rep("[", 63) .. string.rep("]", 63) .. "}"
+    local reply = worker.run_turn(ok64, { workspace = workspace(), broker = (W.scripted {}) })
+    assert.is_true(reply.ok)
+    -- Through main(): a turn over 256 KiB and a missing zone.
+    for _, bytes in ipairs { big, W.turn { timeZone = "Nowhere/Zone" } } do
+      local out, err, rc = W.run_main(bytes, { workspace = workspace() })
+      assert.equal('{"ok":false,"text":"The sandbox worker failed."}', out)
+      assert.equal("", err)
+      assert.equal(1, rc)
+    end
+  end)
+
+  it("answers every internal failure with the generic reply and an empty stderr (item 4)", function()
+    local r = turn { script = { model = { { 502, '{"error":"upstream"}' } } } }
+    assert.same(FAILED, r.reply)
+    assert.equal("broker refused", r.err)
+    r = turn { script = { model = { "not json" } } }
+    assert.equal("broker returned no JSON", r.err)
+    r = turn { script = { model = { '{"choices":[]}' } } }
+    assert.equal("invalid model response", r.err)
+    assert.same(FAILED, r.reply)
+    r = turn { script = { model = { function() error("boom") end } } }
+    assert.same(FAILED, r.reply)
+    assert.equal(1, r.status)
+    -- main() with a broker that cannot be reached: the same bytes, nothing on stderr.
+    local out, err, rc = W.run_main(W.turn(), { workspace = workspace(), socket = "/nonexistent/broker.sock" })
+    assert.equal('{"ok":false,"text":"The sandbox worker failed."}', out)
+    assert.equal("", err)
+    assert.equal(1, rc)
+  end)
+
+  it("ends twelve tool-calling replies with the limit reply, exit 0 and no history (item 5)", function()
+    local replies = {}
+    for i = 1, 13 do
+      replies[i] = W.calls { { id = "c" .. i, name = "memory_get", arguments = '{"scope":"speaker"}' } }
+    end
+    local r = turn { script = { model = replies } }
+    assert.same(LIMIT, r.reply)
+    assert.equal(0, r.status)
+    assert.equal(12, #models(r))
+    assert.is_nil(W.read(r.dir .. "/history.json"))
+  end)
+
+  it("sends only the speaker's id and name, never extra turn members (item 6)", function()
+    local speaker = W.obj({ "id", "name", "principalId" }, { id = "alice", name = "Alice", principalId = "p-secret" })
+    local r = turn { turn = { speaker = speaker, apiKey = "real-model-key", url = "https://models.example/" } }
+    assert.is_true(r.reply.ok)
+    local body = r.log[1].body
+    assert.is_nil(body:find("p-secret", 1, true))
+    assert.is_nil(body:find("real-model-key", 1, true))
+    assert.is_nil(body:find("models.example", 1, true))
+    assert.equal('{"speaker":{"id":"alice","name":"Alice"},"message":"hello"}', messages(r)[2].content)
+  end)
+end)
+
+---------------------------------------------------------------- broker client
+
+describe("broker client", function()
+  local client = require "broker_client"
+
+  local function response(status, body, headers)
+    return "HTTP/1.1 " .. status .. " X\r\n" .. (headers or ("content-length: " .. #body .. "\r\n"))
+      .. "connection: close\r\n\r\n" .. body
+  end
+
+  it("sends exactly host, content-type, content-length and the dummy bearer (item 7)", function()
+    local fake = W.fake_socket { response(200, '{"ok":1}') }
+    finally(fake.stop)
+    sbxw.set_socket(fake.path)
+    local status, body = client.request("/model", '{"messages":[]}')
+    local raw = fake.requests()[1]
+    fake.stop()
+    assert.equal(200, status)
+    assert.same({ ok = 1 }, { ok = body.ok })
+    local head, sent = raw:match("^(.-)\r\n\r\n(.*)$")
+    local lines = {}
+    for line in (head .. "\r\n"):gmatch("(.-)\r\n") do lines[#lines + 1] = line end
+    assert.equal("POST /model HTTP/1.1", lines[1])
+    local names, values = {}, {}
+    for i = 2, #lines do
+      local n, v = lines[i]:match("^([^:]+):%s*(.-)%s*$")
+      names[#names + 1] = n:lower()
+      values[n:lower()] = v
+    end
+    assert.same({ "host", "content-type", "content-length", "authorization" }, names)
+    assert.equal("broker", values.host)
+    assert.equal("application/json", values["content-type"])
+    assert.equal(tostring(#'{"messages":[]}'), values["content-length"])
+    assert.equal("Bearer sandbox-dummy-key", values.authorization)
+    assert.is_nil(values.connection)
+    assert.equal('{"messages":[]}', sent)
+  end)
+
+  it("gets 200 from a real broker listener (item 8)", function()
+    local b = W.broker_process()
+    finally(b.stop)
+    sbxw.set_socket(b.path)
+    local status, body = sbxw.broker_request("/tools/echo", "{}")
+    local status2, value = client.request("/tools/echo", '{"x":1}')
+    b.stop()
+    assert.equal(200, status)
+    assert.equal('{"text":"pong"}', body)
+    assert.equal(200, status2)
+    assert.equal("pong", value.text)
+  end)
+
+  it("turns a non-200 answer into its status and {\"error\":\"broker refused\"} (item 9)", function()
+    local fake = W.fake_socket {
+      response(429, '{"error":"budget spent","detail":"secret"}'),
+      response(403, "forbidden header"),
+    }
+    finally(fake.stop)
+    sbxw.set_socket(fake.path)
+    local s1, b1 = client.request("/model", "{}")
+    local s2, b2 = client.request("/model", "{}")
+    fake.stop()
+    assert.equal(429, s1)
+    assert.equal('{"error":"broker refused"}', W.encode(b1))
+    assert.equal(403, s2)
+    assert.equal('{"error":"broker refused"}', W.encode(b2))
+  end)
+
+  it("aborts a body over 1 MiB and refuses a non-JSON 200 (item 10)", function()
+    local mib = '"' .. string.rep("a", 1048576) .. '"'
+    local chunked = "5\r\n{\"a\":\r\n2\r\n1}\r\n0\r\n\r\n"
+    local fake = W.fake_socket {
+      response(200, mib),
+      response(200, "not json"),
+      response(200, '"' .. string.rep("a", 1048574) .. '"'),
+      response(200, chunked, "transfer-encoding: chunked\r\n"),
+      "HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n[1,2]",
+    }
+    finally(fake.stop)
+    sbxw.set_socket(fake.path)
+    local results = {}
+    for i = 1, 5 do results[i] = table.pack(client.request("/model", "{}")) end
+    fake.stop()
+    assert.same({ nil, "broker response too large" }, { results[1][1], results[1][2] })
+    assert.same({ nil, "broker returned no JSON" }, { results[2][1], results[2][2] })
+    assert.equal(200, results[3][1])
+    assert.equal(1048574, #results[3][2])
+    assert.equal(200, results[4][1])
+    assert.equal(1, results[4][2].a)
+    assert.equal(200, results[5][1])
+    assert.equal(2, #results[5][2])
+  end)
+end)
+
+---------------------------------------------------------------- loop
+
+local function catalog(tools)
+  return W.arr { W.obj({ "server", "tools" }, { server = "catalog", tools = W.arr(tools) }) }
+end
+
+describe("loop, registry and normalization", function()
+  it("lists invalid_tool, the memory tools, host_<name> and mcp_<i>_<tool> in order (item 11)", function()
+    local extra = W.obj({ "name", "description", "parameters", "run" }, {
+      name = "clock", description = "Tells the time.",
+      parameters = W.obj({ "type", "properties" }, { type = "object", properties = W.obj({}, {}) }), run = "x",
+    })
+    local r = turn { turn = {
+      tools = W.arr { extra, W.tool_spec("weather") },
+      mcp = W.arr { W.obj({ "server", "tools" }, { server = "catalog", tools = W.arr { W.tool_spec("search"), W.tool_spec("lookup") } }),
+                    W.obj({ "server", "tools" }, { server = "docs", tools = W.arr { W.tool_spec("search") } }) },
+    } }
+    local tools = models(r)[1].tools
+    local names = {}
+    for i, t in ipairs(tools) do
+      assert.equal("function", t.type)
+      names[i] = t["function"].name
+    end
+    assert.same({ "invalid_tool", "memory_set", "memory_get", "memory_remove", "host_clock", "host_weather",
+                  "mcp_0_search", "mcp_0_lookup", "mcp_1_search" }, names)
+    assert.truthy(r.log[1].body:find(
+      '{"type":"function","function":{"name":"host_clock","description":"Tells the time.",'
+      .. '"parameters":{"type":"object","properties":{}}}}', 1, true))
+    assert.truthy(r.log[1].body:find('"name":"invalid_tool","description":"[^"]*","parameters":'
+      .. '{"type":"object","properties":{},"additionalProperties":false}}'))
+  end)
+
+  it("routes host_clock and an untyped mcp_0_search to /tools/clock and /mcp/catalog (item 12)", function()
+    local search = W.obj({ "id", "function" }, { id = "s1",
+      ["function"] = W.obj({ "name", "arguments" }, { name = "mcp_0_search", arguments = '{"query":"tea","n":2}' }) })
+    local rpc = '{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"Tea"}]}}'
+    local r = turn {
+      turn = { tools = W.arr { W.tool_spec("clock") }, mcp = catalog { W.tool_spec("search") } },
+      script = {
+        model = { W.calls { { id = "c1", type = "function", name = "host_clock", arguments = '{"zone":"UTC"}' },
+                            { raw = search } }, W.chat("It is noon.") },
+        tools = { clock = function() return 200, '{ "text" : "12:00" }' end },
+        mcp = { catalog = function() return 200, rpc end },
+      },
+    }
+    assert.same({ ok = true, text = "It is noon." }, r.reply)
+    assert.same({ "/model", "/tools/clock", "/mcp/catalog", "/model" }, W.routes(r.log))
+    assert.equal('{"zone":"UTC"}', r.log[2].body)
+    assert.equal('{"method":"tools/call","params":{"name":"search","arguments":{"query":"tea","n":2}}}', r.log[3].body)
+    local msgs = messages(r, 2)
+    local replay = last_assistant(msgs).tool_calls
+    assert.equal('{"id":"s1","type":"function","function":{"name":"mcp_0_search","arguments":"{\\"query\\":\\"tea\\",\\"n\\":2}"}}',
+      W.encode(replay[2]))
+    local tm = tool_messages(msgs)
+    assert.equal('{"text":"12:00"}', tm[1].content)
+    assert.equal("c1", tm[1].tool_call_id)
+    assert.equal(rpc, tm[2].content)
+    assert.equal("s1", tm[2].tool_call_id)
+  end)
+
+  it("replays bash and Memory-Get as invalid_tool with the refusal text (item 13)", function()
+    local r = turn { script = { model = {
+      W.calls { { id = "a", name = "bash", arguments = '{"cmd":"id"}' },
+                { id = "b", name = "Memory-Get", arguments = '{"scope":"speaker"}' },
+                { id = "c", name = "invalid_tool", arguments = "{}" },
+                { id = "d", arguments = "{}" } },
+    } } }
+    assert.is_true(r.reply.ok)
+    local msgs = messages(r, 2)
+    for _, call in ipairs(last_assistant(msgs).tool_calls) do
+      assert.equal("invalid_tool", call["function"].name)
+    end
+    for _, m in ipairs(tool_messages(msgs)) do assert.equal(REFUSAL, m.content) end
+    assert.equal(4, #tool_messages(msgs))
+    assert.same({ "/model", "/model" }, W.routes(r.log))
+  end)
+
+  it("renames a repeated call_0_1 to call_0_1_1 and pairs each reply in order (item 14)", function()
+    local get = '{"scope":"speaker"}'
+    local r = turn { script = { model = {
+      W.calls { { id = "call_0_1", name = "memory_set", arguments = set_args("speaker", "a", "A") },
+                { id = "call_0_1", name = "memory_get", arguments = get },
+                { id = "call_0_1_1", name = "memory_get", arguments = '{"scope":"channel"}' },
+                { id = "call_1_0", name = "memory_get", arguments = get },
+                { id = "call_1_0_1", name = "memory_get", arguments = get } },
+      W.calls { { id = "call_0_1", name = "memory_get", arguments = '{"scope":"speaker","key":"a"}' } },
+    } } }
+    assert.is_true(r.reply.ok)
+    local msgs = messages(r, 3)
+    local ids, tids = {}, {}
+    for _, m in ipairs(msgs) do
+      for _, c in ipairs(m.tool_calls or {}) do ids[#ids + 1] = c.id end
+      if m.role == "tool" then tids[#tids + 1] = m.tool_call_id end
+    end
+    assert.same({ "call_0_1", "call_0_1_1", "call_0_2", "call_1_0", "call_1_0_1", "call_1_0_2" }, ids)
+    assert.same(ids, tids)
+    local tm = tool_messages(msgs)
+    assert.equal("Saved.", tm[1].content)
+    assert.equal('[{"key":"a","text":"A"}]', tm[2].content)
+    assert.equal("[]", tm[3].content)
+    assert.equal('[{"key":"a","text":"A"}]', tm[6].content)
+  end)
+
+  it("replaces a 200-character or empty id with call_<step>_<index> (item 15)", function()
+    local cjk128 = string.rep("\u{4e2d}", 128)
+    local r = turn { script = { model = {
+      W.calls { { id = string.rep("x", 200), name = "memory_get", arguments = '{"scope":"speaker"}' },
+                { id = "", name = "memory_get", arguments = '{"scope":"speaker"}' },
+                { name = "memory_get", arguments = '{"scope":"speaker"}' },
+                { id = cjk128, name = "memory_get", arguments = '{"scope":"speaker"}' },
+                { id = cjk128 .. "a", name = "memory_get", arguments = '{"scope":"speaker"}' },
+                { raw = W.obj({ "id", "function" }, { id = 5, ["function"] = W.obj({ "name", "arguments" },
+                  { name = "memory_get", arguments = '{"scope":"speaker"}' }) }) } },
+    } } }
+    local ids = {}
+    for _, c in ipairs(last_assistant(messages(r, 2)).tool_calls) do ids[#ids + 1] = c.id end
+    assert.same({ "call_0_0", "call_0_1", "call_0_2", cjk128, "call_0_4", "call_0_5" }, ids)
+  end)
+
+  it("replays arguments over 2 KiB as the placeholder but runs them in full (item 16)", function()
+    local long = string.rep("b", 2000)
+    local a = set_args("speaker", "long", long)
+    assert.is_true(text.measure(a) > 2048)
+    local base = set_args("speaker", "k", "")
+    local quotes = select(2, base:gsub('"', ""))
+    local exact = set_args("speaker", "k", string.rep("c", 2048 - 2 - quotes - #base))
+    assert.equal(2048, text.measure(exact))
+    assert.is_true(text.measure(exact) <= 2048)
+    local r = turn { script = { model = {
+      W.calls { { id = "a", name = "memory_set", arguments = a }, { id = "b", name = "memory_set", arguments = exact } },
+    } } }
+    local calls = last_assistant(messages(r, 2)).tool_calls
+    assert.equal('{"omitted":"Invalid or large arguments omitted from context."}', calls[1]["function"].arguments)
+    assert.equal(exact, calls[2]["function"].arguments)
+    assert.equal("Saved.", tool_messages(messages(r, 2))[1].content)
+    local stored = W.decode(W.read(r.dir .. "/memory.json"))
+    assert.equal(long, stored[1].text)
+  end)
+
+  it("refuses bad arguments and tool-route refusals and keeps looping (item 17)", function()
+    local r = turn {
+      turn = { tools = W.arr { W.tool_spec("clock"), W.tool_spec("down") }, mcp = catalog { W.tool_spec("search") } },
+      script = {
+        model = {
+          W.calls { { id = "a", name = "memory_get", arguments = "[1]" },
+                    { id = "b", name = "memory_get", arguments = "{bad" },
+                    { id = "c", name = "memory_get", arguments = W.obj({ "scope" }, { scope = "speaker" }) },
+                    { id = "d", name = "host_clock", arguments = "{}" },
+                    { id = "e", name = "mcp_0_search", arguments = '{"q":1}' },
+                    { id = "f", name = "host_down", arguments = "{}" },
+                    { id = "g", name = "memory_get", arguments = '"x"' },
+                    { id = "h", name = "memory_get" } },
+          W.chat("Still here."),
+        },
+        tools = { clock = function() return 429, '{"error":"budget"}' end },
+        mcp = { catalog = function() return 403, "forbidden" end },
+      },
+    }
+    assert.same({ ok = true, text = "Still here." }, r.reply)
+    local tm = tool_messages(messages(r, 2))
+    assert.equal(8, #tm)
+    for _, m in ipairs(tm) do assert.equal(REFUSAL, m.content) end
+    local calls = last_assistant(messages(r, 2)).tool_calls
+    assert.equal('{"omitted":"Invalid or large arguments omitted from context."}', calls[3]["function"].arguments)
+    assert.equal("{bad", calls[2]["function"].arguments)
+  end)
+
+  it("fails on more than eight calls in one reply before any runs (item 18)", function()
+    local list = {}
+    for i = 1, 9 do list[i] = { id = "c" .. i, name = "memory_set", arguments = set_args("speaker", "k" .. i, "v") } end
+    local r = turn { script = { model = { W.calls(list) } } }
+    assert.same(FAILED, r.reply)
+    assert.equal("too many tool calls", r.err)
+    assert.equal(1, #r.log)
+    assert.is_nil(W.read(r.dir .. "/memory.json"))
+    list[9] = nil
+    r = turn { script = { model = { W.calls(list) } } }
+    assert.is_true(r.reply.ok)
+    assert.equal(8, #W.decode(W.read(r.dir .. "/memory.json")))
+  end)
+
+  it("fails a reply with content null and no tool calls (item 19)", function()
+    for _, body in ipairs {
+      W.chat(W.null()), W.chat(" \t\u{3000}"), W.chat(5),
+      '{"choices":[{"message":{"role":"assistant"}}]}',
+      '{"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[]}}]}',
+    } do
+      local r = turn { script = { model = { body } } }
+      assert.same(FAILED, r.reply)
+      assert.equal("model returned no final text", r.err)
+    end
+    for _, body in ipairs { "[]", '{"choices":{}}', '{"choices":[{"message":"x"}]}', '{"choices":[1]}' } do
+      assert.equal("invalid model response", turn { script = { model = { body } } }.err)
+    end
+  end)
+
+  it("trims the final text and returns it whole up to 100,000 characters (item 20)", function()
+    local r = turn { script = { model = { W.chat("\u{3000}\u{FEFF} Answer \u{2028}\n\u{A0}") } } }
+    assert.same({ ok = true, text = "Answer" }, r.reply)
+    local whole = string.rep("\u{4e2d}", 99998)
+    r = turn { script = { model = { W.chat(" " .. whole .. " ") } } }
+    assert.is_true(r.reply.ok)
+    assert.equal(whole, r.reply.text)
+    r = turn { script = { model = { W.chat(string.rep("a", 100001)) } } }
+    assert.equal("model returned no final text", r.err)
+    -- A message with both text and calls takes the tool path; its text is bounded to 4 KiB.
+    r = turn { script = { model = { W.calls({ { id = "a", name = "memory_get", arguments = '{"scope":"speaker"}' } },
+      string.rep("z", 5000)) } } }
+    local content = last_assistant(messages(r, 2)).content
+    assert.is_true(text.measure(content) <= 4096)
+    assert.equal(text.MARKER, content:sub(-#text.MARKER))
+  end)
+end)
