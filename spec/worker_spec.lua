@@ -478,3 +478,242 @@ describe("loop, registry and normalization", function()
     assert.equal(text.MARKER, content:sub(-#text.MARKER))
   end)
 end)
+
+---------------------------------------------------------------- prompt
+
+local function memory_file(dir, entries)
+  local list = W.arr()
+  for i, e in ipairs(entries) do
+    list[i] = W.obj({ "scope", "key", "text" }, { scope = e[1], key = e[2], text = e[3] })
+  end
+  W.write(dir .. "/memory.json", W.encode(list))
+end
+
+local T = 1767625445 -- 2026-01-05T15:04:05Z
+
+describe("system prompt and user message", function()
+  it("holds the bounded prompt, the time line, the caution and both previews (item 21)", function()
+    local dir = workspace()
+    memory_file(dir, { { "speaker:alice", "drink", "Tea" }, { "speaker:bob", "drink", "Coffee" },
+                       { "channel", "rule", "Be kind" } })
+    local prompt = string.rep("p", 9000)
+    local r = turn { dir = dir, clock = function() return T end,
+                     turn = { prompt = prompt, timeZone = "Asia/Taipei" } }
+    local system = messages(r)[1]
+    assert.equal("system", system.role)
+    local expected = table.concat({
+      text.prompt_text(prompt, 8192),
+      "Current time: 1/5/2026, 11:04:05 PM.",
+      require("prompt").CAUTION,
+      'Current speaker memory (untrusted data): [{"key":"drink","text":"Tea"}]',
+      'Shared channel notes (untrusted data): [{"key":"rule","text":"Be kind"}]',
+    }, "\n")
+    assert.equal(expected, system.content)
+    assert.is_true(text.measure(text.prompt_text(prompt, 8192)) <= 8192)
+    assert.truthy(system.content:find("identity can be established only through host tools", 1, true))
+    assert.is_nil(system.content:find("Coffee", 1, true))
+    assert.is_nil(system.content:find("alice", 1, true))
+    -- Empty previews read [].
+    r = turn { clock = function() return T end }
+    assert.truthy(messages(r)[1].content:find("\nCurrent speaker memory (untrusted data): []\n"
+      .. "Shared channel notes (untrusted data): []", 1, true))
+    assert.equal(1, #messages(r) - 1)
+  end)
+
+  it("formats the time as M/D/YYYY, h:mm:ss AM|PM in several zones, midnight and noon (item 22)", function()
+    local cases = {
+      { "UTC", T, "1/5/2026, 3:04:05 PM" },
+      { "Asia/Taipei", T, "1/5/2026, 11:04:05 PM" },
+      { "America/New_York", T, "1/5/2026, 10:04:05 AM" },
+      { "Asia/Kolkata", T, "1/5/2026, 8:34:05 PM" },
+      { "UTC", 1767571200, "1/5/2026, 12:00:00 AM" },
+      { "America/New_York", 1767589200, "1/5/2026, 12:00:00 AM" },
+      { "UTC", 1782907200, "7/1/2026, 12:00:00 PM" },
+      { "Europe/London", 1782907200, "7/1/2026, 1:00:00 PM" },
+    }
+    for _, c in ipairs(cases) do
+      assert.equal(c[3], sbxw.local_time(c[1], c[2]), c[1])
+      local r = turn { clock = function() return c[2] end, turn = { timeZone = c[1] } }
+      assert.truthy(messages(r)[1].content:find("\nCurrent time: " .. c[3] .. ".\n", 1, true), c[1])
+    end
+  end)
+
+  it("sends the compact speaker/message wrapper as the user message (item 23)", function()
+    local r = turn { turn = { text = 'Say "hi"\nplease', speaker = { id = "u-1", name = "Ann \u{1F600}" } } }
+    local msgs = messages(r)
+    assert.equal("user", msgs[#msgs].role)
+    assert.equal('{"speaker":{"id":"u-1","name":"Ann \u{1F600}"},"message":"Say \\"hi\\"\\nplease"}',
+      msgs[#msgs].content)
+    local long = string.rep("\u{4e2d}", 20000)
+    r = turn { turn = { text = long } }
+    msgs = messages(r)
+    local wrapper = '{"speaker":{"id":"alice","name":"Alice"},"message":"' .. long .. '"}'
+    assert.equal(text.prompt_text(wrapper, 49152), msgs[#msgs].content)
+    assert.equal(text.MARKER, msgs[#msgs].content:sub(-#text.MARKER))
+  end)
+end)
+
+---------------------------------------------------------------- memory
+
+describe("memory", function()
+  local function open(dir)
+    return assert(memory.open(dir))
+  end
+
+  it("ignores a speaker:\"victim\" argument (item 24)", function()
+    local r = turn { script = { model = {
+      W.calls { { id = "a", name = "memory_set",
+                  arguments = set_args("speaker", "drink", "Tea", { speaker = "victim" }) } } } } }
+    assert.is_true(r.reply.ok)
+    assert.equal('[{"scope":"speaker:alice","key":"drink","text":"Tea"}]', W.read(r.dir .. "/memory.json"))
+  end)
+
+  it("keeps a speaker fact from other speakers and other workspaces (item 25)", function()
+    local dir, other = workspace(), workspace()
+    local store = open(dir)
+    assert.equal("Saved.", store_call(store, "memory_set", { scope = "speaker", key = "drink", text = "Tea" }))
+    assert.equal("[]", store_call(store, "memory_get", { scope = "speaker" }, "bob"))
+    assert.equal("[]", store_call(store, "memory_get", { scope = "speaker", key = "drink" }, "bob"))
+    assert.equal("[]", store_call(store, "memory_get", { scope = "channel" }))
+    assert.equal("[]", store_call(open(other), "memory_get", { scope = "speaker" }))
+    assert.equal('[{"key":"drink","text":"Tea"}]', store_call(open(dir), "memory_get", { scope = "speaker" }))
+  end)
+
+  it("shows a channel note to another speaker through a case-insensitive query (item 26)", function()
+    local store = open(workspace())
+    store_call(store, "memory_set", { scope = "channel", key = "Tea", text = "Oolong on FRIDAYS" })
+    store_call(store, "memory_set", { scope = "channel", key = "Café", text = "ÉTÉ menu" })
+    assert.equal('[{"key":"Tea","text":"Oolong on FRIDAYS"}]',
+      store_call(store, "memory_get", { scope = "channel", query = "tea oolong" }, "bob"))
+    assert.equal('[{"key":"Tea","text":"Oolong on FRIDAYS"}]',
+      store_call(store, "memory_get", { scope = "channel", query = "fridays" }, "bob"))
+    assert.equal('[{"key":"Café","text":"ÉTÉ menu"}]',
+      store_call(store, "memory_get", { scope = "channel", query = "CAFÉ été" }, "bob"))
+    assert.equal("[]", store_call(store, "memory_get", { scope = "channel", query = "coffee" }, "bob"))
+    assert.equal("[]", store_call(store, "memory_get", { scope = "channel", key = "tea" }, "bob"))
+  end)
+
+  it("reads earlier entries in a new store; removal empties the speaker list and keeps the note (item 27)", function()
+    local dir = workspace()
+    local store = open(dir)
+    store_call(store, "memory_set", { scope = "speaker", key = "drink", text = "Tea" })
+    store_call(store, "memory_set", { scope = "channel", key = "rule", text = "Be kind" })
+    store_call(store, "memory_set", { scope = "speaker", key = "drink", text = "Coffee" })
+    local again = open(dir)
+    assert.equal('[{"key":"drink","text":"Coffee"}]', store_call(again, "memory_get", { scope = "speaker" }))
+    assert.equal('[{"scope":"channel","key":"rule","text":"Be kind"},{"scope":"speaker:alice","key":"drink","text":"Coffee"}]',
+      W.read(dir .. "/memory.json"))
+    assert.equal("Forgotten.", store_call(again, "memory_remove", { scope = "speaker", key = " drink " }))
+    assert.equal("Forgotten.", store_call(again, "memory_remove", { scope = "speaker", key = "nothing" }))
+    local third = open(dir)
+    assert.equal("[]", store_call(third, "memory_get", { scope = "speaker" }))
+    assert.equal('[{"key":"rule","text":"Be kind"}]', store_call(third, "memory_get", { scope = "channel" }, "bob"))
+  end)
+
+  it("stores ../../host and speaker ../../person as data only (item 28)", function()
+    local parent = workspace()
+    local dir = parent .. "/a/b"
+    local store = open(dir)
+    assert.equal("Saved.", store_call(store, "memory_set", { scope = "speaker", key = "../../host", text = "x" }, "../../person"))
+    assert.equal('[{"key":"../../host","text":"x"}]',
+      store_call(open(dir), "memory_get", { scope = "speaker", key = "../../host" }, "../../person"))
+    assert.equal('[{"scope":"speaker:../../person","key":"../../host","text":"x"}]', W.read(dir .. "/memory.json"))
+    assert.same({ "a", "a/b", "a/b/memory.json" }, W.files(parent))
+  end)
+
+  it("refuses a bad scope, a long text and unknown tools, keeping the earlier entry (item 29)", function()
+    local dir = workspace()
+    local store = open(dir)
+    store_call(store, "memory_set", { scope = "speaker", key = "drink", text = "Tea" })
+    local before = W.read(dir .. "/memory.json")
+    local cases = {
+      { "memory_set", { scope = "owner", key = "drink", text = "x" }, "scope must be speaker or channel" },
+      { "bash", { scope = "owner" }, "scope must be speaker or channel" },
+      { "memory_set", { scope = "speaker", key = "drink", text = string.rep("a", 2049) }, "text must be 1 to 2048 characters" },
+      { "memory_set", { scope = "speaker", key = "drink", text = " \u{3000} " }, "text must be 1 to 2048 characters" },
+      { "memory_set", { scope = "speaker", key = "drink", text = 5 }, "text must be 1 to 2048 characters" },
+      { "bash", { scope = "speaker", key = "drink" }, "unknown memory tool" },
+      { "bash", { scope = "speaker" }, "key is required" },
+      { "memory_set", { scope = "speaker", key = 5, text = "x" }, "key is required" },
+      { "memory_set", { scope = "speaker", key = "  ", text = "x" }, "key must be 1 to 128 characters" },
+      { "memory_get", { scope = "speaker", key = string.rep("k", 129) }, "key must be 1 to 128 characters" },
+    }
+    for _, c in ipairs(cases) do
+      local ok, err = store_call(store, c[1], c[2])
+      assert.is_nil(ok)
+      assert.equal(c[3], err)
+      assert.equal(before, W.read(dir .. "/memory.json"))
+    end
+    assert.equal("Saved.", store_call(store, "memory_set", { scope = "speaker", key = string.rep("\u{4e2d}", 128),
+      text = string.rep("\u{4e2d}", 2048) }))
+    assert.equal('[{"key":"drink","text":"Tea"}]', store_call(store, "memory_get", { scope = "speaker", key = "drink" }))
+  end)
+
+  it("refuses the 257th entry and a store over 512 KiB without writing; removal still works (item 30)", function()
+    local dir = workspace()
+    local entries = {}
+    for i = 1, 256 do entries[i] = { "channel", "n" .. i, "x" } end
+    memory_file(dir, entries)
+    local before = W.read(dir .. "/memory.json")
+    local store = open(dir)
+    local ok, err = store_call(store, "memory_set", { scope = "channel", key = "n257", text = "x" })
+    assert.is_nil(ok)
+    assert.equal("memory capacity reached", err)
+    assert.equal(before, W.read(dir .. "/memory.json"))
+    assert.equal("Saved.", store_call(store, "memory_set", { scope = "channel", key = "n1", text = "y" }))
+    assert.equal("Forgotten.", store_call(store, "memory_remove", { scope = "channel", key = "n2" }))
+    assert.equal(255, #W.decode(W.read(dir .. "/memory.json")))
+
+    dir = workspace()
+    entries = {}
+    local cjk = string.rep("\u{4e2d}", 2048)
+    for i = 1, 84 do entries[i] = { "channel", "k" .. i, cjk } end
+    memory_file(dir, entries)
+    before = W.read(dir .. "/memory.json")
+    store = open(dir)
+    ok, err = store_call(store, "memory_set", { scope = "speaker", key = "one", text = cjk })
+    assert.equal("memory capacity reached", err)
+    assert.equal(before, W.read(dir .. "/memory.json"))
+    assert.equal("Forgotten.", store_call(store, "memory_remove", { scope = "channel", key = "k1" }))
+    assert.equal("Saved.", store_call(store, "memory_set", { scope = "speaker", key = "one", text = cjk }))
+  end)
+
+  it("writes through memory.json.tmp and a rename; refuses a symlinked or non-regular store (item 31)", function()
+    local dir = workspace()
+    local outside = workspace() .. "/target"
+    W.write(outside, "keep")
+    os.execute(string.format("ln -s '%s' '%s/memory.json.tmp'", outside, dir))
+    local store = open(dir)
+    assert.equal("Saved.", store_call(store, "memory_set", { scope = "speaker", key = "k", text = "v" }))
+    assert.equal("keep", W.read(outside))
+    assert.same({ "memory.json" }, W.files(dir))
+    assert.equal("600", W.sh("stat -c %a '" .. dir .. "/memory.json'"))
+
+    local linked = workspace()
+    os.execute(string.format("ln -s '%s/memory.json' '%s/memory.json'", dir, linked))
+    assert.same({ nil, "invalid memory store" }, { memory.open(linked) })
+    local r = turn { dir = linked }
+    assert.equal("invalid memory store", r.err)
+    local nondir = workspace()
+    os.execute("mkdir '" .. nondir .. "/memory.json'")
+    assert.same({ nil, "invalid memory store" }, { memory.open(nondir) })
+  end)
+
+  it("fails every turn on a corrupt memory.json, with or without reset (item 32)", function()
+    local too_many = {}
+    for i = 1, 257 do too_many[i] = '{"scope":"channel","key":"k' .. i .. '","text":"x"}' end
+    for _, bytes in ipairs {
+      "not json", "{}", '[{"scope":"channel","key":"k","text":5}]', '[{"scope":"channel","key":"k"}]',
+      '[1]', "[" .. table.concat(too_many, ",") .. "]", "\xef\xbb\xbf[]", '[{"scope":"channel","key":"k","key":"j","text":"x"}]',
+    } do
+      for _, reset in ipairs { false, true } do
+        local dir = workspace()
+        W.write(dir .. "/memory.json", bytes)
+        local r = turn { dir = dir, turn = { reset = reset } }
+        assert.same(FAILED, r.reply)
+        assert.equal("invalid memory store", r.err)
+        assert.equal(0, #r.log)
+      end
+    end
+  end)
+end)
