@@ -717,3 +717,259 @@ describe("memory", function()
     end
   end)
 end)
+
+---------------------------------------------------------------- history and budget
+
+local function history_file(dir, entries)
+  local list = W.arr()
+  for i, e in ipairs(entries) do list[i] = W.obj({ "role", "content" }, { role = e[1], content = e[2] }) end
+  W.write(dir .. "/history.json", W.encode(list))
+end
+
+describe("history and budget", function()
+  it("keeps text at exactly the budget and truncates one byte over, never splitting a code point (item 33)", function()
+    for _, b in ipairs { 4096, 8192, 49152 } do
+      local exact = string.rep("a", b - 2)
+      assert.equal(exact, text.prompt_text(exact, b))
+      local over = exact .. "a"
+      local cut = text.prompt_text(over, b)
+      assert.equal(string.rep("a", b - 83) .. text.MARKER, cut)
+      assert.equal(b, text.measure(cut))
+    end
+    assert.equal(83, text.measure(text.MARKER))
+    assert.equal(80, utf8.len(text.MARKER))
+    -- CJK: 16,356 three-byte characters survive a 49,152-byte budget.
+    local cjk = string.rep("\u{4e2d}", 20000)
+    local cut = text.prompt_text(cjk, 49152)
+    assert.equal(string.rep("\u{4e2d}", 16356) .. text.MARKER, cut)
+    -- Escapes are paid for: a quote costs two bytes; a control six.
+    local quotes = string.rep('"', 2047)
+    assert.equal(quotes, text.prompt_text(quotes, 4096))
+    cut = text.prompt_text(quotes .. "x", 4096)
+    assert.equal(string.rep('"', 2006) .. text.MARKER, cut)
+    cut = text.prompt_text(string.rep("\1", 1000), 4096)
+    assert.equal(string.rep("\1", 668) .. text.MARKER, cut)
+    for _, s in ipairs { string.rep("\u{1F600}", 1200), string.rep("é", 3000), "a" .. string.rep("\u{4e2d}", 2000) } do
+      cut = text.prompt_text(s, 4096)
+      assert.is_true(sbxw.utf8_valid(cut))
+      assert.is_true(text.measure(cut) <= 4096)
+      assert.is_true(text.measure(cut) > 4096 - 4)
+    end
+  end)
+
+  it("shows a saved fact and the previous answer next turn; a reset turn of another speaker sees neither (item 34)", function()
+    local dir = workspace()
+    local r = turn { dir = dir, turn = { text = "I like tea" }, script = { model = {
+      W.calls { { id = "a", name = "memory_set", arguments = set_args("speaker", "drink", "Tea") } },
+      W.chat("Noted your drink."),
+    } } }
+    assert.same({ ok = true, text = "Noted your drink." }, r.reply)
+    r = turn { dir = dir, turn = { text = "What do I drink?" } }
+    local body = r.log[1].body
+    assert.truthy(body:find('Current speaker memory (untrusted data): [{\\"key\\":\\"drink\\",\\"text\\":\\"Tea\\"}]', 1, true))
+    local msgs = messages(r)
+    assert.equal('{"speaker":{"id":"alice","name":"Alice"},"message":"I like tea"}', msgs[2].content)
+    assert.equal("Noted your drink.", msgs[3].content)
+    assert.equal("assistant", msgs[3].role)
+    r = turn { dir = dir, turn = { text = "Hi", reset = true, speaker = { id = "bob", name = "Bob" } } }
+    body = r.log[1].body
+    assert.is_nil(body:find("Noted your drink", 1, true))
+    assert.is_nil(body:find("Tea", 1, true))
+    assert.equal(2, #messages(r))
+    local saved = W.decode(W.read(dir .. "/history.json"))
+    assert.equal(2, #saved)
+    assert.equal('{"speaker":{"id":"bob","name":"Bob"},"message":"Hi"}', saved[1].content)
+    assert.equal("done", saved[2].content)
+    assert.equal('[{"scope":"speaker:alice","key":"drink","text":"Tea"}]', W.read(dir .. "/memory.json"))
+  end)
+
+  it("keeps at most 20 entries and never stores tool calls or results (item 35)", function()
+    local dir = workspace()
+    local entries = {}
+    for i = 1, 20 do entries[i] = { i % 2 == 1 and "user" or "assistant", "old " .. i } end
+    history_file(dir, entries)
+    local r = turn { dir = dir, turn = { text = "new" }, script = { model = {
+      W.calls({ { id = "a", name = "memory_get", arguments = '{"scope":"speaker"}' } }, "thinking"),
+      W.chat("Final."),
+    } } }
+    assert.is_true(r.reply.ok)
+    local raw = W.read(dir .. "/history.json")
+    local saved = W.decode(raw)
+    assert.equal(20, #saved)
+    assert.equal("old 3", saved[1].content)
+    assert.equal('{"speaker":{"id":"alice","name":"Alice"},"message":"new"}', saved[19].content)
+    assert.equal("Final.", saved[20].content)
+    assert.is_nil(raw:find("tool", 1, true))
+    assert.is_nil(raw:find("thinking", 1, true))
+    assert.truthy(raw:match('^%[{"role":"user","content":"old 3"},{"role":"assistant","content":"old 4"}'))
+    assert.equal("600", W.sh("stat -c %a '" .. dir .. "/history.json'"))
+    -- Loaded and saved entries are bounded to 8 KiB each.
+    history_file(dir, { { "user", string.rep("u", 9000) } })
+    r = turn { dir = dir }
+    assert.equal(text.prompt_text(string.rep("u", 9000), 8192), messages(r)[2].content)
+    saved = W.decode(W.read(dir .. "/history.json"))
+    assert.equal(text.prompt_text(string.rep("u", 9000), 8192), saved[1].content)
+  end)
+
+  it("fails on a corrupt history.json unless reset, which replaces it on success (item 36)", function()
+    local too_many = {}
+    for i = 1, 21 do too_many[i] = { "user", "x" } end
+    local cases = { "not json", "{}", '[{"role":"system","content":"x"}]', '[{"role":"user","content":null}]', "[1]" }
+    for _, bytes in ipairs(cases) do
+      local dir = workspace()
+      W.write(dir .. "/history.json", bytes)
+      local r = turn { dir = dir }
+      assert.equal("invalid history", r.err)
+      assert.same(FAILED, r.reply)
+      assert.equal(bytes, W.read(dir .. "/history.json"))
+      r = turn { dir = dir, turn = { reset = true } }
+      assert.is_true(r.reply.ok)
+      assert.equal(2, #W.decode(W.read(dir .. "/history.json")))
+    end
+    local dir = workspace()
+    history_file(dir, too_many)
+    assert.equal("invalid history", turn { dir = dir }.err)
+    dir = workspace()
+    os.execute("mkdir '" .. dir .. "/history.json'")
+    assert.equal("invalid history", turn { dir = dir }.err)
+    dir = workspace()
+    local other = workspace()
+    history_file(other, { { "user", "x" } })
+    os.execute(string.format("ln -s '%s/history.json' '%s/history.json'", other, dir))
+    assert.equal("invalid history", turn { dir = dir }.err)
+  end)
+
+  it("keeps every request under 192 KiB with 144 notes, 20 long entries and a CJK message (item 37)", function()
+    local dir = workspace()
+    local notes = {}
+    for i = 0, 143 do
+      local body = i < 32 and string.rep("\u{4e2d}", 2048) or string.rep("n", 2048)
+      notes[#notes + 1] = { "channel", "note_" .. i, body }
+    end
+    memory_file(dir, notes)
+    local entries = {}
+    for i = 1, 20 do entries[i] = { i % 2 == 1 and "user" or "assistant", string.rep(i % 3 == 0 and "\u{00e9}" or "h", 100000) } end
+    history_file(dir, entries)
+    local r = turn { dir = dir, turn = { text = string.rep("\u{6587}", 20000) }, script = { model = {
+      W.calls { { id = "a", name = "memory_remove", arguments = '{"scope":"channel","key":"note_0"}' } },
+      W.chat("Removed."),
+    } } }
+    assert.same({ ok = true, text = "Removed." }, r.reply)
+    assert.equal(2, #models(r))
+    for _, e in ipairs(r.log) do assert.is_true(#e.body < 196608, #e.body) end
+    assert.equal("Forgotten.", tool_messages(messages(r, 2))[1].content)
+    local store = assert(memory.open(dir))
+    assert.equal("[]", store_call(store, "memory_get", { scope = "channel", key = "note_0" }))
+    assert.equal(143, #W.decode(W.read(dir .. "/memory.json")))
+  end)
+
+  it("drops old history one message at a time, then whole tool groups, never system or user (item 38)", function()
+    local codec_ = W.codec()
+    local sys = codec_.object({ "role", "content" }, { role = "system", content = "s" })
+    local user = codec_.object({ "role", "content" }, { role = "user", content = string.rep("u", 40000) })
+    local function hist(i) return codec_.object({ "role", "content" }, { role = i % 2 == 1 and "user" or "assistant", content = string.rep("h", 8000) .. i }) end
+    local function group(step)
+      local calls = codec_.array()
+      local out = {}
+      for i = 0, 7 do
+        calls[#calls + 1] = codec_.object({ "id", "type", "function" }, { id = "call_" .. step .. "_" .. i, type = "function",
+          ["function"] = codec_.object({ "name", "arguments" }, { name = "memory_get", arguments = "{}" }) })
+      end
+      out[1] = codec_.object({ "role", "content", "tool_calls" }, { role = "assistant", content = "", tool_calls = calls })
+      for i = 0, 7 do
+        out[#out + 1] = codec_.object({ "role", "tool_call_id", "content" }, { role = "tool", tool_call_id = "call_" .. step .. "_" .. i, content = string.rep("r", 4000) })
+      end
+      return out
+    end
+    local msgs = codec_.array { sys }
+    for i = 1, 20 do msgs[#msgs + 1] = hist(i) end
+    msgs[#msgs + 1] = user
+    local payload = codec_.object({ "model", "messages", "tools" }, { model = "m", messages = msgs, tools = codec_.array() })
+    local body = assert(budget.fit(payload, user))
+    assert.is_true(#body <= 196608)
+    local n = #msgs
+    assert.equal(sys, msgs[1])
+    assert.equal(user, msgs[n])
+    assert.is_true(n < 22 and n > 2)
+    -- The survivors are the newest entries, in order, with an assistant possibly first.
+    assert.equal(string.rep("h", 8000) .. (20 - (n - 3)), msgs[2].content)
+    -- One message fewer would have fitted too, one more would not.
+    table.insert(msgs, 2, hist(20 - (n - 2)))
+    assert.is_true(#W.encode(payload) > 196608)
+    table.remove(msgs, 2)
+
+    -- Now tool groups: history gone first, then the oldest groups as a whole.
+    msgs = codec_.array { sys, hist(1), user }
+    for step = 0, 5 do for _, m in ipairs(group(step)) do msgs[#msgs + 1] = m end end
+    payload.messages = msgs
+    body = assert(budget.fit(payload, user))
+    assert.is_true(#body <= 196608)
+    assert.equal(sys, msgs[1])
+    assert.equal(user, msgs[2])
+    assert.equal("assistant", msgs[3].role)
+    local first_step = tonumber(msgs[3].tool_calls[1].id:match("^call_(%d+)_"))
+    assert.is_true(first_step > 0)
+    assert.equal((6 - first_step) * 9 + 2, #msgs)
+    for i = 3, #msgs, 9 do
+      for k = 1, 8 do assert.equal(msgs[i].tool_calls[k].id, msgs[i + k].tool_call_id) end
+    end
+    -- Nothing left to drop: failure.
+    local huge = codec_.object({ "role", "content" }, { role = "user", content = string.rep("x", 200000) })
+    payload.messages = codec_.array { sys, huge }
+    assert.same({ nil, "model context exceeds request budget" }, { budget.fit(payload, huge) })
+  end)
+
+  it("drops tool groups inside a real turn and keeps replies paired (item 38)", function()
+    local replies = {}
+    local big = string.rep("r", 5000)
+    for step = 1, 6 do
+      local list = {}
+      for i = 1, 8 do list[i] = { id = "s" .. step .. "c" .. i, name = "host_blob", arguments = '{"pad":"' .. string.rep("p", 1500) .. '"}' } end
+      replies[step] = W.calls(list)
+    end
+    replies[7] = W.chat("Enough.")
+    local r = turn { turn = { text = string.rep("m", 60000), tools = W.arr { W.tool_spec("blob") } }, script = {
+      model = replies, tools = { blob = function() return 200, W.encode(W.obj({ "text" }, { text = big })) end },
+    } }
+    assert.same({ ok = true, text = "Enough." }, r.reply)
+    local reqs = models(r)
+    for _, e in ipairs(r.log) do assert.is_true(#e.body <= 196608) end
+    local last = reqs[7].messages
+    assert.equal("system", last[1].role)
+    assert.equal("user", last[2].role)
+    assert.equal("s", last[3].tool_calls[1].id:sub(1, 1))
+    assert.is_true(last[3].tool_calls[1].id ~= "s1c1")
+    for i = 3, #last, 9 do
+      assert.equal("assistant", last[i].role)
+      for k = 1, 8 do assert.equal(last[i].tool_calls[k].id, last[i + k].tool_call_id) end
+    end
+  end)
+
+  it("fails tool lists over 32 KiB or 128 functions (item 39)", function()
+    local r = turn { turn = { tools = W.arr { W.tool_spec("big", string.rep("d", 32000)) } } }
+    assert.equal("tool descriptions exceed context budget", r.err)
+    assert.equal(0, #r.log)
+    local many = W.arr()
+    for i = 1, 125 do many[i] = W.tool_spec("t" .. i, "d") end
+    r = turn { turn = { tools = many } }
+    assert.equal("tool descriptions exceed context budget", r.err)
+    many[125] = nil
+    r = turn { turn = { tools = many } }
+    assert.is_true(r.reply.ok)
+    assert.equal(128, #models(r)[1].tools)
+  end)
+
+  it("leaves history.json unchanged after a failed or limit-reached turn (item 40)", function()
+    local dir = workspace()
+    history_file(dir, { { "user", "before" }, { "assistant", "answer" } })
+    local before = W.read(dir .. "/history.json")
+    local limit = {}
+    for i = 1, 12 do limit[i] = W.calls { { id = "c", name = "memory_get", arguments = '{"scope":"speaker"}' } } end
+    assert.same(LIMIT, turn { dir = dir, script = { model = limit } }.reply)
+    assert.equal(before, W.read(dir .. "/history.json"))
+    assert.same(FAILED, turn { dir = dir, script = { model = { W.chat(W.null()) } } }.reply)
+    assert.equal(before, W.read(dir .. "/history.json"))
+    assert.same(FAILED, turn { dir = dir, turn = { reset = true }, script = { model = { { 429, "" } } } }.reply)
+    assert.equal(before, W.read(dir .. "/history.json"))
+  end)
+end)
