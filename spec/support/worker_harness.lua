@@ -273,7 +273,11 @@ for i in range(n):
         if not chunk: break
         body += chunk
     with open(os.path.join(resp_dir, "req_%d" % i), "wb") as f: f.write(head + b"\r\n\r\n" + body)
-    with open(os.path.join(resp_dir, "resp_%d" % i), "rb") as f: c.sendall(f.read())
+    with open(os.path.join(resp_dir, "resp_%d" % i), "rb") as f: reply = f.read()
+    try:
+        c.sendall(reply)
+    except OSError:
+        pass
     c.close()
 ]]
 
