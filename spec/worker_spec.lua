@@ -973,3 +973,154 @@ describe("history and budget", function()
     assert.equal(before, W.read(dir .. "/history.json"))
   end)
 end)
+
+---------------------------------------------------------------- real broker
+
+describe("against a real broker (spec/broker.md items 75-78)", function()
+  local async = require "sandbox.async"
+  local H = require "broker_harness"
+  local fake_upstream = require "fake_upstream"
+  local fake
+
+  setup(function() fake = fake_upstream.start() end)
+  teardown(function() if fake then fake:stop() end end)
+
+  local function canned(body)
+    return { status = 200, headers = { ["Content-Type"] = "application/json" }, body = body }
+  end
+
+  -- Runs one turn in a task against a fresh broker; the worker's broker
+  -- function sends over the real socket and yields while the loop turns.
+  -- -> {reply, status, err, statuses, bodies (worker -> broker), upstream (fake log)}
+  local function real_turn(responses, over, dir)
+    local out = {}
+    async.run(function()
+      fake:reset()
+      fake:script(responses)
+      local b, path, bdir = H.start(H.options(fake))
+      local ok, err = pcall(function()
+        out.statuses, out.bodies = {}, {}
+        out.reply, out.status, out.err = worker.run_turn(W.turn(over), {
+          workspace = dir or workspace(), broker = W.socket_broker(path, out.statuses, out.bodies) })
+        out.upstream = fake:log()
+      end)
+      H.finish(b, bdir)
+      if not ok then error(err, 0) end
+    end)
+    return out
+  end
+
+  local function upstream_messages(r, n) return W.decode(r.upstream[n].body).messages end
+
+  local function assert_paired(msgs)
+    local ids, seen = {}, {}
+    for i, m in ipairs(msgs) do
+      if m.tool_calls then
+        for k, c in ipairs(m.tool_calls) do
+          assert.is_nil(seen[c.id], "repeated id " .. c.id)
+          seen[c.id] = true
+          ids[#ids + 1] = c.id
+          assert.equal("tool", msgs[i + k].role)
+          assert.equal(c.id, msgs[i + k].tool_call_id)
+        end
+      end
+    end
+    return ids
+  end
+
+  it("replays a provider call named Memory-Get as invalid_tool and recovers (item 75)", function()
+    local r = real_turn {
+      canned(W.calls { { id = "call_x", type = "function", name = "Memory-Get", arguments = '{"scope":"speaker"}' },
+                       { id = "call_y", type = "function", name = "memory_get", arguments = '{"scope":"speaker"}' } }),
+      canned(W.chat("Recovered.")),
+    }
+    assert.is_nil(r.err)
+    assert.same({ ok = true, text = "Recovered." }, r.reply)
+    assert.same({ 200, 200 }, r.statuses)
+    assert.equal(2, #r.upstream)
+    local msgs = upstream_messages(r, 2)
+    local asst = last_assistant(msgs)
+    assert.equal("invalid_tool", asst.tool_calls[1]["function"].name)
+    assert.equal("memory_get", asst.tool_calls[2]["function"].name)
+    assert.same({ "call_x", "call_y" }, assert_paired(msgs))
+    local tm = tool_messages(msgs)
+    assert.equal(REFUSAL, tm[1].content)
+    assert.equal("[]", tm[2].content)
+  end)
+
+  it("renormalizes a 200-character call id and the replay gets 200 (item 76)", function()
+    local r = real_turn {
+      canned(W.calls { { id = string.rep("i", 200), type = "function", name = "memory_get", arguments = '{"scope":"channel"}' } }),
+      canned(W.chat("Fine.")),
+    }
+    assert.same({ ok = true, text = "Fine." }, r.reply)
+    assert.same({ 200, 200 }, r.statuses)
+    assert.same({ "call_0_0" }, assert_paired(upstream_messages(r, 2)))
+  end)
+
+  it("renormalizes duplicate call ids to unique ids and the replay gets 200 (item 77)", function()
+    local r = real_turn {
+      canned(W.calls { { id = "dup", type = "function", name = "memory_get", arguments = '{"scope":"channel"}' },
+                       { id = "dup", type = "function", name = "memory_get", arguments = '{"scope":"speaker"}' },
+                       { id = "", type = "function", name = "memory_get", arguments = '{"scope":"speaker"}' } }),
+      canned(W.calls { { id = "dup", type = "function", name = "memory_get", arguments = '{"scope":"channel"}' } }),
+      canned(W.chat("Unique.")),
+    }
+    assert.same({ ok = true, text = "Unique." }, r.reply)
+    assert.same({ 200, 200, 200 }, r.statuses)
+    assert.same({ "dup", "call_0_1", "call_0_2", "call_1_0" }, assert_paired(upstream_messages(r, 3)))
+  end)
+
+  it("keeps every status 200 and every upstream body under 192 KiB near capacity (item 78, item 37)", function()
+    local dir = workspace()
+    local notes = {}
+    for i = 0, 143 do
+      notes[#notes + 1] = { "channel", "note_" .. i, i < 32 and string.rep("\u{4e2d}", 2048) or string.rep("n", 2048) }
+    end
+    memory_file(dir, notes)
+    local entries = {}
+    for i = 1, 20 do
+      entries[i] = { i % 2 == 1 and "user" or "assistant",
+                     string.rep(i % 2 == 1 and "\u{1F600}" or "\u{00e9}\"\n", i % 2 == 1 and 100000 or 50000) }
+    end
+    history_file(dir, entries)
+    local r = real_turn({
+      canned(W.calls { { id = "r1", type = "function", name = "memory_remove", arguments = '{"scope":"channel","key":"note_0"}' },
+                       { id = "r2", type = "function", name = "memory_get", arguments = '{"scope":"channel","query":"note"}' } }),
+      canned(W.chat("Removed.")),
+    }, { text = string.rep("\u{6587}", 20000) }, dir)
+    assert.is_nil(r.err)
+    assert.same({ ok = true, text = "Removed." }, r.reply)
+    assert.same({ 200, 200 }, r.statuses)
+    assert.equal(2, #r.upstream)
+    for _, e in ipairs(r.upstream) do assert.is_true(e.body_length < 196608, e.body_length) end
+    for _, e in ipairs(r.bodies) do assert.is_true(#e.body <= 196608) end
+    local tm = tool_messages(upstream_messages(r, 2))
+    assert.equal("Forgotten.", tm[1].content)
+    assert.equal(text.MARKER, tm[2].content:sub(-#text.MARKER))
+    local store = assert(memory.open(dir))
+    assert.equal("[]", store_call(store, "memory_get", { scope = "channel", key = "note_0" }))
+  end)
+
+  it("runs main() in a child process through sbxw's own client to a real broker (items 2, 8)", function()
+    local b
+    async.run(function()
+      fake:reset()
+      fake:script { canned(W.calls { { id = "e", type = "function", name = "host_echo", arguments = "{}" } }),
+                    canned(W.chat(" Hello from the sealed worker. ")) }
+    end)
+    b = W.broker_process { model_url = fake:url("/v1/chat/completions") }
+    finally(b.stop)
+    local out, err, rc = W.run_main(W.turn { tools = W.arr { W.tool_spec("echo") } },
+      { workspace = workspace(), socket = b.path })
+    assert.equal('{"ok":true,"text":"Hello from the sealed worker."}', out)
+    assert.equal("", err)
+    assert.equal(0, rc)
+    local log
+    async.run(function() log = fake:log() end)
+    assert.equal(2, #log)
+    local tm = tool_messages(W.decode(log[2].body).messages)
+    assert.equal('{"text":"pong"}', tm[1].content)
+    assert.is_nil(log[1].body:find("sandbox-dummy-key", 1, true))
+  end)
+end)
