@@ -1124,3 +1124,58 @@ describe("against a real broker (spec/broker.md items 75-78)", function()
     assert.is_nil(log[1].body:find("sandbox-dummy-key", 1, true))
   end)
 end)
+
+---------------------------------------------------------------- static binary
+
+-- The same Lua under the binary's own environment (no io, no os, fixed
+-- require directory): build/worker/sbx-worker-host reads ./worker/lua, so a
+-- chroot holding that tree, a zone file, /workspace and /broker/broker.sock
+-- (a real broker in a child process) is the container's view of the world.
+local HOST_BINARY = "build/worker/sbx-worker-host"
+local can_chroot = W.sh("id -u") == "0" and W.read(HOST_BINARY) ~= nil
+  and W.sh("command -v chroot") ~= ""
+
+describe("static binary", function()
+  local async = require "sandbox.async"
+  local fake_upstream = require "fake_upstream"
+
+  ;(can_chroot and it or pending)("answers a turn with memory and history through the real broker (items 2, 4, 8)", function()
+    local fake = fake_upstream.start()
+    finally(function() fake:stop() end)
+    local root = workspace()
+    os.execute(string.format("mkdir -p '%s/worker/lua' '%s/usr/share/zoneinfo/Asia' '%s/workspace' '%s/broker' && "
+      .. "cp '%s' '%s/sbx-worker' && cp worker/lua/*.lua '%s/worker/lua/' && "
+      .. "cp /usr/share/zoneinfo/Asia/Taipei '%s/usr/share/zoneinfo/Asia/'",
+      root, root, root, root, HOST_BINARY, root, root, root))
+    async.run(function()
+      fake:reset()
+      fake:script {
+        { status = 200, headers = { ["Content-Type"] = "application/json" },
+          body = W.calls { { id = "m", type = "function", name = "memory_set", arguments = set_args("speaker", "drink", "Tea") },
+                           { id = "e", type = "function", name = "host_echo", arguments = "{}" } } },
+        { status = 200, headers = { ["Content-Type"] = "application/json" }, body = W.chat("Hello from the sealed worker.") },
+      }
+    end)
+    local b = W.broker_process { model_url = fake:url("/v1/chat/completions"), path = root .. "/broker/broker.sock" }
+    finally(b.stop)
+    W.write(root .. "/stdin", W.turn { timeZone = "Asia/Taipei", tools = W.arr { W.tool_spec("echo") } })
+    local rc = W.sh(string.format("cd / && chroot '%s' /sbx-worker < '%s/stdin' > '%s/stdout' 2> '%s/stderr'; echo $?",
+      root, root, root, root))
+    assert.equal('{"ok":true,"text":"Hello from the sealed worker."}', W.read(root .. "/stdout"))
+    assert.equal("", W.read(root .. "/stderr"))
+    assert.equal("0", rc)
+    assert.equal('[{"scope":"speaker:alice","key":"drink","text":"Tea"}]', W.read(root .. "/workspace/memory.json"))
+    assert.equal(2, #W.decode(W.read(root .. "/workspace/history.json")))
+    local log
+    async.run(function() log = fake:log() end)
+    local tm = tool_messages(W.decode(log[2].body).messages)
+    assert.same({ "Saved.", '{"text":"pong"}' }, { tm[1].content, tm[2].content })
+    -- A bad turn through the same binary: the generic reply, exit 1, empty stderr.
+    W.write(root .. "/stdin", W.turn { reset = W.null() })
+    rc = W.sh(string.format("cd / && chroot '%s' /sbx-worker < '%s/stdin' > '%s/stdout' 2> '%s/stderr'; echo $?",
+      root, root, root, root))
+    assert.equal('{"ok":false,"text":"The sandbox worker failed."}', W.read(root .. "/stdout"))
+    assert.equal("", W.read(root .. "/stderr"))
+    assert.equal("1", rc)
+  end)
+end)

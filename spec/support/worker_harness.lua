@@ -311,13 +311,14 @@ function W.fake_socket(responses)
 end
 
 -- A real broker (lua/sandbox) in a child process with host tool `echo`
--- answering "pong"; opts.model_url points /model at a fake upstream.
+-- answering "pong"; opts.model_url points /model at a fake upstream;
+-- opts.path places the socket (default: in a fresh private dir).
 -- -> {path=, stop=function()}
 function W.broker_process(opts)
   opts = opts or {}
   local dir = W.tmpdir()
   os.execute("chmod 700 '" .. dir .. "'")
-  local path = dir .. "/broker.sock"
+  local path = opts.path or (dir .. "/broker.sock")
   W.write(dir .. "/broker.lua", string.format([[
 package.path = %q .. package.path
 package.cpath = %q .. package.cpath
