@@ -1131,7 +1131,7 @@ end)
 -- require directory): build/worker/sbx-worker-host reads ./worker/lua, so a
 -- chroot holding that tree, a zone file, /workspace and /broker/broker.sock
 -- (a real broker in a child process) is the container's view of the world.
-local HOST_BINARY = "build/worker/sbx-worker-host"
+local HOST_BINARY = W.BUILD .. "/worker/sbx-worker-host"
 local can_chroot = W.sh("id -u") == "0" and W.read(HOST_BINARY) ~= nil
   and W.sh("command -v chroot") ~= ""
 
@@ -1159,7 +1159,7 @@ describe("static binary", function()
     local b = W.broker_process { model_url = fake:url("/v1/chat/completions"), path = root .. "/broker/broker.sock" }
     finally(b.stop)
     W.write(root .. "/stdin", W.turn { timeZone = "Asia/Taipei", tools = W.arr { W.tool_spec("echo") } })
-    local rc = W.sh(string.format("cd / && chroot '%s' /sbx-worker < '%s/stdin' > '%s/stdout' 2> '%s/stderr'; echo $?",
+    local rc = W.sh(string.format("cd / && env -u LD_PRELOAD chroot '%s' /sbx-worker < '%s/stdin' > '%s/stdout' 2> '%s/stderr'; echo $?",
       root, root, root, root))
     assert.equal('{"ok":true,"text":"Hello from the sealed worker."}', W.read(root .. "/stdout"))
     assert.equal("", W.read(root .. "/stderr"))
@@ -1172,7 +1172,7 @@ describe("static binary", function()
     assert.same({ "Saved.", '{"text":"pong"}' }, { tm[1].content, tm[2].content })
     -- A bad turn through the same binary: the generic reply, exit 1, empty stderr.
     W.write(root .. "/stdin", W.turn { reset = W.null() })
-    rc = W.sh(string.format("cd / && chroot '%s' /sbx-worker < '%s/stdin' > '%s/stdout' 2> '%s/stderr'; echo $?",
+    rc = W.sh(string.format("cd / && env -u LD_PRELOAD chroot '%s' /sbx-worker < '%s/stdin' > '%s/stdout' 2> '%s/stderr'; echo $?",
       root, root, root, root))
     assert.equal('{"ok":false,"text":"The sandbox worker failed."}', W.read(root .. "/stdout"))
     assert.equal("", W.read(root .. "/stderr"))

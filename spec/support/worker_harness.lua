@@ -13,10 +13,14 @@
 -- real Unix socket with core.unix_request inside an async task, so the
 -- broker's loop keeps turning while the worker waits (the worker's loop
 -- runs inside that task's coroutine and yields with it).
+-- The sanitizer run (scripts/check.sh) puts build-asan/ on the cpath.
+local B = package.cpath:match("(build%-asan)/") or "build"
 package.path = "worker/lua/?.lua;" .. package.path
-package.cpath = "build/worker/?.so;" .. package.cpath
+package.cpath = B .. "/worker/?.so;" .. package.cpath
 
 local W = {}
+
+W.BUILD = B
 
 local loaded_ok
 -- true when the primitive module can be loaded (build/worker/sbxw.so).
@@ -241,7 +245,7 @@ local emit, status = sbxw.emit, 99
 sbxw.emit = function(bytes, code) status = code; return emit(bytes, code) end
 worker.main()
 os.exit(status)
-]], CWD .. "/worker/lua/?.lua;", CWD .. "/build/worker/?.so;",
+]], CWD .. "/worker/lua/?.lua;", CWD .. "/" .. B .. "/worker/?.so;",
     opts.socket and string.format("sbxw.set_socket(%q)", opts.socket) or "", opts.workspace))
   local rc = sh(string.format("cd '%s' && lua5.4 main.lua < stdin > stdout 2> stderr; echo $?", dir))
   local out, err = W.read(dir .. "/stdout"), W.read(dir .. "/stderr")
@@ -289,7 +293,7 @@ function W.fake_socket(responses)
   W.write(dir .. "/fake.py", FAKE_SOCKET)
   for i, r in ipairs(responses) do W.write(dir .. "/resp_" .. (i - 1), r) end
   local path = dir .. "/broker.sock"
-  local pipe = assert(io.popen(string.format("exec python3 '%s/fake.py' '%s' '%s' %d",
+  local pipe = assert(io.popen(string.format("exec env -u LD_PRELOAD python3 '%s/fake.py' '%s' '%s' %d",
     dir, path, dir, #responses), "r"))
   local pid = tonumber(pipe:read("l"))
   assert(pid, "fake socket did not start")
@@ -335,7 +339,7 @@ assert(b:start(%q))
 io.stdout:write(core.getpid(), "\n")
 io.stdout:flush()
 core.run()
-]], CWD .. "/lua/?.lua;" .. CWD .. "/lua/?/init.lua;", CWD .. "/build/lua/?.so;",
+]], CWD .. "/lua/?.lua;" .. CWD .. "/lua/?/init.lua;", CWD .. "/" .. B .. "/lua/?.so;",
     opts.model_url or "http://127.0.0.1:9/v1/chat/completions", path))
   local pipe = assert(io.popen("exec lua5.4 '" .. dir .. "/broker.lua'", "r"))
   local pid = tonumber(pipe:read("l"))
