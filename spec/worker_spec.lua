@@ -330,7 +330,9 @@ describe("loop, registry and normalization", function()
       W.calls { { id = "a", name = "bash", arguments = '{"cmd":"id"}' },
                 { id = "b", name = "Memory-Get", arguments = '{"scope":"speaker"}' },
                 { id = "c", name = "invalid_tool", arguments = "{}" },
-                { id = "d", arguments = "{}" } },
+                { id = "d", arguments = "{}" },
+                { raw = "memory_get" },
+                { raw = W.obj({ "id", "function" }, { id = "f", ["function"] = "memory_get" }) } },
     } } }
     assert.is_true(r.reply.ok)
     local msgs = messages(r, 2)
@@ -338,7 +340,10 @@ describe("loop, registry and normalization", function()
       assert.equal("invalid_tool", call["function"].name)
     end
     for _, m in ipairs(tool_messages(msgs)) do assert.equal(REFUSAL, m.content) end
-    assert.equal(4, #tool_messages(msgs))
+    assert.equal(6, #tool_messages(msgs))
+    assert.equal("call_0_4", last_assistant(msgs).tool_calls[5].id)
+    assert.equal('{"omitted":"Invalid or large arguments omitted from context."}',
+      last_assistant(msgs).tool_calls[6]["function"].arguments)
     assert.same({ "/model", "/model" }, W.routes(r.log))
   end)
 
@@ -419,7 +424,8 @@ describe("loop, registry and normalization", function()
                     { id = "h", name = "memory_get" } },
           W.chat("Still here."),
         },
-        tools = { clock = function() return 429, '{"error":"budget"}' end },
+        tools = { clock = function() return 429, '{"error":"budget"}' end,
+                  down = function() return nil, "transport" end },
         mcp = { catalog = function() return 403, "forbidden" end },
       },
     }

@@ -13,6 +13,13 @@
 --
 -- Internal error strings (third result) exist for the specs; the reply on
 -- any failure is the one generic failed text.
+--
+-- Modules (required by plain name from /app/worker/lua): codec (strict JSON
+-- over sbxw), text (trim, lower, promptText), turn (stdin validation),
+-- memory (memory.json store), history (history.json), registry (function
+-- registry and `tools`), prompt (system and user messages), budget (the
+-- 192 KiB fitting), agent (the tool loop), broker_client (the default broker
+-- function).
 local sbxw = require "sbxw"
 local codec = require "codec"
 local turn_mod = require "turn"
