@@ -998,12 +998,15 @@ describe("against a real broker (spec/broker.md items 75-78)", function()
   -- Runs one turn in a task against a fresh broker; the worker's broker
   -- function sends over the real socket and yields while the loop turns.
   -- -> {reply, status, err, statuses, bodies (worker -> broker), upstream (fake log)}
+  local CLOCK = { { name = "clock", description = "Tells the time.", parameters = { type = "object" },
+                    run = function(input) return "12:00 " .. tostring(input.zone) end } }
+
   local function real_turn(responses, over, dir)
     local out = {}
     async.run(function()
       fake:reset()
       fake:script(responses)
-      local b, path, bdir = H.start(H.options(fake))
+      local b, path, bdir = H.start(H.options(fake, { tools = CLOCK }))
       local ok, err = pcall(function()
         out.statuses, out.bodies = {}, {}
         out.reply, out.status, out.err = worker.run_turn(W.turn(over), {
@@ -1035,23 +1038,26 @@ describe("against a real broker (spec/broker.md items 75-78)", function()
   end
 
   it("replays a provider call named Memory-Get as invalid_tool and recovers (item 75)", function()
-    local r = real_turn {
+    local r = real_turn({
       canned(W.calls { { id = "call_x", type = "function", name = "Memory-Get", arguments = '{"scope":"speaker"}' },
-                       { id = "call_y", type = "function", name = "memory_get", arguments = '{"scope":"speaker"}' } }),
+                       { id = "call_y", type = "function", name = "memory_get", arguments = '{"scope":"speaker"}' },
+                       { id = "call_z", type = "function", name = "host_clock", arguments = '{"zone":"UTC"}' } }),
       canned(W.chat("Recovered.")),
-    }
+    }, { tools = W.arr { W.tool_spec("clock") } })
     assert.is_nil(r.err)
     assert.same({ ok = true, text = "Recovered." }, r.reply)
-    assert.same({ 200, 200 }, r.statuses)
+    assert.same({ 200, 200, 200 }, r.statuses)
+    assert.same({ "/model", "/tools/clock", "/model" }, W.routes(r.bodies))
     assert.equal(2, #r.upstream)
     local msgs = upstream_messages(r, 2)
     local asst = last_assistant(msgs)
     assert.equal("invalid_tool", asst.tool_calls[1]["function"].name)
     assert.equal("memory_get", asst.tool_calls[2]["function"].name)
-    assert.same({ "call_x", "call_y" }, assert_paired(msgs))
+    assert.same({ "call_x", "call_y", "call_z" }, assert_paired(msgs))
     local tm = tool_messages(msgs)
     assert.equal(REFUSAL, tm[1].content)
     assert.equal("[]", tm[2].content)
+    assert.equal('{"text":"12:00 UTC"}', tm[3].content)
   end)
 
   it("renormalizes a 200-character call id and the replay gets 200 (item 76)", function()
