@@ -13,11 +13,9 @@ if not W.available() then
 end
 
 local sbxw = W.sbxw()
-local codec = W.codec()
 local worker = W.worker()
 local text = require "text"
 local memory = require "memory"
-local agent = require "agent"
 local budget = require "budget"
 
 local REFUSAL = "Tool call refused or failed."
