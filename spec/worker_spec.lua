@@ -1189,3 +1189,59 @@ describe("static binary", function()
     assert.equal("1", rc)
   end)
 end)
+
+describe("Lua environment", function()
+  -- The binary's environment (worker/PRIMITIVES.md): base minus print,
+  -- loadfile and dofile; string, table, math, utf8, coroutine; no io, no os.
+  -- Every worker module is loaded afresh into a strict copy of it, where
+  -- reading an undefined global or assigning any global raises.
+  local function strict_require()
+    local env = {}
+    for _, name in ipairs { "assert", "error", "getmetatable", "ipairs", "next", "pairs", "pcall",
+                            "rawequal", "rawget", "rawlen", "rawset", "select", "setmetatable",
+                            "tonumber", "tostring", "type", "xpcall", "string", "table", "math",
+                            "utf8", "coroutine", "_VERSION" } do
+      rawset(env, name, _G[name])
+    end
+    local loaded = { sbxw = sbxw }
+    rawset(env, "require", function(name)
+      if loaded[name] == nil then
+        local source = assert(W.read("worker/lua/" .. name .. ".lua"), name)
+        loaded[name] = assert(load(source, "@" .. name .. ".lua", "t", env))()
+      end
+      return loaded[name]
+    end)
+    setmetatable(env, {
+      __index = function(_, k) error("undefined global " .. tostring(k), 2) end,
+      __newindex = function(_, k) error("global assignment " .. tostring(k), 2) end,
+    })
+    return env.require
+  end
+
+  it("runs a whole turn with no io, no os and no globals", function()
+    local strict_worker = strict_require()("worker")
+    local dir = workspace()
+    history_file(dir, { { "user", "earlier" }, { "assistant", "answer" } })
+    local broker = W.scripted { model = {
+      W.calls { { id = "a", name = "memory_set", arguments = set_args("channel", "k", "v") },
+                { id = "a", name = "Bad", arguments = "{" },
+                { id = "c", name = "host_clock", arguments = "{}" },
+                { id = "d", name = "mcp_0_search", arguments = "{}" } },
+      W.chat(" ok "),
+    }, tools = { clock = function() return 200, '{"text":"1"}' end },
+       mcp = { catalog = function() return 200, '{"result":{}}' end } }
+    local reply, status, err = strict_worker.run_turn(W.turn {
+      tools = W.arr { W.tool_spec("clock") }, mcp = catalog { W.tool_spec("search") },
+      prompt = string.rep("p", 9000) }, { workspace = dir, broker = broker, clock = function() return T end })
+    assert.is_nil(err)
+    assert.same({ ok = true, text = "ok" }, reply)
+    assert.equal(0, status)
+    -- Failure paths too.
+    local _, _, err2 = strict_worker.run_turn("{", { workspace = dir })
+    assert.equal("invalid turn", err2)
+    local limit = {}
+    for i = 1, 12 do limit[i] = W.calls { { id = "x", name = "memory_get", arguments = '{"scope":"channel"}' } } end
+    reply = strict_worker.run_turn(W.turn(), { workspace = dir, broker = (W.scripted { model = limit }) })
+    assert.same(LIMIT, reply)
+  end)
+end)
