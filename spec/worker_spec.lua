@@ -865,6 +865,12 @@ describe("history and budget", function()
     local store = assert(memory.open(dir))
     assert.equal("[]", store_call(store, "memory_get", { scope = "channel", key = "note_0" }))
     assert.equal(143, #W.decode(W.read(dir .. "/memory.json")))
+    -- The saved history starts from the loaded entries (8 KiB each), not from
+    -- what the fitting left in the request.
+    local saved = W.decode(W.read(dir .. "/history.json"))
+    assert.equal(20, #saved)
+    assert.equal(text.prompt_text(entries[3][2], 8192), saved[1].content)
+    assert.is_true(#messages(r, 1) < 22)
   end)
 
   it("drops old history one message at a time, then whole tool groups, never system or user (item 38)", function()
