@@ -1,0 +1,200 @@
+-- docker/sealed_turn_spec.lua: what a sealed turn guarantees on the real
+-- daemon, beyond the scripted integration of integration_spec.lua:
+--   * a worker that tries the network, writes outside its workspace, forks
+--     past the PID limit or allocates past the memory limit fails (or is
+--     contained in) only its own turn;
+--   * two channels run turns at the same time;
+--   * memory and history survive between turns and stay in their channel.
+-- The misbehaving workers are FROM-scratch images of
+-- spec/fixtures/hostile/probe.c, chosen per turn by a driver wrapper (a
+-- trusted seam) from the message text. Opt-in with SANDBOX_DOCKER_TEST=1.
+local async = require "sandbox.async"
+local core = require "sandbox.core"
+local json = require "sandbox.json"
+local sandbox = require "sandbox"
+
+local ENABLED = os.getenv("SANDBOX_DOCKER_TEST") == "1"
+local KEY = "sealed-spec-key"
+local TAG = core.random_hex(4)
+local MODES = { "net", "write", "fork", "oom" }
+local SPEAKER = { id = "guest", name = "Guest", principalId = "p_guest" }
+
+local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local function sh(cmd)
+  local p = assert(io.popen(cmd .. " 2>&1"))
+  local out = p:read("a")
+  local ok, _, code = p:close()
+  return (out:gsub("%s+$", "")), ok and 0 or code
+end
+
+if not ENABLED then
+  describe("sealed turn guarantees on real Docker", function()
+    pending("set SANDBOX_DOCKER_TEST=1 to run the real-Docker specs (make check does)")
+  end)
+  return
+end
+
+describe("sealed turn guarantees on real Docker", function()
+  local root, server, rt
+  local images = {}
+  local in_flight, max_in_flight, delay_ms = 0, 0, 0
+
+  -- The scripted model: REMEMBER:<fact> asks for memory_set and then confirms;
+  -- RECALL answers whether the system message holds the fact and whether an
+  -- earlier user message of the history holds the REMEMBER request.
+  local function answer(body)
+    local msgs = body.messages
+    local last_user, system, earlier_users = "", "", {}
+    for i, m in ipairs(msgs) do
+      if m.role == "system" then system = system .. m.content end
+      if m.role == "user" then
+        if last_user ~= "" then earlier_users[#earlier_users + 1] = last_user end
+        last_user = m.content
+      end
+      if m.role == "tool" and i == #msgs then return { content = "saved" } end
+    end
+    local fact = last_user:match("REMEMBER:(%w+%-fact)")
+    if fact then
+      local args = json.encode(json.object({ "scope", "key", "text" }, { scope = "channel", key = "fact", text = fact }))
+      return { tool_calls = json.array { json.object({ "id", "type", "function" }, {
+        id = "call_mem", type = "function",
+        ["function"] = json.object({ "name", "arguments" }, { name = "memory_set", arguments = args }) }) } }
+    end
+    local in_history = false
+    for _, u in ipairs(earlier_users) do if u:find("REMEMBER:alpha-fact", 1, true) then in_history = true end end
+    return { content = string.format("system:%s history:%s", system:find("alpha-fact", 1, true) and "yes" or "no",
+      in_history and "yes" or "no") }
+  end
+
+  setup(function()
+    assert.equal("Linux", sh("uname -s"))
+    assert.is_not.equal(0, (core.getuid()), "run the Docker specs as the non-root sbx account")
+    local out, rc = sh("docker info")
+    assert.equal(0, rc, "the Docker daemon does not answer (make deps starts it)")
+    out, rc = sh("docker image inspect pi-roundtable-sandbox:local")
+    assert.equal(0, rc, "make image first")
+    root = sh("mktemp -d /tmp/sb-sealed-XXXXXX")
+    assert.truthy(root:match("^/tmp/sb%-sealed%-"))
+    os.execute("chmod 700 " .. q(root) .. " && mkdir -p " .. q(root .. "/ctx"))
+    root = core.realpath(root)
+    out, rc = sh("cc -static -O2 -o " .. q(root .. "/ctx/probe") .. " spec/fixtures/hostile/probe.c")
+    assert.equal(0, rc, out)
+    for _, mode in ipairs(MODES) do
+      local f = assert(io.open(root .. "/ctx/Dockerfile", "w"))
+      f:write("FROM scratch\nCOPY probe /probe\nUSER 1000:1000\nENTRYPOINT [\"/probe\", \"" .. mode .. "\"]\n")
+      f:close()
+      images[mode] = "sbx-sealed-spec-" .. mode .. ":" .. TAG
+      out, rc = sh("docker build -q -t " .. images[mode] .. " " .. q(root .. "/ctx"))
+      assert.equal(0, rc, out)
+    end
+    server = assert(core.http_server {
+      on_request = function(req)
+        in_flight = in_flight + 1
+        max_in_flight = math.max(max_in_flight, in_flight)
+        local body = json.decode(req.body or "")
+        local function respond()
+          in_flight = in_flight - 1
+          if req.headers.authorization ~= "Bearer " .. KEY or not body then return req:reply(401, "{}") end
+          local msg = answer(body)
+          msg.role = "assistant"
+          req:reply(200, json.encode { choices = json.array { { message = msg } } })
+        end
+        if delay_ms > 0 then core.timer(delay_ms, respond) else respond() end
+      end,
+    })
+    local cli = require("sandbox.drivers.cli") { binary = "docker" }
+    local driver = {
+      run = function(_, spec, turn, signal)
+        local mode = turn.text and turn.text:match("PROBE:(%a+)")
+        if mode then spec.image = assert(images[mode]) end
+        return cli:run(spec, turn, signal)
+      end,
+      list = function(_, ...) return cli:list(...) end,
+      remove = function(_, ...) return cli:remove(...) end,
+    }
+    rt = sandbox.runtime {
+      image = "pi-roundtable-sandbox:local", runRoot = root .. "/run", workspaceRoot = root .. "/work",
+      model = "fake-model", modelUrl = server:url("/v1/chat/completions"),
+      apiKey = function() return KEY end, allowHttp = true, driver = driver,
+    }
+  end)
+
+  teardown(function()
+    if rt then async.run(function() local t = rt:dispose(); if t then async.wait(t) end end) end
+    if server then server:close() end
+    for _, image in pairs(images) do
+      sh("docker ps -aq --filter ancestor=" .. image .. " | xargs -r docker rm -f")
+      sh("docker image rm " .. image)
+    end
+    if root and root:match("^/tmp/sb%-sealed%-") then os.execute("rm -rf " .. q(root)) end
+  end)
+
+  local function turn(channel, text)
+    return async.run(function()
+      local ok, r = pcall(rt.run_turn, rt, channel, SPEAKER, text)
+      if not ok then return { raised = r } end
+      return r
+    end)
+  end
+
+  it("gives a worker no network: only loopback, no route out", function()
+    local r = turn("fake:net", "PROBE:net")
+    assert.is_true(r.ok, r.raised)
+    assert.equal("ifaces=lo loopback_connect=0 routed=0 route_errno=101", r.text)   -- ENETUNREACH
+  end)
+
+  it("refuses writes outside the workspace and /tmp", function()
+    local r = turn("fake:write", "PROBE:write")
+    assert.is_true(r.ok, r.raised)
+    assert.equal("root=0 broker=0 app=0 workspace=1 tmp=1", r.text)
+  end)
+
+  it("stops a fork bomb at the PID limit", function()
+    local r = turn("fake:fork", "PROBE:fork")
+    assert.is_true(r.ok, r.raised)
+    local children = tonumber(r.text:match("^children=(%d+)$"))
+    assert.is_true(children ~= nil and children >= 1 and children < 64, r.text)
+  end)
+
+  it("ends a worker past the memory limit, failing only its own turn", function()
+    local bad, good = async.run(function()
+      local a = async.spawn(function() return pcall(rt.run_turn, rt, "fake:oom", SPEAKER, "PROBE:oom") end)
+      local b = async.spawn(function() return pcall(rt.run_turn, rt, "fake:good", SPEAKER, "RECALL") end)
+      return { async.wait(a) }, { async.wait(b) }
+    end)
+    -- the memory cgroup kills the worker (exit 137): the turn fails with the
+    -- runtime's non-zero-exit error (runtime.md 8.4), nothing is read back
+    assert.is_true(bad[1])
+    assert.is_false(bad[2], "the worker outlived its memory limit")
+    assert.equal("sandbox worker failed", bad[3])
+    assert.is_true(good[1])
+    assert.is_true(good[2], good[3])
+    assert.is_true(good[3].ok)
+    -- the same channel's next turn works
+    local again = turn("fake:oom", "RECALL")
+    assert.is_true(again.ok, again.raised)
+    assert.equal("", sh("docker ps -aq --filter label=roundtable.sandbox.installation=" .. rt.installation))
+  end)
+
+  it("runs two channels' turns at the same time", function()
+    delay_ms, max_in_flight = 1500, 0
+    local a, b = async.run(function()
+      local ta = async.spawn(function() return rt:run_turn("fake:one", SPEAKER, "RECALL") end)
+      local tb = async.spawn(function() return rt:run_turn("fake:two", SPEAKER, "RECALL") end)
+      return select(2, async.wait(ta)), select(2, async.wait(tb))
+    end)
+    delay_ms = 0
+    assert.is_true(a.ok and b.ok)
+    assert.equal(2, max_in_flight)
+  end)
+
+  it("keeps memory and history between turns, and in their channel", function()
+    local first = turn("fake:alpha", "REMEMBER:alpha-fact")
+    assert.is_true(first.ok, first.raised)
+    assert.equal("saved", first.text)
+    local recall = turn("fake:alpha", "RECALL")
+    assert.equal("system:yes history:yes", recall.text)
+    local other = turn("fake:beta", "RECALL")
+    assert.equal("system:no history:no", other.text)
+  end)
+end)
