@@ -1,0 +1,198 @@
+/*
+ * sbx_ffi.h: the flat C ABI that embeds the whole sandbox engine (libsbx.so)
+ * in another process: the chat bot's Bun plugin through bun:ffi, or any C
+ * host. Only plain C types cross it: opaque pointers, int32/int64, size_t,
+ * NUL-terminated UTF-8 strings holding JSON. Nothing here needs lua.h.
+ *
+ * Model
+ * -----
+ * An engine owns one Lua state and one libuv loop, both living on the
+ * engine's own thread (started by sbx_engine_new, joined by
+ * sbx_engine_stop/sbx_engine_free). The caller's thread never runs Lua.
+ * Requests cross to the engine thread through a mutex-protected queue and a
+ * uv_async wake-up; sbx_engine_submit only copies and enqueues, so it never
+ * waits for a turn. Every request gets exactly one final result (below);
+ * turns run concurrently on the loop, so results may arrive in any order.
+ *
+ * Threads
+ * -------
+ * Every function may be called from any thread, except sbx_engine_free
+ * (never concurrently with another call on the same engine) and the
+ * blocking calls sbx_engine_call/sbx_engine_status/sbx_engine_stop/
+ * sbx_engine_free, which refuse (or, for free, must not be made) from inside
+ * the result callback, i.e. on the engine thread.
+ *
+ * Memory
+ * ------
+ * Memory is freed only by the side that allocated it. Every `char *` this
+ * ABI returns (error_out, sbx_engine_poll, sbx_engine_call,
+ * sbx_engine_status) was allocated by libsbx and must be released with
+ * sbx_free, never with the host's free(). Buffers the caller passes in are
+ * copied before the call returns; the library keeps no pointer to them.
+ * The `json` pointer handed to a result callback belongs to the library and
+ * is valid only during that call (copy it if needed; do not free it).
+ *
+ * Results: a callback, or polling
+ * -------------------------------
+ * If sbx_engine_new gets a callback, every output (results and events) is
+ * passed to it ON THE ENGINE THREAD, one at a time, in emission order, and
+ * nothing is queued for polling. With bun:ffi that means a JSCallback created
+ * with `threadsafe: true`. The callback must return quickly and must not
+ * call sbx_engine_call/status/stop/free (sbx_engine_submit and
+ * sbx_engine_poll are fine).
+ * If the callback is NULL, outputs are queued (at most SBX_FFI_MAX_QUEUED
+ * entries and SBX_FFI_MAX_QUEUED_BYTES bytes; beyond that an output is
+ * dropped and counted in status as `engine.dropped`) and the caller takes
+ * them with sbx_engine_poll. sbx_engine_fd returns an eventfd that is
+ * readable while the queue is non-empty (level-triggered from the caller's
+ * point of view: poll drains the counter when it empties the queue), so a
+ * JS host can watch it or simply poll on a timer.
+ *
+ * Output JSON (one object per output, compact, UTF-8)
+ * ---------------------------------------------------
+ *   final result of request R (exactly one per accepted submit):
+ *     {"type":"result","request":R,"ok":true,"value":<any JSON>}
+ *     {"type":"result","request":R,"ok":false,"error":"<message>"}
+ *   events (request = the request they belong to, 0 when none):
+ *     {"type":"apiKey.request","request":0,"id":K,
+ *      "scope":{"channel":"...","speaker":{"id":"...","name":"...","principalId":"..."}}}
+ *        the engine needs a model key and options_json said apiKey lives on
+ *        the host side ("apiKey":"host"): answer with a submitted
+ *        {"type":"apiKey.result","id":K,"key":"..."} (or "key":null / absent /
+ *        "" = fail closed: that model call gets the broker's 502). An
+ *        unanswered request fails closed after SBX_FFI_APIKEY_TIMEOUT_MS or
+ *        when the engine stops. Asked before every model call.
+ *     {"type":"event","request":R,"name":"<name>", ...}
+ *        progress of a message request (e.g. "typing" with "on":true|false,
+ *        "reply" with "text"): the host surface actions the app asks for;
+ *        names and fields are those of lua/sandbox/app.lua's surface calls.
+ *   The callback's request_id argument equals the "request" member.
+ *
+ * Request JSON (sbx_engine_submit / sbx_engine_call), an object with "type":
+ *   {"type":"status"}                      value: app:status() plus
+ *                                          "engine":{"pending":n,"dropped":n,"abi":1}
+ *   {"type":"ping"}                        value: true (no-op round trip)
+ *   {"type":"message","event":{...},"admission":{...}}
+ *       app:claim(event, admission) then, when claimed/admitted,
+ *       app:handle(event, admission) as a task on the loop; value: what
+ *       handle returns ({"claimed":false} when the claim declines)
+ *   {"type":"command","command":"on"|"off"|"status","channel":"discord:<id>", ...}
+ *       app:command(request) (all members passed through); value: its return
+ *   {"type":"service","op":"<op>","args":[...]}
+ *       app.services.SANDBOX: op one of has, list, enable, disable (channels)
+ *       or runTurn, startFresh, stop, busy, dispose, sweep (runtime);
+ *       runTurn args: [channel, {id,name,principalId}, text]
+ *   {"type":"stop","channel":"..."}      value: boolean (the claim's stop)
+ *   {"type":"apiKey.result","id":K,"key":"..."|null}
+ *       answers an apiKey.request; value: true if K was waiting
+ * An unknown type, malformed JSON or a missing member gives an ok=false
+ * result, never a crash. Requests are bounded by SBX_FFI_MAX_REQUEST_BYTES.
+ *
+ * options_json (may be NULL or "{}"): an object with optional members
+ *   "luaDir":   directory holding the sandbox Lua tree (default: $SBX_LUA_DIR, else
+ *               <dir of libsbx.so>/../lua, else <dir of libsbx.so>/lua)
+ *   "apiKey":   "host" = the apiKey option is the host-side function reached
+ *               through apiKey.request events (overrides the config's)
+ *   "sandbox":  an object of sandbox{} option overrides merged over what the
+ *               config script passes (JSON-expressible values only, e.g.
+ *               "timeZone", "initialChannels", "turnTimeoutMs"); an unknown
+ *               name fails construction with "unknown sandbox option: <name>"
+ * The config script is run like `sbx` runs it: it returns `sandbox{...}`.
+ */
+#ifndef SBX_FFI_H
+#define SBX_FFI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SBX_FFI_ABI_VERSION         1
+#define SBX_FFI_MAX_REQUEST_BYTES   (4u * 1024u * 1024u)  /* one submitted request */
+#define SBX_FFI_MAX_PENDING         4096                  /* submitted, not yet taken by the loop */
+#define SBX_FFI_MAX_QUEUED          4096                  /* outputs waiting for sbx_engine_poll */
+#define SBX_FFI_MAX_QUEUED_BYTES    (64u * 1024u * 1024u)
+#define SBX_FFI_APIKEY_TIMEOUT_MS   30000
+#define SBX_FFI_STATUS_TIMEOUT_MS   5000                  /* sbx_engine_status */
+
+/* Negative results of sbx_engine_submit / sbx_engine_call. Besides these:
+ * SBX_EINVAL (-1001: NULL engine/json, or not valid UTF-8 JSON text start),
+ * SBX_ETOOBIG (-1003: over SBX_FFI_MAX_REQUEST_BYTES), -ENOMEM. */
+#define SBX_ESTOPPED  (-1010)  /* the engine is stopping or stopped */
+#define SBX_EBUSY     (-1011)  /* SBX_FFI_MAX_PENDING requests already queued */
+#define SBX_ETHREAD   (-1012)  /* a blocking call made on the engine thread */
+#define SBX_ETIMEOUT  (-1013)  /* sbx_engine_call: no result within timeout_ms */
+
+typedef struct sbx_engine sbx_engine;
+
+/* Called on the engine thread for every output; json[len] == '\0'. */
+typedef void (*sbx_result_fn)(void *user, int64_t request_id,
+                              const char *json, size_t len);
+
+/* SBX_FFI_ABI_VERSION of the loaded library (check it before anything). */
+int32_t sbx_ffi_abi_version(void);
+
+/*
+ * Creates an engine: starts its thread, makes the Lua state (standard
+ * libraries, sandbox.core preloaded, package.path from the Lua dir), runs the
+ * config script at config_path and builds the app there. Returns only once
+ * that succeeded (the engine, ready for submits) or failed: NULL, and when
+ * error_out is non-NULL *error_out = an allocated message (the Lua error,
+ * e.g. "unknown sandbox option: bogus"; free it with sbx_free).
+ * cb may be NULL (then use sbx_engine_poll); user is passed back to cb.
+ */
+sbx_engine *sbx_engine_new(const char *config_path, const char *options_json,
+                           sbx_result_fn cb, void *user, char **error_out);
+
+/*
+ * Queues one request (JSON text, len bytes, need not be NUL-terminated;
+ * copied). Returns its request id (> 0, increasing) or a negative code.
+ * Never blocks longer than a mutex hand-off.
+ */
+int64_t sbx_engine_submit(sbx_engine *e, const char *json, size_t len);
+
+/* Next queued output (polling mode), or NULL when none. Free with sbx_free. */
+char *sbx_engine_poll(sbx_engine *e);
+
+/* The eventfd that is readable while outputs are queued (polling mode);
+ * owned by the engine (do not close it), valid until sbx_engine_free. */
+int32_t sbx_engine_fd(sbx_engine *e);
+
+/*
+ * Submits a request and waits (at most timeout_ms) for its final result,
+ * which is returned (free with sbx_free) instead of being delivered to the
+ * callback/queue. Events of that request still go to the callback/queue.
+ * NULL on failure with *code_out (if non-NULL) set to the negative code.
+ * Not from the engine thread. Do not use it for message requests whose
+ * apiKey.request events must be answered by the same thread.
+ */
+char *sbx_engine_call(sbx_engine *e, const char *json, size_t len,
+                      int32_t timeout_ms, int32_t *code_out);
+
+/* Synchronous {"type":"status"} (SBX_FFI_STATUS_TIMEOUT_MS): the result
+ * object's JSON, or NULL (stopped, timeout, engine thread). sbx_free it. */
+char *sbx_engine_status(sbx_engine *e);
+
+/*
+ * Stops the engine: new submits get SBX_ESTOPPED; the app is disposed
+ * (running turns end, their containers are removed, pending apiKey requests
+ * fail closed); every request still without a result gets
+ * {"ok":false,"error":"engine stopped"}; then the loop thread ends. Blocks
+ * until that thread has finished. Idempotent. Queued outputs stay pollable.
+ */
+void sbx_engine_stop(sbx_engine *e);
+
+/* sbx_engine_stop if needed, then releases everything (the Lua state, the
+ * fd, queued outputs). e is invalid afterwards. NULL is a no-op. */
+void sbx_engine_free(sbx_engine *e);
+
+/* Releases memory returned by this ABI. NULL is a no-op. */
+void sbx_free(void *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
