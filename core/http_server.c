@@ -97,16 +97,6 @@ struct hreq {
 
 typedef struct { srv_t *srv; } srv_box_t;
 
-static void ignore_sigpipe(void) {
-  struct sigaction sa;
-  if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = SIG_IGN;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGPIPE, &sa, NULL);
-  }
-}
-
 static const char *reason(int status) {
   switch (status) {
   case 200: return "OK";
@@ -474,7 +464,6 @@ static int l_http_server(lua_State *L) {
   timeout = opt_int(L, "timeout_ms", HS_DEFAULT_TIMEOUT, 1, 600000);
   if (lua_getfield(L, 1, "on_request") != LUA_TFUNCTION)
     return luaL_error(L, "http_server: on_request must be a function");
-  ignore_sigpipe();
   s = calloc(1, sizeof *s);
   if (s == NULL) return luaL_error(L, "out of memory");
   box = lua_newuserdatauv(L, sizeof *box, 0);

@@ -105,16 +105,6 @@ struct proc {
 
 /* ---- helpers ----------------------------------------------------------- */
 
-static void ignore_sigpipe(void) {
-  struct sigaction sa;
-  if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = SIG_IGN;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGPIPE, &sa, NULL);
-  }
-}
-
 /* Every host descriptor above 2 becomes close-on-exec (spec 4.5). */
 static void mark_all_cloexec(void) {
 #ifdef SYS_close_range
@@ -393,7 +383,6 @@ static int l_spawn(lua_State *L) {
   p->box = box;
   box->p = p;
 
-  ignore_sigpipe();
   mark_all_cloexec();
   uv_pipe_init(&lp->uv, &p->in, 0);
   uv_pipe_init(&lp->uv, &p->out, 0);
