@@ -3,6 +3,7 @@
 -- This module checks the option names and everything the broker uses, and
 -- hands out brokers bound to one turn. (The container runtime, channel state
 -- and claim build on the same options.)
+local app = require "sandbox.app"
 local broker = require "sandbox.broker"
 local broker_config = require "sandbox.broker_config"
 
@@ -22,7 +23,9 @@ Config.__index = Config
 
 local function fail(msg) error(msg, 0) end
 
--- Validates opts and returns a config object. Raises the spec's error string.
+-- Validates opts and returns the app (lua/sandbox/app.lua): a config object
+-- (`options`, `broker`) that `app:start(host)` turns into the running
+-- sandbox. Raises the spec's error string.
 function M.new(opts)
   if type(opts) ~= "table" then fail("sandbox options must be a table") end
   local unknown = {}
@@ -46,7 +49,7 @@ function M.new(opts)
   for k, v in pairs(opts) do options[k] = v end
   options.turnTimeoutMs = timeout or M.DEFAULT_TURN_TIMEOUT_MS
   options.provider = options.provider or "openai"
-  return setmetatable({ options = options }, Config)
+  return app.wrap({ options = options }, Config)
 end
 
 -- A broker bound to one turn: t = {channel=, speaker={id,name,principalId},
@@ -62,7 +65,7 @@ function Config:broker(t)
 end
 
 function M.is_config(v)
-  return getmetatable(v) == Config
+  return getmetatable(v) == Config or app.is_app(v)
 end
 
 M.broker = broker.new
