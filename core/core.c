@@ -93,20 +93,6 @@ void sbx__log(const char *level, const char *fmt, ...) {
   fprintf(stderr, "sbx: %s: %s\n", level, msg);
 }
 
-const char *sbx_strerror(int code) {
-  switch (code) {
-  case 0: return "ok";
-  case SBX_EINVAL: return "invalid input";
-  case SBX_EDEPTH: return "nesting too deep";
-  case SBX_ETOOBIG: return "too large";
-  case SBX_EREFLECT: return "credential reflection";
-  case SBX_EUTF8: return "invalid UTF-8";
-  case -ENOMEM: return "out of memory";
-  case -ETIMEDOUT: return "timed out";
-  default: return code < 0 && code > -4096 ? strerror(-code) : "error";
-  }
-}
-
 void sbx__ignore_sigpipe(void) {
   struct sigaction sa;
   if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
@@ -130,5 +116,6 @@ int luaopen_sandbox_core(lua_State *L) {
   sbx__open_http_server(L);
   sbx__open_process(L);
   sbx__open_fs(L);
+  sbx__open_atomic_file(L);
   return 1;
 }

@@ -12,7 +12,7 @@
 #   make image                   pi-roundtable-sandbox:local (worker/image.sh)
 #
 # core/json.c and core/reflect.c are compiled in (strict JSON is the core's);
-# they need Lua, libc, SSE2 and sbx_strerror (worker/core_glue.c); sbx_internal.h
+# they need Lua, libc, SSE2 and sbx_strerror (core/strerror.c); sbx_internal.h
 # includes <uv.h> for types only. The module exports luaopen_sbxw alone, so its
 # copy of the core's symbols never meets sandbox.core's in one host process.
 # The static objects drop sanitizer flags (a static binary cannot carry
@@ -27,7 +27,7 @@ WORKER_STATIC_CFLAGS := $(WORKER_BASE_CFLAGS) -ffunction-sections -fdata-section
 WORKER_MODULE_CFLAGS := $(WORKER_BASE_CFLAGS) -fPIC -fvisibility=hidden -DSBXW_MODULE $(CFLAGS)
 
 WORKER_PRIM_SRC := worker/sbxw.c worker/fs.c worker/utf8.c worker/localtime.c \
-  worker/broker_client.c worker/core_glue.c core/json.c core/reflect.c
+  worker/broker_client.c core/strerror.c core/json.c core/reflect.c
 WORKER_HDRS := $(wildcard worker/*.h) core/sbx.h core/sbx_internal.h core/sbx_limits.h
 WORKER_STATIC_OBJ := $(patsubst %.c,$(B)/worker/obj/static/%.o,$(WORKER_PRIM_SRC))
 WORKER_MODULE_OBJ := $(patsubst %.c,$(B)/worker/obj/module/%.o,$(WORKER_PRIM_SRC))

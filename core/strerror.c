@@ -1,9 +1,7 @@
 /*
- * core_glue.c: the one core symbol that core/json.c and core/reflect.c need
- * beyond Lua and libc: sbx_strerror (defined in core/core.c, which the worker
- * does not compile because it pulls in libuv, curl and the listener). Only
- * reflect.c's reflect_filter constructor calls it, and the worker never
- * exposes that; the messages match core/core.c's.
+ * strerror.c: sbx_strerror, the short payload-free name of an SBX_E* or
+ * -errno code. Its own file because the worker compiles it too, with
+ * core/json.c and core/reflect.c, and nothing else of the core.
  */
 #include <errno.h>
 #include <string.h>
