@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "sbx_internal.h"
+#include "sbx_utf8.h"
 
 #define JSON_OBJECT_MT_KEY "sbx.json.object_mt"
 #define JSON_ARRAY_MT_KEY  "sbx.json.array_mt"
@@ -129,30 +130,6 @@ static int utf8_valid(const unsigned char *s, size_t len) {
   return 1;
 }
 
-/* Writes code point cp (valid, not a surrogate) as UTF-8; returns its length. */
-static size_t utf8_put(char *out, unsigned long cp) {
-  if (cp < 0x80) {
-    out[0] = (char)cp;
-    return 1;
-  }
-  if (cp < 0x800) {
-    out[0] = (char)(0xC0 | (cp >> 6));
-    out[1] = (char)(0x80 | (cp & 0x3F));
-    return 2;
-  }
-  if (cp < 0x10000) {
-    out[0] = (char)(0xE0 | (cp >> 12));
-    out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[2] = (char)(0x80 | (cp & 0x3F));
-    return 3;
-  }
-  out[0] = (char)(0xF0 | (cp >> 18));
-  out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-  out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-  out[3] = (char)(0x80 | (cp & 0x3F));
-  return 4;
-}
-
 /* ------------------------------------------------------------------ */
 /* Decoder                                                             */
 /* ------------------------------------------------------------------ */
@@ -236,7 +213,7 @@ static size_t decode_escape(dec_t *d, char *out) {
     if (lo < 0xDC00 || lo > 0xDFFF) return 0;
     cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
   }
-  return utf8_put(out, (unsigned long)cp);
+  return sbx__utf8_put(out, (unsigned long)cp);
 }
 
 /*

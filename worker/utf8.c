@@ -15,6 +15,7 @@
 
 #include "lowercase_table.h"
 #include "sbxw.h"
+#include "sbx_utf8.h"
 
 /* Length of the valid sequence at s[0], or 0 (RFC 3629 table). */
 static size_t seq_len(const unsigned char *s, size_t avail) {
@@ -55,26 +56,6 @@ static unsigned decode(const unsigned char *s, size_t *n) {
   *n = 4;
   return ((c & 0x07) << 18) | ((unsigned)(s[1] & 0x3F) << 12) |
          ((unsigned)(s[2] & 0x3F) << 6) | (s[3] & 0x3F);
-}
-
-static size_t encode(char *out, unsigned cp) {
-  if (cp < 0x80) { out[0] = (char)cp; return 1; }
-  if (cp < 0x800) {
-    out[0] = (char)(0xC0 | (cp >> 6));
-    out[1] = (char)(0x80 | (cp & 0x3F));
-    return 2;
-  }
-  if (cp < 0x10000) {
-    out[0] = (char)(0xE0 | (cp >> 12));
-    out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[2] = (char)(0x80 | (cp & 0x3F));
-    return 3;
-  }
-  out[0] = (char)(0xF0 | (cp >> 18));
-  out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-  out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-  out[3] = (char)(0x80 | (cp & 0x3F));
-  return 4;
 }
 
 /* The whitespace of spec/worker.md 3.3. */
@@ -177,7 +158,7 @@ static int l_lower(lua_State *L) {
     }
     unsigned cp = decode(s + i, &n);
     i += n;
-    b.len += encode(b.p + b.len, lower_cp(cp));
+    b.len += sbx__utf8_put(b.p + b.len, lower_cp(cp));
   }
   lua_pushlstring(L, b.p, b.len);
   return 1;
