@@ -276,4 +276,23 @@ function M.turn_json(turn)
   return s
 end
 
+
+-- What both drivers do before starting a container (4.6 step 1): both
+-- labels present, then the turn's stdin bytes (8.2 key order).
+function M.run_input(spec, turn)
+  local labels = spec.labels or {}
+  if type(labels[M.LABEL_INSTALLATION]) ~= "string" or labels[M.LABEL_INSTALLATION] == ""
+      or type(labels[M.LABEL_OWNER]) ~= "string" or labels[M.LABEL_OWNER] == "" then
+    error(M.E_LABELS, 0)
+  end
+  return M.turn_json(turn)
+end
+
+-- The error a driver raises when its turn signal aborted.
+function M.abort_reason(signal)
+  local r = signal.reason
+  if r == nil then r = "aborted" end
+  return r
+end
+
 return M

@@ -178,23 +178,14 @@ function M.parse_reply(stdout)
   return { ok = v.ok, text = v.text }
 end
 
-local function abort_reason(signal)
-  local r = signal.reason
-  if r == nil then r = "aborted" end
-  return r
-end
+local abort_reason = container.abort_reason
 
 -- One turn in one fresh container (4.6).
 function Driver:run(spec, turn, signal)
   -- 1
   local argv = container.args(spec)
   local name = spec.name
-  local labels = spec.labels or {}
-  if type(labels[container.LABEL_INSTALLATION]) ~= "string" or labels[container.LABEL_INSTALLATION] == ""
-      or type(labels[container.LABEL_OWNER]) ~= "string" or labels[container.LABEL_OWNER] == "" then
-    fail(container.E_LABELS)
-  end
-  local input = container.turn_json(turn)
+  local input = container.run_input(spec, turn)
   -- 2
   if signal and signal.aborted then error(abort_reason(signal), 0) end
   -- 3-6

@@ -285,23 +285,14 @@ local function attach(self, name, group)
   return a
 end
 
-local function abort_reason(signal)
-  local r = signal.reason
-  if r == nil then r = "aborted" end
-  return r
-end
+local abort_reason = container.abort_reason
 
 -- One turn in one fresh container: the CLI driver's steps with the Engine
 -- API equivalents of 4.6.
 function Driver:run(spec, turn, signal)
   local body = container.engine_body(spec)
   local name = spec.name
-  local labels = spec.labels or {}
-  if type(labels[container.LABEL_INSTALLATION]) ~= "string" or labels[container.LABEL_INSTALLATION] == ""
-      or type(labels[container.LABEL_OWNER]) ~= "string" or labels[container.LABEL_OWNER] == "" then
-    fail(container.E_LABELS)
-  end
-  local input = container.turn_json(turn)
+  local input = container.run_input(spec, turn)
   if signal and signal.aborted then error(abort_reason(signal), 0) end
 
   local group = new_group()
