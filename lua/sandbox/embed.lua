@@ -1,0 +1,429 @@
+-- embed.lua: the Lua side of the embedding ABI (core/sbx_ffi.h, core/ffi.c).
+-- It runs on the engine thread: loads the operator's config script, starts
+-- the app (lua/sandbox/app.lua) with a host table whose callbacks reach the
+-- embedding process as JSON events, and runs every submitted JSON request as
+-- a task on the loop, emitting exactly one final result per request.
+--
+-- The C side hands `new` four closures:
+--   c.emit(request_id, json, final)  an output (final: the request's result)
+--   c.ready(err|nil)                 construction finished (nil = ok)
+--   c.done()                         the engine is finished: leave the loop
+--   c.counters() -> in, dropped, out queue sizes (for status)
+--
+-- Request and output shapes are documented in core/sbx_ffi.h.
+local async = require "sandbox.async"
+local core = require "sandbox.core"
+
+local M = {}
+
+M.ABI = 1
+M.APIKEY_TIMEOUT_MS = 30000
+M.STOP_GRACE_MS = 5000
+M.MAX_DEPTH = 64
+
+local json_null = core.json_null
+local object_mt, array_mt, order = core.json_object_mt, core.json_array_mt, core.json_order
+
+local Engine = {}
+Engine.__index = Engine
+
+-- Decoded JSON -> plain Lua tables (null members left out, so `if x` reads
+-- as the app expects).
+local function plain(v, depth)
+  depth = depth or 0
+  if v == json_null then return nil end
+  if type(v) ~= "table" or depth > M.MAX_DEPTH then return v end
+  local out = {}
+  if getmetatable(v) == array_mt then
+    for i = 1, #v do out[i] = plain(v[i], depth + 1) end
+  else
+    for k, x in pairs(v) do out[k] = plain(x, depth + 1) end
+  end
+  return out
+end
+M.plain = plain
+
+-- Any Lua value -> something core.json_encode accepts: functions, threads and
+-- other userdata are left out, nil becomes null, a sequence an array.
+local function jsonable(v, depth)
+  depth = depth or 0
+  local t = type(v)
+  if v == nil or v == json_null then return json_null end
+  if t == "string" or t == "boolean" then return v end
+  if t == "number" then
+    if v ~= v or v == math.huge or v == -math.huge then return json_null end
+    return v
+  end
+  if t ~= "table" or depth > M.MAX_DEPTH then return nil end
+  local mt = getmetatable(v)
+  if mt == array_mt then
+    local a = setmetatable({}, array_mt)
+    for i = 1, #v do local j = jsonable(v[i], depth + 1) if j == nil then j = json_null end a[i] = j end
+    return a
+  end
+  local n, count = #v, 0
+  for _ in pairs(v) do count = count + 1 end
+  if n > 0 and count == n then
+    local a = setmetatable({}, array_mt)
+    for i = 1, n do local j = jsonable(v[i], depth + 1) if j == nil then j = json_null end a[i] = j end
+    return a
+  end
+  local o = setmetatable({}, object_mt)
+  local names = {}
+  local kept = mt == object_mt and order[v] or nil
+  for k, x in pairs(v) do
+    if type(k) == "string" then
+      local j = jsonable(x, depth + 1)
+      if j ~= nil then o[k] = j names[#names + 1] = k end
+    end
+  end
+  if kept then
+    local seen = {}
+    local ordered = {}
+    for _, k in ipairs(kept) do if o[k] ~= nil then ordered[#ordered + 1] = k seen[k] = true end end
+    table.sort(names)
+    for _, k in ipairs(names) do if not seen[k] then ordered[#ordered + 1] = k end end
+    order[o] = ordered
+  end
+  return o
+end
+M.jsonable = jsonable
+
+-- jsonable(v), with nil (a value left out) as null.
+local function json_value(v)
+  local j = jsonable(v)
+  if j == nil then return json_null end
+  return j
+end
+
+local function object(names, values)
+  local o = setmetatable({}, object_mt)
+  local kept = {}
+  for _, k in ipairs(names) do
+    if values[k] ~= nil then o[k] = values[k] kept[#kept + 1] = k end
+  end
+  order[o] = kept
+  return o
+end
+
+local function encode(v)
+  return core.json_encode(v)
+end
+
+-- Options -------------------------------------------------------------------
+
+local function decode_options(options_json)
+  if options_json == nil or options_json == "" then return {} end
+  local o, err = core.json_decode(options_json)
+  if o == nil then error("invalid options_json: " .. tostring(err), 0) end
+  if type(o) ~= "table" or getmetatable(o) ~= object_mt then error("invalid options_json: not a JSON object", 0) end
+  o = plain(o)
+  for _, k in ipairs { "sandbox", "host" } do
+    if o[k] ~= nil and type(o[k]) ~= "table" then error("invalid options_json: " .. k .. " must be an object", 0) end
+  end
+  if o.apiKey ~= nil and o.apiKey ~= "host" and o.apiKey ~= "config" then
+    error('invalid options_json: apiKey must be "host" or "config"', 0)
+  end
+  if o.hostLogin ~= nil and type(o.hostLogin) ~= "boolean" then
+    error("invalid options_json: hostLogin must be a boolean", 0)
+  end
+  return o
+end
+
+-- Is v an app: the real one (sandbox{} returns it) or a duck-typed one with
+-- the same methods (embedding specs drive the ABI with such fakes).
+local METHODS = { "start", "claim", "handle", "command", "status", "dispose" }
+local function is_app_like(v)
+  if type(v) ~= "table" then return false end
+  for _, m in ipairs(METHODS) do
+    if type(v[m]) ~= "function" then return false end
+  end
+  return true
+end
+
+-- Runs the config script and returns the (unstarted) app, with the option
+-- overrides of options_json applied through a second sandbox{} check.
+local function load_app(path, opts, overrides)
+  local sandbox = require "sandbox"
+  local chunk, lerr = loadfile(path, "t")
+  if not chunk then error("cannot load config: " .. tostring(lerr), 0) end
+  local ok, app = pcall(chunk, opts)
+  if not ok then error(app, 0) end
+  local real = sandbox.is_config(app)
+  if not real and type(app) == "table" and not is_app_like(app) then
+    app = sandbox(app)                       -- a plain option table
+    real = true
+  end
+  if real and next(overrides) ~= nil then
+    local merged = {}
+    for k, v in pairs(app.options) do merged[k] = v end
+    for k, v in pairs(overrides) do merged[k] = v end
+    app = sandbox(merged)
+  end
+  if not is_app_like(app) then
+    error("config " .. path .. " must return sandbox { ... }", 0)
+  end
+  return app
+end
+
+-- Engine ------------------------------------------------------------------
+
+-- new(config_path, options_json, c) -> engine. Raises the construction error
+-- of the config script; the app start (which may yield) reports through
+-- c.ready.
+function M.new(config_path, options_json, c)
+  local opts = decode_options(options_json)
+  local self = setmetatable({
+    c = c, pending = {}, npending = 0, keys = {}, next_key = 0,
+    event_request = setmetatable({}, { __mode = "k" }), stopping = false, started = false,
+  }, Engine)
+  local overrides = {}
+  for k, v in pairs(opts.sandbox or {}) do overrides[k] = v end
+  if opts.apiKey == "host" then
+    overrides.apiKey = function(scope) return self:ask_key(scope, nil) end
+  end
+  self.app = load_app(config_path, opts, overrides)
+  self.host = self:make_host(opts)
+  async.spawn(function()
+    local ok, err = pcall(self.app.start, self.app, self.host)
+    if ok then
+      self.started = true
+      c.ready(nil)
+    else
+      c.ready(type(err) == "string" and err or tostring(err))
+      c.done()
+    end
+  end)
+  return self
+end
+
+function Engine:make_host(opts)
+  local h = {}
+  for k, v in pairs(opts.host or {}) do h[k] = v end
+  if opts.hostLogin then
+    h.hostLogin = function(provider) return self:ask_key(nil, provider) end
+  end
+  if opts.apiKey == "host" then
+    h.apiKey = function(scope) return self:ask_key(scope, nil) end
+  end
+  h.typing = function(event)
+    local rid = self.event_request[event] or 0
+    self:event(rid, "typing", { on = true })
+    local stopped = false
+    return function()
+      if stopped then return end
+      stopped = true
+      self:event(rid, "typing", { on = false })
+    end
+  end
+  return h
+end
+
+function Engine:emit(rid, obj, final)
+  local s, err = encode(obj)
+  if not s then
+    if not final then return end
+    s = assert(encode(object({ "type", "request", "ok", "error" },
+      { type = "result", request = rid, ok = false, error = "result not encodable as JSON: " .. tostring(err) })))
+  end
+  self.c.emit(rid, s, final)
+end
+
+function Engine:event(rid, name, fields)
+  local names, values = { "type", "request", "name" }, { type = "event", request = rid, name = name }
+  local extra = {}
+  for k in pairs(fields) do extra[#extra + 1] = k end
+  table.sort(extra)
+  for _, k in ipairs(extra) do names[#names + 1] = k values[k] = jsonable(fields[k]) end
+  self:emit(rid, object(names, values), false)
+end
+
+function Engine:finish(rid, ok, value)
+  if not self.pending[rid] then return end
+  self.pending[rid] = nil
+  self.npending = self.npending - 1
+  local obj
+  if ok then
+    obj = object({ "type", "request", "ok", "value" },
+      { type = "result", request = rid, ok = true, value = json_value(value) })
+  else
+    local msg = type(value) == "string" and value or tostring(value)
+    obj = object({ "type", "request", "ok", "error" }, { type = "result", request = rid, ok = false, error = msg })
+  end
+  self:emit(rid, obj, true)
+end
+
+-- The host answers apiKey.request K with {"type":"apiKey.result","id":K,...}.
+-- A missing, null, empty or non-string key, a timeout or a stop: nil (the
+-- broker fails that model call closed).
+function Engine:ask_key(scope, provider)
+  if self.stopping then return nil end
+  self.next_key = self.next_key + 1
+  local id = self.next_key
+  local sc = json_null
+  if type(scope) == "table" then
+    local sp = type(scope.speaker) == "table" and scope.speaker or {}
+    sc = object({ "channel", "speaker" }, {
+      channel = scope.channel,
+      speaker = object({ "id", "name", "principalId" }, { id = sp.id, name = sp.name, principalId = sp.principalId }),
+    })
+  end
+  local key = async.await(function(resume)
+    local timer = core.timer(M.APIKEY_TIMEOUT_MS, function() resume(nil) end)
+    self.keys[id] = function(k) timer:stop() resume(k) end
+    self:emit(0, object({ "type", "request", "id", "provider", "scope" },
+      { type = "apiKey.request", request = 0, id = id, provider = provider, scope = sc }), false)
+  end)
+  self.keys[id] = nil
+  if type(key) ~= "string" or key == "" then return nil end
+  return key
+end
+
+-- Request handlers: each runs inside the request's task and returns its value
+-- (or raises: an ok=false result).
+local function need_string(v, what)
+  if type(v) ~= "string" or v == "" then error("invalid request: " .. what .. " must be a non-empty string", 0) end
+  return v
+end
+
+local function need_event(req)
+  if type(req.event) ~= "table" then error("invalid request: event must be an object", 0) end
+  if req.admission ~= nil and type(req.admission) ~= "table" then
+    error("invalid request: admission must be an object or null", 0)
+  end
+  return req.event, req.admission
+end
+
+local CHANNEL_OPS = { has = "has", list = "list", enable = "enable", disable = "disable" }
+local RUNTIME_OPS = {
+  runTurn = "run_turn", startFresh = "start_fresh", stop = "stop", busy = "busy",
+  dispose = "dispose", sweep = "sweep",
+}
+
+local HANDLERS = {}
+
+function HANDLERS.ping() return true end
+
+function HANDLERS.status(self)
+  local st = self.app:status()
+  local out = {}
+  if type(st) == "table" then for k, v in pairs(st) do out[k] = v end end
+  local queued_in, dropped, queued_out = self.c.counters()
+  out.engine = object({ "abi", "pending", "submitted", "queued", "dropped", "stopping" }, {
+    abi = M.ABI, pending = self.npending, submitted = queued_in, queued = queued_out,
+    dropped = dropped, stopping = self.stopping,
+  })
+  return out
+end
+
+function HANDLERS.claim(self, _, req)
+  local event, admission = need_event(req)
+  return self.app:claim(event, admission)
+end
+
+function HANDLERS.message(self, rid, req)
+  local event, admission = need_event(req)
+  local claim = self.app:claim(event, admission)
+  self:event(rid, "claim", { claim = claim })
+  if type(claim) ~= "table" or not claim.claim then
+    return object({ "claim", "result" }, { claim = jsonable(claim), result = json_null })
+  end
+  self.event_request[event] = rid
+  local res = self.app:handle(event, admission)
+  return object({ "claim", "result" }, { claim = jsonable(claim), result = json_value(res) })
+end
+
+function HANDLERS.command(self, _, req)
+  local event, admission = need_event(req)
+  return self.app:command(event, admission)
+end
+
+function HANDLERS.stop(self, _, req)
+  return self.app:stop(need_string(req.channel, "channel"))
+end
+
+function HANDLERS.startFresh(self, _, req)
+  return self.app:start_fresh(need_string(req.channel, "channel"))
+end
+
+function HANDLERS.background(self, _, req)
+  return self.app:background(need_string(req.channel, "channel"))
+end
+
+function HANDLERS.owns(self, _, req)
+  return self.app:owns(need_string(req.channel, "channel"))
+end
+
+function HANDLERS.service(self, _, req)
+  local op = need_string(req.op, "op")
+  local args = req.args or {}
+  if type(args) ~= "table" then error("invalid request: args must be an array", 0) end
+  local svc = self.app.services and self.app.services.SANDBOX
+  if type(svc) ~= "table" then error("the SANDBOX service is not available", 0) end
+  local target, method
+  if CHANNEL_OPS[op] then
+    target, method = svc.channels, CHANNEL_OPS[op]
+  elseif RUNTIME_OPS[op] then
+    target, method = svc.runtime, RUNTIME_OPS[op]
+  else
+    error("invalid request: unknown service op: " .. op, 0)
+  end
+  if type(target) ~= "table" or target[method] == nil then error("the SANDBOX service has no " .. op, 0) end
+  return target[method](target, table.unpack(args, 1, #args))
+end
+
+function Engine:dispatch(rid, text)
+  self.pending[rid] = true
+  self.npending = self.npending + 1
+  local req, err = core.json_decode(text)
+  if type(req) ~= "table" or getmetatable(req) ~= object_mt then
+    self:finish(rid, false, "invalid request: " .. (err or "not a JSON object"))
+    return
+  end
+  req = plain(req)
+  local kind = req.type
+  if kind == "apiKey.result" then
+    local k = math.type(req.id) == "integer" and self.keys[req.id] or nil
+    if k then k(req.key) end
+    self:finish(rid, true, k ~= nil)
+    return
+  end
+  local h = type(kind) == "string" and HANDLERS[kind] or nil
+  if h == nil then
+    self:finish(rid, false, "invalid request: unknown type: " .. tostring(kind))
+    return
+  end
+  if self.stopping then
+    self:finish(rid, false, "engine stopped")
+    return
+  end
+  local task = async.spawn(h, self, rid, req)
+  async.on_done(task, function(t) self:finish(rid, t.ok, t.results[2]) end)
+end
+
+-- Stop: dispose the app (running turns end, containers removed), fail the
+-- pending apiKey requests closed, give running requests a grace period to
+-- return their own results, fail the rest with "engine stopped", done.
+function Engine:stop()
+  if self.stopping then return end
+  self.stopping = true
+  async.spawn(function()
+    for id, k in pairs(self.keys) do self.keys[id] = nil k(nil) end
+    if self.started then
+      local ok, err = pcall(self.app.dispose, self.app)
+      if not ok then core.log("warn", "embedding: dispose failed: " .. tostring(err)) end
+    end
+    local waited = 0
+    while self.npending > 0 and waited < M.STOP_GRACE_MS do
+      async.sleep(10)
+      waited = waited + 10
+    end
+    local left = {}
+    for rid in pairs(self.pending) do left[#left + 1] = rid end
+    table.sort(left)
+    for _, rid in ipairs(left) do self:finish(rid, false, "engine stopped") end
+    self.c.done()
+  end)
+end
+
+return M
