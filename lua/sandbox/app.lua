@@ -96,18 +96,31 @@
 --   app.commands = the `sandbox` group definition (commands.definition) or nil
 --   app:status() -> { started=, channels={keys}, busy={keys}, queued={key=n} }
 --   app:dispose()  (yields; idempotent) disposes the runtime.
+--
+-- start, handle, command and dispose yield: call them inside a task
+-- (async.spawn / async.run). claim, owns, stop, start_fresh, background and
+-- status never yield. Before start, only claim/owns/status answer (nothing
+-- is owned); the others raise `sandbox is not started`.
+local channels = require "sandbox.channels"
+local claim = require "sandbox.claim"
+local commands = require "sandbox.commands"
+local json = require "sandbox.json"
+local runtime = require "sandbox.runtime"
+local turn_queue = require "sandbox.turn_queue"
+
 local M = {}
 
 M.SERVICE_ID = "sandbox.channels"
 M.LIFECYCLE = "sandbox-runtime"
+M.DEFAULT_TIME_ZONE = "UTC"
 M.E_API_KEY = "apiKey is required when no host login is available"
-M.E_STATE_ABSOLUTE = "stateFile must be absolute"
-M.E_STATE_NAME = "stateFile must name a file"
-M.E_STATE_MOUNTS = "routing state must stay outside sandbox mounts"
 M.E_NOT_STARTED = "sandbox is not started"
+M.LOG_STATE = "routing state could not be opened"
+
+-- Options of `sandbox{}` that the runtime does not take (2.1).
+local APP_ONLY = { stateFile = true, initialChannels = true, provider = true }
 
 local App = {}
-App.__index = App
 M.App = App
 
 local function fail(msg) error(msg, 0) end
@@ -115,44 +128,207 @@ local function fail(msg) error(msg, 0) end
 -- Wraps a checked config (init.lua) as an unstarted app. `Config` is the
 -- config class whose methods (broker) the app keeps.
 function M.wrap(cfg, Config)
-  local mt = { __index = function(_, k)
-    local v = App[k]
-    if v ~= nil then return v end
-    return Config[k]
-  end }
-  M.mt = mt
-  return setmetatable({ options = cfg.options, started = false, services = {} }, mt)
+  if M.mt == nil then
+    M.mt = { __index = function(_, k)
+      local v = App[k]
+      if v ~= nil then return v end
+      return Config[k]
+    end }
+  end
+  return setmetatable({ options = cfg.options, started = false, services = {} }, M.mt)
 end
 
 function M.is_app(v)
   return M.mt ~= nil and getmetatable(v) == M.mt
 end
 
+function App:_log(level, msg, fields)
+  local log = self.host and self.host.log or runtime.log
+  pcall(log, level, msg, fields)
+end
+
+local function require_started(self)
+  if not self.started then fail(M.E_NOT_STARTED) end
+end
+
+-- §3.2 step 2: the apiKey the runtime gets.
+local function resolve_api_key(o, host)
+  if o.apiKey ~= nil then
+    if type(o.apiKey) ~= "function" then fail("apiKey must be a function") end
+    return o.apiKey
+  end
+  local login = host.hostLogin
+  if type(login) ~= "function" then fail(M.E_API_KEY) end
+  local provider = o.provider or "openai"
+  -- re-read on every call, so a refreshed login applies without a restart;
+  -- the scope is ignored (2.3)
+  return function() return login(provider) end
+end
+
+-- spec/runtime.md 3.2 steps 2-9. Inside a task. Returns self.
 function App:start(host)
-  local _ = host
-  fail("not yet implemented")
+  if self.started then return self end
+  if self.disposed then fail(runtime.E_BUSY) end
+  host = host or {}
+  if type(host) ~= "table" then fail("sandbox host must be a table") end
+  local o = self.options
+  local opts = {}
+  for k, v in pairs(o) do
+    if not APP_ONLY[k] then opts[k] = v end
+  end
+  opts.apiKey = resolve_api_key(o, host)                             -- step 2
+  opts.timeZone = host.timeZone or M.DEFAULT_TIME_ZONE
+  local rt = runtime.new(opts)                                        -- step 3
+  local store_path
+  local ok, store = pcall(function()
+    store_path = channels.state_path(o.stateFile, rt.options.runRoot,   -- steps 4-6
+      rt.options.workspaceRoot)
+    return channels.open {                                            -- step 7
+      stateFile = store_path, initialChannels = o.initialChannels, write = host.writeState,
+    }
+  end)
+  if not ok then
+    if channels.FIXES[store] then
+      self.host = host
+      self:_log("error", M.LOG_STATE, { file = store_path or o.stateFile, fix = channels.FIXES[store] })
+      self.host = nil
+    end
+    rt:dispose()
+    error(store, 0)
+  end
+  self.host, self.rt, self.store = host, rt, store
+  self.root = host.rootCommand or commands.DEFAULT_ROOT
+  self.queue = turn_queue.new()
+  self.services = {                                                   -- step 8
+    SANDBOX = { id = M.SERVICE_ID, channels = store, runtime = rt },
+    lifecycle = {                                                     -- step 9
+      name = M.LIFECYCLE,
+      busy = function() return rt:busy() end,
+      stop = function() return self:dispose() end,
+    },
+  }
+  if host.slashCommands then self.commands = commands.definition(self.root) end
+  self.started = true
+  return self
 end
 
+function App:owns(key)
+  return self.started and self.store:has(key) or false
+end
+
+-- The routing decision (pure: store membership, event, admission).
 function App:claim(event, admission)
-  local _ = { event, admission }
-  fail("not yet implemented")
+  if type(event) == "table" and event.type == "command"
+      and commands.parse(event, self.root or self.host and self.host.rootCommand) == nil then
+    return { claim = false, priority = claim.PRIORITY }
+  end
+  return claim.decide(event, admission, function(key) return self:owns(key) end)
 end
 
+-- §9.3, inside the channel queue.
+function App:_answer(key, event, speaker)
+  if not self.store:has(key) then return nil end                      -- step 1
+  local stop_typing
+  if self.host.typing then                                            -- step 2
+    local ok, stop = pcall(self.host.typing, event)
+    if ok and type(stop) == "function" then stop_typing = stop end
+  end
+  local ok, text = pcall(function()
+    return (self.rt:guest_turn(key, speaker, claim.compose(event)))   -- steps 3-4, 6
+  end)
+  if stop_typing then pcall(stop_typing) end
+  if not ok then
+    self:_log("error", runtime.LOG_TURN_FAILED, { channel = key })
+    text = runtime.GUEST_FAILED_OR_STOPPED
+  end
+  local split = self.host.split or claim.split                        -- step 5
+  local sok, pieces = pcall(split, text)
+  if not sok or type(pieces) ~= "table" then pieces = claim.split(text) end
+  return { replies = pieces }
+end
+
+-- Runs the decided action. Inside a task.
 function App:handle(event, admission)
-  local _ = { event, admission }
-  fail("not yet implemented")
+  local d = self:claim(event, admission)
+  if d.action == "command" then return self:command(event, admission) end
+  if d.action ~= "answer" then return nil end
+  local key = claim.key(event)
+  local speaker = claim.admit(event, admission)
+  return self.queue:run(key, self._answer, self, key, event, speaker)
 end
 
+function App:_is_owner(event, admission)
+  local guard = self.host.isOwner
+  if type(guard) == "function" then
+    local ok, yes = pcall(guard, event, admission)
+    return ok and yes == true
+  end
+  return type(admission) == "table" and admission.tier == "owner"
+end
+
+local function panel(text)
+  return { replies = { text }, ephemeral = true }
+end
+
+-- `/<root> sandbox on|off|status` (9.5). Inside a task.
 function App:command(event, admission)
-  local _ = { event, admission }
-  fail("not yet implemented")
+  require_started(self)
+  local host = self.host
+  local sub = commands.parse(event, self.root)
+  if sub == nil then return panel(host.failure or commands.FAILED) end
+  if not self:_is_owner(event, admission) then return panel(host.refusal or commands.NOT_OWNER) end
+  local key = commands.key(event)
+  if key == nil then return panel(commands.GUILD_ONLY) end
+  local ok, text = pcall(self.queue.run, self.queue, key, commands.apply, self.store, key, sub)
+  if not ok then
+    self:_log("error", commands.LOG_FAILED)
+    return panel(host.failure or commands.FAILED)
+  end
+  return panel(text)
 end
 
-function App:stop(key) local _ = key fail("not yet implemented") end
-function App:start_fresh(key) local _ = key fail("not yet implemented") end
-function App:background(key) local _ = key fail("not yet implemented") end
-function App:owns(key) local _ = key fail("not yet implemented") end
-function App:status() fail("not yet implemented") end
-function App:dispose() fail("not yet implemented") end
+-- §9.4
+function App:stop(key)
+  require_started(self)
+  return self.rt:stop(key)
+end
+
+function App:start_fresh(key)
+  require_started(self)
+  self.rt:start_fresh(key)
+  return claim.CONVERSATION_KIND
+end
+
+function App:background(key)
+  if self:owns(key) then return { skipped = true, reason = claim.BACKGROUND_REFUSED } end
+  return nil
+end
+
+-- A JSON-able summary for the host's status views.
+function App:status()
+  local names, counts = {}, {}
+  if self.started then
+    for k, n in pairs(self.queue.counts) do
+      names[#names + 1] = k
+      counts[k] = n
+    end
+    table.sort(names)
+  end
+  local queued = json.object(names, counts)
+  return {
+    started = self.started == true,
+    disposed = self.disposed == true,
+    channels = json.array(self.started and self.store:list() or {}),
+    busy = json.array(self.started and self.rt:busy() or {}),
+    queued = queued,
+  }
+end
+
+-- Disposes the runtime (5.6): aborts active turns and waits for them.
+-- Idempotent. The store stays readable.
+function App:dispose()
+  self.disposed = true
+  if self.rt then return self.rt:dispose() end
+end
 
 return M
