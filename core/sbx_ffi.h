@@ -53,51 +53,81 @@
  *   final result of request R (exactly one per accepted submit):
  *     {"type":"result","request":R,"ok":true,"value":<any JSON>}
  *     {"type":"result","request":R,"ok":false,"error":"<message>"}
- *   events (request = the request they belong to, 0 when none):
- *     {"type":"apiKey.request","request":0,"id":K,
- *      "scope":{"channel":"...","speaker":{"id":"...","name":"...","principalId":"..."}}}
- *        the engine needs a model key and options_json said apiKey lives on
- *        the host side ("apiKey":"host"): answer with a submitted
- *        {"type":"apiKey.result","id":K,"key":"..."} (or "key":null / absent /
- *        "" = fail closed: that model call gets the broker's 502). An
- *        unanswered request fails closed after SBX_FFI_APIKEY_TIMEOUT_MS or
- *        when the engine stops. Asked before every model call.
- *     {"type":"event","request":R,"name":"<name>", ...}
- *        progress of a message request (e.g. "typing" with "on":true|false,
- *        "reply" with "text"): the host surface actions the app asks for;
- *        names and fields are those of lua/sandbox/app.lua's surface calls.
+ *   events (not final; "request" = the request they belong to, 0 when none):
+ *     {"type":"apiKey.request","request":0,"id":K,"provider":"openai"?,
+ *      "scope":{"channel":"...","speaker":{"id":"...","name":"...","principalId":"..."}}|null}
+ *        the engine needs a model key from the host (options "apiKey":"host":
+ *        scope set, before every model call; options "hostLogin":true: the
+ *        host login of "provider", scope null). Answer with a submitted
+ *        {"type":"apiKey.result","id":K,"key":"..."}; "key":null, absent,
+ *        "" or a non-string fails closed (that model call gets the broker's
+ *        502, never a fallback). Unanswered after SBX_FFI_APIKEY_TIMEOUT_MS,
+ *        or when the engine stops: fails closed.
+ *     {"type":"event","request":R,"name":"claim","claim":{...}}
+ *        a message request's claim decision, before its turn runs
+ *     {"type":"event","request":R,"name":"typing","on":true|false}
+ *        start / stop the typing indicator for message request R (9.3)
  *   The callback's request_id argument equals the "request" member.
+ *   Lua values are encoded as JSON; an empty Lua table encodes as {}.
  *
- * Request JSON (sbx_engine_submit / sbx_engine_call), an object with "type":
- *   {"type":"status"}                      value: app:status() plus
- *                                          "engine":{"pending":n,"dropped":n,"abi":1}
- *   {"type":"ping"}                        value: true (no-op round trip)
- *   {"type":"message","event":{...},"admission":{...}}
- *       app:claim(event, admission) then, when claimed/admitted,
- *       app:handle(event, admission) as a task on the loop; value: what
- *       handle returns ({"claimed":false} when the claim declines)
- *   {"type":"command","command":"on"|"off"|"status","channel":"discord:<id>", ...}
- *       app:command(request) (all members passed through); value: its return
- *   {"type":"service","op":"<op>","args":[...]}
- *       app.services.SANDBOX: op one of has, list, enable, disable (channels)
- *       or runTurn, startFresh, stop, busy, dispose, sweep (runtime);
- *       runTurn args: [channel, {id,name,principalId}, text]
- *   {"type":"stop","channel":"..."}      value: boolean (the claim's stop)
+ * Request JSON (sbx_engine_submit / sbx_engine_call), an object with "type".
+ * EVENT and ADMISSION are the shapes documented in lua/sandbox/app.lua
+ * (event: type, id, surface, channelId, guildId, author{id,name,bot,
+ * integration}, webhookId, mentionsBot, replyToBot, text, quoted,
+ * attachments; admission: {tier, principalId} or null). JSON null members
+ * reach Lua as absent (nil).
+ *   {"type":"ping"}                       value: true (the no-op round trip)
+ *   {"type":"status"}                     value: app:status() members plus
+ *       "engine":{"abi":1,"pending":n,"submitted":n,"queued":n,"dropped":n,"stopping":b}
+ *   {"type":"claim","event":EVENT,"admission":ADMISSION}
+ *       value: app:claim(...) = {"claim":b,"priority":200,"action":"answer"|"drop"|"command"}
+ *       (pure decision, no side effect)
+ *   {"type":"message","event":EVENT,"admission":ADMISSION}
+ *       app:claim, a "claim" event, then (when claimed) app:handle as a task
+ *       on the loop (runs the turn; typing events). value:
+ *       {"claim":{...},"result":{"replies":["...",...]}|null}
+ *       (result null: not claimed, dropped, or switched off meanwhile)
+ *   {"type":"command","event":EVENT,"admission":ADMISSION}
+ *       app:command (`/<root> sandbox on|off|status`, event.subcommand);
+ *       value: {"replies":["..."],"ephemeral":true}
+ *   {"type":"stop","channel":KEY}         value: boolean (app:stop, 9.4)
+ *   {"type":"startFresh","channel":KEY}   value: "sandbox"
+ *   {"type":"background","channel":KEY}   value: {"skipped":true,"reason":...}|null
+ *   {"type":"owns","channel":KEY}         value: boolean
+ *   {"type":"service","op":OP,"args":[...]}
+ *       app.services.SANDBOX (section 10): OP has|list|enable|disable
+ *       (channels, args [key]) or runTurn|startFresh|stop|busy|dispose|sweep
+ *       (runtime; runTurn args [channel,{"id","name","principalId"},text]);
+ *       value: the method's return
  *   {"type":"apiKey.result","id":K,"key":"..."|null}
- *       answers an apiKey.request; value: true if K was waiting
- * An unknown type, malformed JSON or a missing member gives an ok=false
- * result, never a crash. Requests are bounded by SBX_FFI_MAX_REQUEST_BYTES.
+ *       value: true if K was waiting
+ * An unknown type, malformed JSON, a missing member or a Lua error gives an
+ * ok=false result, never a crash. Requests are at most
+ * SBX_FFI_MAX_REQUEST_BYTES.
  *
- * options_json (may be NULL or "{}"): an object with optional members
- *   "luaDir":   directory holding the sandbox Lua tree (default: $SBX_LUA_DIR, else
- *               <dir of libsbx.so>/../lua, else <dir of libsbx.so>/lua)
- *   "apiKey":   "host" = the apiKey option is the host-side function reached
- *               through apiKey.request events (overrides the config's)
- *   "sandbox":  an object of sandbox{} option overrides merged over what the
- *               config script passes (JSON-expressible values only, e.g.
- *               "timeZone", "initialChannels", "turnTimeoutMs"); an unknown
- *               name fails construction with "unknown sandbox option: <name>"
- * The config script is run like `sbx` runs it: it returns `sandbox{...}`.
+ * options_json (may be NULL or "{}"): an object; every member optional
+ *   "luaDir":    directory of the Lua tree (the one holding sandbox/init.lua);
+ *                default $SBX_LUA_DIR, else <dir of libsbx.so>/../lua when it
+ *                holds sandbox/embed.lua, else <dir of libsbx.so>/lua
+ *   "apiKey":    "host": the apiKey option becomes the host-side function
+ *                reached through apiKey.request events (it overrides the
+ *                config's); "config" (default): the config's own
+ *   "hostLogin": true: with no apiKey option, the app's host login reader
+ *                asks the host (apiKey.request with "provider", scope null)
+ *   "host":      the app:start(host) fields expressible in JSON:
+ *                "timeZone", "rootCommand", "slashCommands" (lua/sandbox/app.lua)
+ *   "sandbox":   sandbox{} option overrides (JSON values, e.g.
+ *                "initialChannels", "turnTimeoutMs", "allowHttp"), merged over
+ *                the config's options and checked again; an unknown name
+ *                fails construction with "unknown sandbox option: <name>"
+ * The config script runs like `sbx` runs it (it returns `sandbox{...}`); it
+ * receives the decoded options object as its chunk argument (`...`), so
+ * embedder-specific members (paths, ...) may be added freely.
+ *
+ * Process-wide effects: SIGPIPE is ignored (when it was at its default);
+ * libuv installs its SIGCHLD handler when the engine first spawns a child
+ * (docker), reaping only its own children. Several engines may coexist
+ * (each has its own thread, state and loop) but not on the same runRoot.
  */
 #ifndef SBX_FFI_H
 #define SBX_FFI_H
