@@ -1,0 +1,355 @@
+// ffi.ts: bun:ffi bindings of core/sbx_ffi.h and the Engine that carries
+// JSON requests to the engine thread and results back to the JS thread.
+//
+// How results cross threads
+// -------------------------
+// The engine runs its Lua state and libuv loop on a thread of its own. The
+// ABI offers two ways out: a result callback called ON THE ENGINE THREAD with
+// a `json` pointer valid only during that call, or a queue drained with
+// sbx_engine_poll (plus an eventfd). A bun:ffi JSCallback with
+// `threadsafe: true` does not run the JS function during the C call: it
+// queues the call to the JS thread and returns at once, so by the time JS
+// reads `json` the library may have freed it (a use-after-free; see the
+// bridge's README note in src/index.ts). So this bridge uses the polling
+// mode: sbx_engine_new gets no callback, and while any request is in flight
+// a timer on the JS thread drains sbx_engine_poll every `pollIntervalMs`
+// (5 ms by default), copying each output into a JS string before sbx_free.
+// With nothing in flight the timer is cleared, so an idle engine keeps
+// neither the CPU nor the process's event loop busy. Every call into the
+// library except sbx_engine_new (construction) and sbx_engine_call (the
+// synchronous, pure claim) returns after a mutex hand-off.
+import { CString, dlopen, FFIType, linkSymbols, ptr, type Pointer } from "bun:ffi";
+import { existsSync } from "node:fs";
+import { fileURLToPath } from "node:url";
+
+export const ABI_VERSION = 1;
+
+/** Negative codes of sbx_engine_submit / sbx_engine_call (core/sbx_ffi.h). */
+export const CODES: Record<number, string> = {
+  [-1001]: "SBX_EINVAL: invalid request",
+  [-1003]: "SBX_ETOOBIG: request over 4 MiB",
+  [-1010]: "SBX_ESTOPPED: the engine is stopping or stopped",
+  [-1011]: "SBX_EBUSY: too many requests queued",
+  [-1012]: "SBX_ETHREAD: blocking call on the engine thread",
+  [-1013]: "SBX_ETIMEOUT: no result in time",
+  [-12]: "ENOMEM",
+};
+
+const SYMBOLS = {
+  sbx_ffi_abi_version: { args: [], returns: FFIType.i32 },
+  sbx_engine_new: {
+    args: [FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.ptr],
+    returns: FFIType.ptr,
+  },
+  sbx_engine_submit: { args: [FFIType.ptr, FFIType.ptr, FFIType.u64], returns: FFIType.i64 },
+  sbx_engine_poll: { args: [FFIType.ptr], returns: FFIType.ptr },
+  sbx_engine_fd: { args: [FFIType.ptr], returns: FFIType.i32 },
+  sbx_engine_call: {
+    args: [FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.i32, FFIType.ptr],
+    returns: FFIType.ptr,
+  },
+  sbx_engine_status: { args: [FFIType.ptr], returns: FFIType.ptr },
+  sbx_engine_stop: { args: [FFIType.ptr], returns: FFIType.void },
+  sbx_engine_free: { args: [FFIType.ptr], returns: FFIType.void },
+  sbx_free: { args: [FFIType.ptr], returns: FFIType.void },
+} as const;
+
+type Lib = ReturnType<typeof linkSymbols<typeof SYMBOLS>>["symbols"];
+
+// Why not bun:ffi's own dlopen: the bun executable exports ~300 `uv_*`
+// symbols of its own (stubs for N-API modules, several of which panic with
+// "unsupported uv function", e.g. uv_cond_init). A library opened with the
+// default flags binds its libuv calls to those stubs, since the executable
+// comes first in the global lookup scope, and the engine thread aborts the
+// process. libc's dlopen with RTLD_DEEPBIND puts libsbx.so's own dependency
+// chain (the real libuv.so.1, liblua5.4, libcurl) ahead of the executable,
+// and the symbols are then bound with linkSymbols.
+const RTLD_NOW = 0x2;
+const RTLD_DEEPBIND = 0x8;
+let libc: { dlopen: (p: Pointer, mode: number) => Pointer | null; dlsym: (h: Pointer, n: Pointer) => Pointer | null; dlerror: () => Pointer | null } | null = null;
+
+function deepOpen(path: string): Lib {
+  libc ??= dlopen("libc.so.6", {
+    dlopen: { args: [FFIType.ptr, FFIType.i32], returns: FFIType.ptr },
+    dlsym: { args: [FFIType.ptr, FFIType.ptr], returns: FFIType.ptr },
+    dlerror: { args: [], returns: FFIType.ptr },
+  }).symbols;
+  const h = libc.dlopen(ptr(cstr(path)), RTLD_NOW | RTLD_DEEPBIND);
+  if (!h) {
+    const e = libc.dlerror();
+    throw new Error(`cannot load ${path}: ${e ? new CString(e).toString() : "dlopen failed"}`);
+  }
+  const defs: Record<string, unknown> = {};
+  for (const [name, def] of Object.entries(SYMBOLS)) {
+    const p = libc.dlsym(h, ptr(cstr(name)));
+    if (!p) throw new Error(`${path} lacks ${name}: not an sbx_ffi engine library`);
+    defs[name] = { ...def, ptr: p };
+  }
+  // The handle stays open for the life of the process (engines may outlive any one caller).
+  return linkSymbols(defs as never).symbols as unknown as Lib;
+}
+
+/** Where libsbx.so is: the option, $SBX_LIB, or ../build/libsbx.so relative to this package. */
+export function libraryPath(explicit?: string): string {
+  if (explicit) return explicit;
+  const env = process.env.SBX_LIB;
+  if (env) return env;
+  return fileURLToPath(new URL("../../build/libsbx.so", import.meta.url));
+}
+
+const loaded = new Map<string, Lib>();
+
+/** dlopens libsbx.so once per path and checks its ABI version. */
+export function loadLibrary(explicit?: string): Lib {
+  const path = libraryPath(explicit);
+  const cached = loaded.get(path);
+  if (cached) return cached;
+  if (!existsSync(path)) {
+    throw new Error(`libsbx.so not found at ${path}; run \`make\` in the engine checkout or set SBX_LIB`);
+  }
+  const lib = deepOpen(path);
+  const abi = lib.sbx_ffi_abi_version();
+  if (abi !== ABI_VERSION) {
+    throw new Error(`${path} speaks sbx_ffi ABI ${abi}; this bridge needs ${ABI_VERSION}`);
+  }
+  loaded.set(path, lib);
+  return lib;
+}
+
+const encoder = new TextEncoder();
+
+/** NUL-terminated UTF-8 copy of s (kept alive by the caller during the call). */
+function cstr(s: string): Uint8Array {
+  const bytes = encoder.encode(s);
+  const out = new Uint8Array(bytes.length + 1);
+  out.set(bytes);
+  return out;
+}
+
+/** Copies a library-owned string into JS and frees it. */
+function take(lib: Lib, p: Pointer | null): string | null {
+  if (!p) return null;
+  try {
+    return new CString(p).toString();
+  } finally {
+    lib.sbx_free(p);
+  }
+}
+
+function codeError(code: number | bigint): Error {
+  const n = Number(code);
+  return new Error(CODES[n] ?? `sbx error ${n}`);
+}
+
+/** One output of the engine (core/sbx_ffi.h "Output JSON"). */
+export type Output =
+  | { type: "result"; request: number; ok: true; value: unknown }
+  | { type: "result"; request: number; ok: false; error: string }
+  | { type: "apiKey.request"; request: 0; id: number; provider?: string; scope?: unknown }
+  | { type: "event"; request: number; name: string; [key: string]: unknown };
+
+interface Pending {
+  resolve: (value: unknown) => void;
+  reject: (err: Error) => void;
+  onEvent?: (ev: Output & { type: "event" }) => void;
+}
+
+export interface EngineInit {
+  library?: string;
+  config: string;
+  options: Record<string, unknown>;
+  pollIntervalMs?: number;
+  /** apiKey.request events (request 0): the answer's key, or null to fail closed. */
+  onKeyRequest: (req: Output & { type: "apiKey.request" }) => Promise<string | null>;
+  /** Events of no pending request (or whose request has no listener). */
+  onEvent?: (ev: Output & { type: "event" }) => void;
+}
+
+/** Live engines, for tests that look for leaks. */
+export const liveEngines = new Set<Engine>();
+
+/**
+ * One sbx_engine: submit JSON requests, get a promise of their result. The
+ * constructor blocks while the config script runs and the app starts, and
+ * throws the Lua error message when that fails.
+ */
+export class Engine {
+  private lib: Lib;
+  private handle: Pointer | null;
+  private pending = new Map<number, Pending>();
+  private timer: ReturnType<typeof setInterval> | null = null;
+  private readonly interval: number;
+  private readonly onKeyRequest: EngineInit["onKeyRequest"];
+  private readonly onEvent?: EngineInit["onEvent"];
+  /** apiKey answers still being computed on the JS side. */
+  private keysInFlight = 0;
+
+  constructor(init: EngineInit) {
+    this.lib = loadLibrary(init.library);
+    this.interval = Math.max(1, Math.floor(init.pollIntervalMs ?? 5));
+    this.onKeyRequest = init.onKeyRequest;
+    this.onEvent = init.onEvent;
+    const config = cstr(init.config);
+    const options = cstr(JSON.stringify(init.options));
+    const errOut = new BigUint64Array(1);
+    const h = this.lib.sbx_engine_new(ptr(config), ptr(options), null, null, ptr(errOut));
+    if (!h) {
+      const msg = errOut[0] ? take(this.lib, Number(errOut[0]) as Pointer) : null;
+      throw new Error(msg ?? "the sandbox engine could not start");
+    }
+    this.handle = h;
+    liveEngines.add(this);
+  }
+
+  get closed(): boolean {
+    return this.handle === null;
+  }
+
+  /** The engine's eventfd (readable while outputs are queued); -1 once freed. */
+  fd(): number {
+    return this.handle ? this.lib.sbx_engine_fd(this.handle) : -1;
+  }
+
+  /** Number of requests still waiting for their result. */
+  get inFlight(): number {
+    return this.pending.size;
+  }
+
+  private live(): Pointer {
+    if (!this.handle) throw new Error("sandbox is disposed");
+    return this.handle;
+  }
+
+  /** Queues a request; resolves with its value, rejects with its error message. */
+  submit<T = unknown>(request: Record<string, unknown>, onEvent?: Pending["onEvent"]): Promise<T> {
+    let h: Pointer;
+    try {
+      h = this.live();
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    const bytes = encoder.encode(JSON.stringify(request));
+    const id = Number(this.lib.sbx_engine_submit(h, ptr(bytes.length ? bytes : new Uint8Array(1)), bytes.length));
+    if (id <= 0) return Promise.reject(codeError(id));
+    return new Promise<T>((resolve, reject) => {
+      this.pending.set(id, { resolve: resolve as (v: unknown) => void, reject, onEvent });
+      this.arm();
+    });
+  }
+
+  /**
+   * Submits a request and blocks the JS thread until its result (for pure,
+   * non-yielding requests such as claim). Throws the Lua error message.
+   */
+  callSync<T = unknown>(request: Record<string, unknown>, timeoutMs = 5000): T {
+    const h = this.live();
+    const bytes = encoder.encode(JSON.stringify(request));
+    const code = new Int32Array(1);
+    const p = this.lib.sbx_engine_call(h, ptr(bytes), bytes.length, timeoutMs, ptr(code));
+    const text = take(this.lib, p);
+    if (text === null) throw codeError(code[0] ?? -1001);
+    const out = JSON.parse(text) as Output;
+    if (out.type !== "result") throw new Error("sandbox engine: unexpected output");
+    if (!out.ok) throw new Error(out.error);
+    return out.value as T;
+  }
+
+  private arm(): void {
+    if (this.timer === null && this.handle) {
+      this.timer = setInterval(() => this.pump(), this.interval);
+    }
+  }
+
+  private disarm(): void {
+    if (this.timer !== null && this.pending.size === 0 && this.keysInFlight === 0) {
+      clearInterval(this.timer);
+      this.timer = null;
+    }
+  }
+
+  /** Drains every queued output on the JS thread. */
+  pump(): void {
+    if (this.handle) {
+      for (;;) {
+        const text = take(this.lib, this.lib.sbx_engine_poll(this.handle));
+        if (text === null) break;
+        let out: Output;
+        try {
+          out = JSON.parse(text) as Output;
+        } catch {
+          continue;
+        }
+        this.dispatch(out);
+      }
+    }
+    this.disarm();
+  }
+
+  private dispatch(out: Output): void {
+    if (out.type === "result") {
+      const p = this.pending.get(out.request);
+      if (!p) return;
+      this.pending.delete(out.request);
+      if (out.ok) p.resolve(out.value ?? null);
+      else p.reject(new Error(out.error));
+    } else if (out.type === "apiKey.request") {
+      this.answerKey(out);
+    } else if (out.type === "event") {
+      const p = this.pending.get(out.request);
+      try {
+        if (p?.onEvent) p.onEvent(out);
+        else this.onEvent?.(out);
+      } catch {
+        // a listener's failure never breaks the bridge
+      }
+    }
+  }
+
+  private answerKey(req: Output & { type: "apiKey.request" }): void {
+    this.keysInFlight++;
+    this.arm();
+    let answered: Promise<string | null>;
+    try {
+      answered = Promise.resolve(this.onKeyRequest(req));
+    } catch {
+      answered = Promise.resolve(null);
+    }
+    answered
+      .catch(() => null)
+      .then((key) => {
+        if (!this.handle) return;
+        const k = typeof key === "string" && key !== "" ? key : null;
+        // The result of apiKey.result (true if K was waiting) is not needed.
+        return this.submit({ type: "apiKey.result", id: req.id, key: k }).then(
+          () => undefined,
+          () => undefined,
+        );
+      })
+      .finally(() => {
+        this.keysInFlight--;
+        this.disarm();
+      });
+  }
+
+  /**
+   * Stops the engine (running turns end and their containers are removed;
+   * requests still without a result fail with "engine stopped"), delivers
+   * what is left and frees it. Blocks while the engine thread finishes, so
+   * callers dispose the app through a request first. Idempotent.
+   */
+  free(): void {
+    const h = this.handle;
+    if (!h) return;
+    this.lib.sbx_engine_stop(h);
+    this.pump();
+    this.handle = null;
+    this.lib.sbx_engine_free(h);
+    liveEngines.delete(this);
+    for (const [, p] of this.pending) p.reject(new Error("engine stopped"));
+    this.pending.clear();
+    if (this.timer !== null) {
+      clearInterval(this.timer);
+      this.timer = null;
+    }
+  }
+}
