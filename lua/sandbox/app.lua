@@ -36,8 +36,13 @@
 --                     -- principal); default: admission.tier == "owner"
 --     typing = function(event) -> stop_fn|nil,   -- typing indicator (9.3.2)
 --     split = function(text) -> {pieces},        -- the host's 2,000-char
---                     -- splitter; default: commands.split (same rules)
---     log = function(level, msg, fields),        -- default runtime.log
+--                     -- splitter; default: claim.split (same rules)
+--     refusal = "...",  -- the owner guard's refusal panel text
+--                     -- (default commands.NOT_OWNER)
+--     failure = "...",  -- the generic owner-command failure panel text
+--                     -- (default commands.FAILED)
+--     log = function(level, msg, fields),        -- default runtime.log; the
+--                     -- runtime's own turn-failure line goes to runtime.log
 --   }
 --
 -- EVENT SHAPE (a message as the host's router sees it; JSON-able)
@@ -51,11 +56,12 @@
 --                                   -- own keys and inherit nothing
 --     author = { id = "alice", name = "Alice" (surface display name, e.g.
 --                server nickname), bot = false, integration = false },
---     webhookId = nil,              -- set: posted by an integration/webhook
+--     webhookId = nil, applicationId = nil,  -- either set: posted by an
+--                                   -- integration (webhook or app)
 --     mentionsBot = true, replyToBot = false,
 --     text = "hello",
---     quoted = "replied-to message text" | nil,
---     attachments = { {...}, ... } | nil,   -- only counted, never fetched
+--     quoted = "replied-to message text" | {text=...} | nil,
+--     attachments = { {...}, ... } | count | nil,  -- never fetched
 --   }
 --
 --   a slash command: { type = "command", surface, channelId, guildId, author,
@@ -94,13 +100,16 @@
 --   app.services.lifecycle = { name = "sandbox-runtime",
 --       busy = function() -> keys, stop = function() (yields: dispose) }
 --   app.commands = the `sandbox` group definition (commands.definition) or nil
---   app:status() -> { started=, channels={keys}, busy={keys}, queued={key=n} }
+--   app:status() -> { started=, disposed=, channels={keys}, busy={keys},
+--                     queued={key=n} }   (lists are json.array, queued a
+--                     json.object: json.encode keeps [] and {} apart)
 --   app:dispose()  (yields; idempotent) disposes the runtime.
 --
 -- start, handle, command and dispose yield: call them inside a task
 -- (async.spawn / async.run). claim, owns, stop, start_fresh, background and
--- status never yield. Before start, only claim/owns/status answer (nothing
--- is owned); the others raise `sandbox is not started`.
+-- status never yield. Before start nothing is owned: claim answers
+-- claim=false for messages, handle returns nil, owns/background/status
+-- answer; command, stop and start_fresh raise `sandbox is not started`.
 local channels = require "sandbox.channels"
 local claim = require "sandbox.claim"
 local commands = require "sandbox.commands"
@@ -184,7 +193,7 @@ function App:start(host)
     store_path = channels.state_path(o.stateFile, rt.options.runRoot,   -- steps 4-6
       rt.options.workspaceRoot)
     return channels.open {                                            -- step 7
-      stateFile = store_path, initialChannels = o.initialChannels, write = host.writeState,
+      stateFile = store_path, initialChannels = o.initialChannels,
     }
   end)
   if not ok then
