@@ -1,0 +1,53 @@
+// examples.test.ts: the Bun examples stay runnable. guest-bot.ts --offline
+// (no Docker: host.lua's stand-in driver) is run in a child process and its
+// decisions checked; roundtable.config.ts is parsed (running it would take
+// the product's real directories under $HOME and /tmp).
+import { describe, expect, test } from "bun:test";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+
+const EXAMPLES = join(import.meta.dir, "..", "..", "examples", "bun");
+
+describe("examples/bun", () => {
+  test(
+    "guest-bot.ts --offline prints each decision and reply and cleans up",
+    async () => {
+      const child = Bun.spawn([process.execPath, join(EXAMPLES, "guest-bot.ts"), "--offline"], {
+        cwd: EXAMPLES,
+        env: { ...process.env },
+        stdout: "pipe",
+        stderr: "pipe",
+      });
+      const killer = setTimeout(() => child.kill(9), 60_000);
+      const code = await child.exited;
+      clearTimeout(killer);
+      const out = await new Response(child.stdout).text();
+      const err = await new Response(child.stderr).text();
+      expect({ code, err: code === 0 ? "" : err }).toEqual({ code: 0, err: "" });
+      const decisions = out.split("\n").filter((l) => l.startsWith("   claim: ")).map((l) => l.slice(10));
+      expect(decisions).toEqual([
+        "command",
+        "answer",
+        "answer",
+        "drop",
+        "drop",
+        "drop",
+        "command",
+        "command",
+        "not claimed -> the host routes it to its own agents as usual",
+      ]);
+      expect(out).toContain("bot: Alice, (offline, no container) you said: @bot what time is it?");
+      expect(out).toContain("bot (ephemeral): Sandbox routing is enabled.");
+      expect(out).toContain("bot (ephemeral): Sandbox routing is disabled.");
+      expect(out).toContain("guest-bot: sandboxed channels now: []");
+    },
+    90_000,
+  );
+
+  test("roundtable.config.ts imports sandbox from the package and exports guestPlugins", () => {
+    const code = readFileSync(join(EXAMPLES, "roundtable.config.ts"), "utf8");
+    const scan = new Bun.Transpiler({ loader: "ts" }).scan(code);
+    expect(scan.exports).toEqual(["guestPlugins"]);
+    expect(scan.imports.map((i) => i.path).sort()).toEqual(["node:path", "pi-roundtable-sandbox"]);
+  });
+});
