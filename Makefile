@@ -93,3 +93,27 @@ $(B)/bench/%: bench/%.c $(B)/libsbx.a $(HDRS)
 
 # The in-container worker and its image (worker/worker.mk owns these rules).
 -include worker/worker.mk
+
+# ---- FFI embedding ABI (core/sbx_ffi.h): loader shim, C driver test, ASan variant ----
+# $(B)/libsbx_ffi.so: what a JavaScript runtime (Bun) loads. It forwards the
+# ABI to $(B)/libsbx.so opened with RTLD_DEEPBIND, so Bun's own exported
+# uv_* stubs never replace libuv inside the engine (core/ffi_shim/).
+# build/ffi_test links build/libsbx.so, build/ffi_test_shim the shim,
+# build-asan/ffi_test the sanitizer build (make check-asan). All run as a
+# non-root user (check.sh runs them as the service account):
+# `build/ffi_test tests/ffi`.
+FFI_TEST_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Icore -g -pthread
+.PHONY: ffi-test ffi-test-asan
+all: $(B)/libsbx_ffi.so
+$(B)/libsbx_ffi.so: core/ffi_shim/sbx_ffi_shim.c core/sbx_ffi.h $(B)/libsbx.so
+	$(CC) $(SBX_CFLAGS) -shared -o $@ $< -ldl -pthread
+ffi-test: build/ffi_test build/ffi_test_shim
+ffi-test-asan: build-asan/ffi_test
+build/ffi_test: tests/ffi/ffi_test.c core/sbx_ffi.h build/libsbx.so
+	$(CC) $(FFI_TEST_CFLAGS) -O2 -o $@ $< -Lbuild -lsbx -Wl,-rpath,'$$ORIGIN'
+build/ffi_test_shim: tests/ffi/ffi_test.c core/sbx_ffi.h build/libsbx_ffi.so
+	$(CC) $(FFI_TEST_CFLAGS) -O2 -o $@ $< -Lbuild -lsbx_ffi -Wl,-rpath,'$$ORIGIN'
+build-asan/ffi_test: tests/ffi/ffi_test.c core/sbx_ffi.h build-asan/libsbx.so
+	$(CC) $(FFI_TEST_CFLAGS) -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
+	  -o $@ $< -Lbuild-asan -lsbx -Wl,-rpath,'$$ORIGIN'
+# ---- end FFI block ----

@@ -8,6 +8,9 @@
 #   busted       spec/**/*_spec.lua except spec/docker/, against build/
 #   busted-asan  the same specs against the ASan/UBSan build (build-asan/),
 #                minus the tag `slow`
+#   ffi          tests/ffi/ffi_test.c (embedding ABI) against build/; one test per case
+#   ffi-shim     the same through build/libsbx_ffi.so (the RTLD_DEEPBIND loader Bun uses)
+#   ffi-asan     the same against build-asan/ (ASan/UBSan, leaks checked)
 #   fuzz         every fuzz/*_fuzz.c for FUZZ_SECONDS (default 10); one test each
 #   docker       (hook) spec/docker/*_spec.lua, real Docker; runs when present
 #   bun          (hook) `bun test` in bun/; runs when bun/package.json exists
@@ -343,6 +346,62 @@ else
   run_busted busted-asan "$LOGS/busted-asan.log" --cpath='build-asan/lua/?.so' \
     --exclude-tags=slow "${SPECS[@]}"
   BUSTED_ENV=()
+fi
+
+# ---- suite: ffi / ffi-asan (tests/ffi/ffi_test.c, the embedding ABI) -------------
+# The C driver of core/sbx_ffi.h against build/libsbx.so and against the
+# sanitizer build (leaks checked at exit). One test per C test case: "ok   "
+# lines pass, "FAIL " lines fail; a run that dies before its summary line
+# (sanitizer report, timeout) adds one failure. Runs as the spec user.
+run_ffi() { # run_ffi SUITE BUILD_DIR BINARY
+  local suite="$1" bdir="$2" bin="$3" log="$LOGS/$1.log" start rc p f note=""
+  start="$(now_s)"
+  if ! make --no-print-directory "$bdir/$bin" >"$LOGS/$suite-build.log" 2>&1; then
+    record "$suite" 0 1 0 "could not run: make $bdir/$bin failed (build/check-logs/$suite-build.log)"
+    show_tail "$LOGS/$suite-build.log" 30
+    return
+  fi
+  if [ "$WORK" != "$SBX_ROOT" ]; then
+    for f in "$bdir/$bin" "$bdir/libsbx_ffi.so"; do
+      [ -f "$f" ] && cp "$f" "$WORK/$f" && { ! is_root || chown "$SBX_USER:" "$WORK/$f"; }
+    done
+  fi
+  (
+    cd / &&
+      "${RUN_AS[@]}" env "TMPDIR=$SPEC_TMP" \
+        "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1" "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1" \
+        timeout -k 10 "$SUITE_TIMEOUT" "$WORK/$bdir/$bin" "$WORK/tests/ffi"
+  ) >"$log" 2>&1 </dev/null
+  rc=$?
+  p="$(grep -c '^ok   ' "$log")"
+  f="$(grep -c '^FAIL ' "$log")"
+  if ! grep -qE '^ffi: [0-9]+ passed, [0-9]+ failed$' "$log"; then
+    f=$((f + 1)); note="ffi_test died (exit $rc) before its summary; "
+  elif [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+    f=1; note="ffi_test exited $rc after reporting no failure (a leak?); "
+  fi
+  record "$suite" "$p" "$f" 0 "${note}$(elapsed "$start")s"
+  [ "$f" -ne 0 ] && show_tail "$log" 60
+}
+if [ "$runner_ok" -ne 1 ]; then
+  record ffi 0 1 0 "could not run: no user to run the tests as"
+elif [ "$build_ok" -ne 1 ]; then
+  record ffi 0 1 0 "could not run: make all failed (build/check-logs/build.log)"
+else
+  say check "suite ffi: tests/ffi/ffi_test.c against build/libsbx.so"
+  run_ffi ffi build ffi_test
+  say check "suite ffi-shim: tests/ffi/ffi_test.c through build/libsbx_ffi.so (the loader Bun uses)"
+  run_ffi ffi-shim build ffi_test_shim
+fi
+if skipped_by_knob asan; then
+  say check "suite ffi-asan: left out (CHECK_SKIP)"
+elif [ "$runner_ok" -ne 1 ]; then
+  record ffi-asan 0 1 0 "could not run: no user to run the tests as"
+elif [ "$asan_build_ok" -ne 1 ]; then
+  record ffi-asan 0 1 0 "could not run: make check-asan failed (build/check-logs/build-asan.log)"
+else
+  say check "suite ffi-asan: tests/ffi/ffi_test.c against build-asan/libsbx.so"
+  run_ffi ffi-asan build-asan ffi_test
 fi
 
 # ---- suite: fuzz ------------------------------------------------------------------
