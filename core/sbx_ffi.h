@@ -4,6 +4,16 @@
  * host. Only plain C types cross it: opaque pointers, int32/int64, size_t,
  * NUL-terminated UTF-8 strings holding JSON. Nothing here needs lua.h.
  *
+ * Which file to load
+ * ------------------
+ * C hosts link libsbx.so. A JavaScript runtime loads libsbx_ffi.so (built
+ * next to it by `make`): the same functions, forwarded to libsbx.so opened
+ * with RTLD_DEEPBIND. Bun's executable exports its own uv_* functions
+ * (Node-API stubs, some of which abort: "unsupported uv function:
+ * uv_cond_init"), and a plain dlopen of libsbx.so from Bun binds the
+ * engine's libuv calls to them. $SBX_LIBSBX overrides the path the shim
+ * loads.
+ *
  * Model
  * -----
  * An engine owns one Lua state and one libuv loop, both living on the
