@@ -12,7 +12,8 @@
  * (Node-API stubs, some of which abort: "unsupported uv function:
  * uv_cond_init"), and a plain dlopen of libsbx.so from Bun binds the
  * engine's libuv calls to them. $SBX_LIBSBX overrides the path the shim
- * loads.
+ * loads. (Equivalent: dlopen libsbx.so with RTLD_NOW | RTLD_DEEPBIND through
+ * libc yourself and bind the symbols, as bun/src/ffi.ts does.)
  *
  * Model
  * -----
