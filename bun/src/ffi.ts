@@ -9,8 +9,9 @@
 // sbx_engine_poll (plus an eventfd). A bun:ffi JSCallback with
 // `threadsafe: true` does not run the JS function during the C call: it
 // queues the call to the JS thread and returns at once, so by the time JS
-// reads `json` the library may have freed it (a use-after-free; see the
-// bridge's README note in src/index.ts). So this bridge uses the polling
+// reads `json` the library may have freed it (a use-after-free: a C thread
+// calling such a callback with a stack buffer showed garbage in JS). So this
+// bridge uses the polling
 // mode: sbx_engine_new gets no callback, and while any request is in flight
 // a timer on the JS thread drains sbx_engine_poll every `pollIntervalMs`
 // (5 ms by default), copying each output into a JS string before sbx_free.
@@ -165,8 +166,20 @@ export interface EngineInit {
   onEvent?: (ev: Output & { type: "event" }) => void;
 }
 
-/** Live engines, for tests that look for leaks. */
+/** Live engines, for tests that look for leaks and for the exit hook. */
 export const liveEngines = new Set<Engine>();
+
+// A process that exits without dispose() still stops its engines: running
+// turns end and their exact containers are removed before the process goes
+// (sbx_engine_stop blocks until then). Registered once, on the first engine.
+let exitHook = false;
+function hookExit(): void {
+  if (exitHook) return;
+  exitHook = true;
+  process.once("exit", () => {
+    for (const e of [...liveEngines]) e.free();
+  });
+}
 
 /**
  * One sbx_engine: submit JSON requests, get a promise of their result. The
@@ -199,6 +212,7 @@ export class Engine {
     }
     this.handle = h;
     liveEngines.add(this);
+    hookExit();
   }
 
   get closed(): boolean {
@@ -222,14 +236,14 @@ export class Engine {
 
   /** Queues a request; resolves with its value, rejects with its error message. */
   submit<T = unknown>(request: Record<string, unknown>, onEvent?: Pending["onEvent"]): Promise<T> {
-    let h: Pointer;
+    let id: number;
     try {
-      h = this.live();
+      const h = this.live();
+      const bytes = encoder.encode(JSON.stringify(request));
+      id = Number(this.lib.sbx_engine_submit(h, ptr(bytes), bytes.length));
     } catch (err) {
       return Promise.reject(err);
     }
-    const bytes = encoder.encode(JSON.stringify(request));
-    const id = Number(this.lib.sbx_engine_submit(h, ptr(bytes.length ? bytes : new Uint8Array(1)), bytes.length));
     if (id <= 0) return Promise.reject(codeError(id));
     return new Promise<T>((resolve, reject) => {
       this.pending.set(id, { resolve: resolve as (v: unknown) => void, reject, onEvent });

@@ -11,6 +11,7 @@
 import { afterAll, afterEach, beforeEach, describe, expect, test } from "bun:test";
 import { createHash } from "node:crypto";
 import { readdirSync, realpathSync } from "node:fs";
+import { join } from "node:path";
 import { sandbox, type SandboxPlugin } from "../src/index.ts";
 import { baseOptions, fakeModel, makeRoots, MEMBER, mention, type FakeModel, type Roots, until } from "./helpers.ts";
 
@@ -167,6 +168,31 @@ describe.skipIf(unavailable !== null && !REQUIRED)("real Docker", () => {
       expect(Date.now() - t0).toBeLessThan(20_000);
       expect(await plugin!.services.SANDBOX.runtime.busy()).toEqual([]);
       expect(containersOf(roots)).toEqual([]);
+    },
+    TURN_MS,
+  );
+
+  test(
+    "a process that exits mid-turn without dispose() still removes the container",
+    async () => {
+      const r = makeRoots("sbx-");
+      allRoots.push(r);
+      try {
+        const child = Bun.spawn([process.execPath, join(import.meta.dir, "fixtures", "exit-mid-turn.ts")], {
+          env: { ...process.env, ROOT: r.root, IMAGE },
+          stdout: "pipe",
+          stderr: "pipe",
+        });
+        const killer = setTimeout(() => child.kill(9), 90_000);
+        const code = await child.exited;
+        clearTimeout(killer);
+        expect(await new Response(child.stdout).text()).toBe("model called\n");
+        expect(code).toBe(0);
+        expect(containersOf(r)).toEqual([]);
+        expect(readdirSync(r.runRoot)).toEqual([]);
+      } finally {
+        r.cleanup();
+      }
     },
     TURN_MS,
   );
