@@ -97,6 +97,22 @@ describe("admission (9.2): everything not admitted is dropped, never routed", fu
     end)
   end
 
+  it("reads events decoded from JSON, where absent fields are null", function()
+    local json = require "sandbox.json"
+    local e = json.decode('{"type":"message","id":"m1","surface":null,"channelId":"100","guildId":"9",'
+      .. '"threadParentId":null,"author":{"id":"alice","name":"Alice","bot":false,"integration":null},'
+      .. '"webhookId":null,"applicationId":null,"mentionsBot":true,"replyToBot":null,"text":"hi",'
+      .. '"quoted":null,"attachments":null}')
+    assert.equal("discord:100", claim.key(e))
+    assert.equal("answer", claim.decide(e, MEMBER, owns).action)
+    assert.equal("hi", claim.compose(e))
+    local dm = json.decode('{"channelId":"100","guildId":null,"author":{"id":"alice"},"mentionsBot":true}')
+    assert.equal("drop", claim.decide(dm, MEMBER, owns).action)
+    local hook = json.decode('{"channelId":"100","guildId":"9","author":{"id":"a"},"mentionsBot":true,"webhookId":"w"}')
+    assert.equal("drop", claim.decide(hook, MEMBER, owns).action)
+    assert.equal("drop", claim.decide(e, json.null, owns).action)
+  end)
+
   it("takes the display name from the author, falling back to the id", function()
     assert.same({ id = "alice", name = "alice", principalId = "p_alice" },
       claim.admit(msg { author = { id = "alice" } }, MEMBER))

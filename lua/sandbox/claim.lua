@@ -14,6 +14,8 @@
 -- and never falls through to a host agent, even the owner's. Threads are
 -- their own channel keys (their channelId) and inherit nothing from the
 -- parent.
+local json = require "sandbox.json"
+
 local M = {}
 
 M.NAME = "sandbox"
@@ -25,6 +27,12 @@ M.BACKGROUND_REFUSED = "Background host turns are refused in sandbox channels."
 M.QUOTE_PREFIX = "Quoted message (untrusted): "
 M.ATTACHMENTS_NOTE = "[Attachments are not supported in this sandbox.]"
 M.MAX_PIECE_CHARS = 2000
+
+-- Absent: nil, JSON null, false or "" (events may come decoded from JSON).
+local function present(v)
+  return v ~= nil and v ~= json.null and v ~= false and v ~= ""
+end
+M.present = present
 
 local function nonempty(s)
   return type(s) == "string" and s ~= ""
@@ -38,7 +46,7 @@ end
 function M.key(event)
   if type(event) ~= "table" or not is_id(event.channelId) then return nil end
   local surface = event.surface
-  if surface == nil then surface = M.DEFAULT_SURFACE end
+  if surface == nil or surface == json.null then surface = M.DEFAULT_SURFACE end
   if not nonempty(surface) then return nil end
   return surface .. ":" .. tostring(event.channelId)
 end
@@ -47,9 +55,7 @@ end
 local function automated(event)
   local a = event.author
   if type(a) ~= "table" or a.bot == true or a.integration == true then return true end
-  if event.webhookId ~= nil and event.webhookId ~= false and event.webhookId ~= "" then return true end
-  if event.applicationId ~= nil and event.applicationId ~= false and event.applicationId ~= "" then return true end
-  return false
+  return present(event.webhookId) or present(event.applicationId)
 end
 
 local function direct(event)

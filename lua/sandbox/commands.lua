@@ -49,6 +49,7 @@ function M.parse(event, root)
   if type(event) ~= "table" then return nil end
   root = root or M.DEFAULT_ROOT
   local cmd, group, sub = event.command, event.group, event.subcommand
+  if not claim.present(cmd) then cmd = nil end
   if cmd == nil and group == nil and sub == nil and type(event.text) == "string" then
     cmd, group, sub = event.text:match("^%s*/(%S+)%s+(%S+)%s+(%S+)%s*$")
   end
