@@ -7,7 +7,7 @@ CC       ?= cc
 B        ?= build
 CFLAGS   ?= -O2 -g
 HARDEN   ?= -D_FORTIFY_SOURCE=2 -fstack-protector-strong
-PKGS     := lua5.4 libuv libcurl libcrypto
+PKGS     := lua5.4 libuv libcurl libcrypto zlib libbrotlidec
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhttp_parser
 SBX_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC $(HARDEN) $(PKG_CFLAGS) $(CFLAGS)

@@ -113,6 +113,8 @@ int luaopen_sandbox_core(lua_State *L) {
   sbx__open_reflect(L);
   sbx__open_listener(L);
   sbx__open_upstream(L);
+  sbx__open_safefetch(L);
+  sbx__open_netaddr(L);
   sbx__open_http_server(L);
   sbx__open_process(L);
   sbx__open_fs(L);

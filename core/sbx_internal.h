@@ -57,6 +57,8 @@ void sbx__open_json(lua_State *L);
 void sbx__open_reflect(lua_State *L);
 void sbx__open_listener(lua_State *L);
 void sbx__open_upstream(lua_State *L);
+void sbx__open_safefetch(lua_State *L);     /* core.fetch_attempt, core.fetch_resolve, core.local_addresses */
+void sbx__open_netaddr(lua_State *L);       /* core.url_admit, core.url_resolve_ref, core.addr_classify, core.addr_parse */
 void sbx__open_http_server(lua_State *L);   /* core.http_server, core.read_lines */
 void sbx__open_process(lua_State *L);
 void sbx__open_fs(lua_State *L);
