@@ -55,7 +55,25 @@ const SYMBOLS = {
   sbx_free: { args: [FFIType.ptr], returns: FFIType.void },
 } as const;
 
-type Lib = ReturnType<typeof linkSymbols<typeof SYMBOLS>>["symbols"];
+/** The bound functions of SYMBOLS, as this bridge calls them. */
+export interface Lib {
+  sbx_ffi_abi_version(): number;
+  sbx_engine_new(config: Pointer, options: Pointer, cb: Pointer | null, user: Pointer | null, errorOut: Pointer): Pointer | null;
+  sbx_engine_submit(e: Pointer, json: Pointer, len: number): number | bigint;
+  sbx_engine_poll(e: Pointer): Pointer | null;
+  sbx_engine_fd(e: Pointer): number;
+  sbx_engine_call(e: Pointer, json: Pointer, len: number, timeoutMs: number, codeOut: Pointer): Pointer | null;
+  sbx_engine_status(e: Pointer): Pointer | null;
+  sbx_engine_stop(e: Pointer): void;
+  sbx_engine_free(e: Pointer): void;
+  sbx_free(p: Pointer | null): void;
+}
+
+interface LibC {
+  dlopen(path: Pointer, mode: number): Pointer | null;
+  dlsym(handle: Pointer, name: Pointer): Pointer | null;
+  dlerror(): Pointer | null;
+}
 
 // Why not bun:ffi's own dlopen: the bun executable exports ~300 `uv_*`
 // symbols of its own (stubs for N-API modules, several of which panic with
@@ -67,22 +85,22 @@ type Lib = ReturnType<typeof linkSymbols<typeof SYMBOLS>>["symbols"];
 // and the symbols are then bound with linkSymbols.
 const RTLD_NOW = 0x2;
 const RTLD_DEEPBIND = 0x8;
-let libc: { dlopen: (p: Pointer, mode: number) => Pointer | null; dlsym: (h: Pointer, n: Pointer) => Pointer | null; dlerror: () => Pointer | null } | null = null;
+let libc: LibC | null = null;
 
 function deepOpen(path: string): Lib {
-  libc ??= dlopen("libc.so.6", {
+  const c: LibC = (libc ??= dlopen("libc.so.6", {
     dlopen: { args: [FFIType.ptr, FFIType.i32], returns: FFIType.ptr },
     dlsym: { args: [FFIType.ptr, FFIType.ptr], returns: FFIType.ptr },
     dlerror: { args: [], returns: FFIType.ptr },
-  }).symbols;
-  const h = libc.dlopen(ptr(cstr(path)), RTLD_NOW | RTLD_DEEPBIND);
+  }).symbols as unknown as LibC);
+  const h = c.dlopen(ptr(cstr(path)), RTLD_NOW | RTLD_DEEPBIND);
   if (!h) {
-    const e = libc.dlerror();
+    const e = c.dlerror();
     throw new Error(`cannot load ${path}: ${e ? new CString(e).toString() : "dlopen failed"}`);
   }
   const defs: Record<string, unknown> = {};
   for (const [name, def] of Object.entries(SYMBOLS)) {
-    const p = libc.dlsym(h, ptr(cstr(name)));
+    const p = c.dlsym(h, ptr(cstr(name)));
     if (!p) throw new Error(`${path} lacks ${name}: not an sbx_ffi engine library`);
     defs[name] = { ...def, ptr: p };
   }

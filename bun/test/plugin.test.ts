@@ -65,7 +65,7 @@ describe("the claim", () => {
 
   test("drops bots, integrations, direct messages, unaddressed and unresolved authors; never falls through", async () => {
     const p = await start();
-    const drop = { claim: true, priority: 200, action: "drop" };
+    const drop = { claim: true, priority: 200, action: "drop" } as const;
     expect(p.claim(mention("100", "hi", { author: { id: "b", name: "B", bot: true } }), MEMBER)).toEqual(drop);
     expect(p.claim(mention("100", "hi", { webhookId: "w1" }), MEMBER)).toEqual(drop);
     expect(p.claim(mention("100", "hi", { guildId: null }), MEMBER)).toEqual(drop);
