@@ -180,6 +180,64 @@ describe("channel store failures roll back", function()
   end)
 end)
 
+describe("the write's syscalls", function()
+  it("writes the temp file no-follow 0600, fsyncs it, renames it, then fsyncs the directory", function()
+    if not os.execute("command -v strace >/dev/null 2>&1") then
+      pending("needs strace")
+      return
+    end
+    local dir = tmpdir()
+    local script = dir .. "/w.lua"
+    write(script, string.format([[
+package.path = %q
+package.cpath = %q
+local s = require("sandbox.channels").open { stateFile = %q }
+s:enable("fake:a")
+]], package.path, package.cpath, dir .. "/channels.json"))
+    local trace = dir .. "/trace"
+    local ok = os.execute(string.format("strace -o '%s' -e trace=openat,write,fsync,close,rename lua5.4 '%s' >/dev/null 2>&1",
+      trace, script))
+    if not ok then
+      pending("strace cannot trace here (ptrace not permitted)")
+      return
+    end
+    local lines = {}
+    for line in io.lines(trace) do lines[#lines + 1] = line end
+    -- the second save (enable) is the last rename in the trace
+    local last
+    for i, l in ipairs(lines) do
+      if l:find('^rename%("' .. dir:gsub("%p", "%%%0") .. '/channels%.json%.tmp"') then last = i end
+    end
+    assert.truthy(last, "no rename of the temp file")
+    local open_at, fd
+    for i = last, 1, -1 do
+      local f = lines[i]:match('^openat%(AT_FDCWD, "[^"]*/channels%.json%.tmp", (.-)%) = (%d+)$')
+      if f then
+        open_at, fd = i, lines[i]:match("= (%d+)$")
+        assert.truthy(f:find("O_NOFOLLOW", 1, true))
+        assert.truthy(f:find("O_CREAT", 1, true))
+        assert.truthy(f:find("0600", 1, true))
+        break
+      end
+    end
+    assert.truthy(open_at, "no open of the temp file")
+    local seq = {}
+    for i = open_at + 1, #lines do
+      local l = lines[i]
+      if l:find("^write%(" .. fd .. ",") then seq[#seq + 1] = "write"
+      elseif l:find("^fsync%(" .. fd .. "%)") then seq[#seq + 1] = "fsync"
+      elseif l:find("^close%(" .. fd .. "%)") then seq[#seq + 1] = "close"
+      elseif l:find("^rename%(") then seq[#seq + 1] = "rename"
+      elseif l:find("^openat%(AT_FDCWD, \"" .. dir:gsub("%p", "%%%0") .. "\", [^)]*O_DIRECTORY") then
+        seq[#seq + 1] = "open dir"
+        fd = l:match("= (%d+)$")
+      end
+      if #seq == 7 then break end
+    end
+    assert.same({ "write", "fsync", "close", "rename", "open dir", "fsync", "close" }, seq)
+  end)
+end)
+
 describe("opening the channel store (3.3)", function()
   local function state_file(content)
     local path = tmpdir() .. "/channels.json"
