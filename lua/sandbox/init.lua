@@ -2,7 +2,9 @@
 -- `sandbox { ... }` with the option names of spec/runtime.md section 2.2.
 -- This module checks the option names and everything the broker uses, and
 -- hands out brokers bound to one turn. (The container runtime, channel state
--- and claim build on the same options.)
+-- and claim build on the same options.) The value `sandbox{}` returns is the
+-- unstarted app of lua/sandbox/app.lua: still a config for the CLI, and what
+-- an embedding host starts with `app:start(host)` (see app.lua's header).
 local app = require "sandbox.app"
 local broker = require "sandbox.broker"
 local broker_config = require "sandbox.broker_config"
