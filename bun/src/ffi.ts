@@ -24,6 +24,8 @@ import { existsSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 
 export const ABI_VERSION = 1;
+/** SBX_FFI_APIKEY_TIMEOUT_MS: the engine fails an unanswered key request closed after this. */
+export const APIKEY_TIMEOUT_MS = 30_000;
 
 /** Negative codes of sbx_engine_submit / sbx_engine_call (core/sbx_ffi.h). */
 export const CODES: Record<number, string> = {
@@ -214,6 +216,8 @@ export class Engine {
   private readonly onEvent?: EngineInit["onEvent"];
   /** apiKey answers still being computed on the JS side. */
   private keysInFlight = 0;
+  /** Ends the wait for each of them (free() gives up on all). */
+  private keyWaits = new Set<() => void>();
 
   constructor(init: EngineInit) {
     this.lib = loadLibrary(init.library);
@@ -346,9 +350,19 @@ export class Engine {
     } catch {
       answered = Promise.resolve(null);
     }
-    answered
-      .catch(() => null)
+    // A getter that never settles must not keep the poll timer (and the
+    // process) alive: the engine has failed the call closed by then anyway.
+    let timeout: ReturnType<typeof setTimeout> | undefined;
+    let giveUp = () => {};
+    const expired = new Promise<null>((resolve) => {
+      giveUp = () => resolve(null);
+      timeout = setTimeout(giveUp, APIKEY_TIMEOUT_MS);
+    });
+    this.keyWaits.add(giveUp);
+    Promise.race([answered.catch(() => null), expired])
       .then((key) => {
+        clearTimeout(timeout);
+        this.keyWaits.delete(giveUp);
         if (!this.handle) return;
         const k = typeof key === "string" && key !== "" ? key : null;
         // The result of apiKey.result (true if K was waiting) is not needed.
@@ -379,6 +393,7 @@ export class Engine {
     liveEngines.delete(this);
     for (const [, p] of this.pending) p.reject(new Error("engine stopped"));
     this.pending.clear();
+    for (const giveUp of [...this.keyWaits]) giveUp();
     if (this.timer !== null) {
       clearInterval(this.timer);
       this.timer = null;

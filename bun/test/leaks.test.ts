@@ -76,25 +76,41 @@ describe("no leaked handles after free", () => {
     }
   });
 
+  async function runExits(env: Record<string, string>): Promise<{ code: number; out: string; ms: number }> {
+    const roots = makeRoots();
+    try {
+      const t0 = Date.now();
+      const child = Bun.spawn([process.execPath, join(import.meta.dir, "fixtures", "exits.ts")], {
+        env: { ...process.env, ROOT: roots.root, ...env },
+        stdout: "pipe",
+        stderr: "pipe",
+      });
+      const killer = setTimeout(() => child.kill(9), 25_000);
+      const code = await child.exited;
+      clearTimeout(killer);
+      return { code, out: await new Response(child.stdout).text(), ms: Date.now() - t0 };
+    } finally {
+      roots.cleanup();
+    }
+  }
+
   test(
     "a process that disposed its plugin exits by itself",
     async () => {
-      const roots = makeRoots();
-      try {
-        const child = Bun.spawn([process.execPath, join(import.meta.dir, "fixtures", "exits.ts")], {
-          env: { ...process.env, ROOT: roots.root },
-          stdout: "pipe",
-          stderr: "pipe",
-        });
-        const killer = setTimeout(() => child.kill(9), 20_000);
-        const code = await child.exited;
-        clearTimeout(killer);
-        const out = await new Response(child.stdout).text();
-        expect(out).toBe('{"ok":true,"text":"Sealed: hi"}\nreturned\n');
-        expect(code).toBe(0);
-      } finally {
-        roots.cleanup();
-      }
+      const r = await runExits({});
+      expect(r.out).toBe('{"ok":true,"text":"Sealed: hi"}\nreturned\n');
+      expect(r.code).toBe(0);
+    },
+    30_000,
+  );
+
+  test(
+    "an apiKey that never settles does not outlive dispose: the turn fails closed and the process exits",
+    async () => {
+      const r = await runExits({ HANG_KEY: "1" });
+      expect(r.out).toBe('{"ok":false,"text":"model call failed: 502"}\nreturned\n');
+      expect(r.code).toBe(0);
+      expect(r.ms).toBeLessThan(15_000);
     },
     30_000,
   );
