@@ -423,6 +423,11 @@ int sbx_url_admit(const char *raw, size_t len, sbx_url_t *out, const char **err)
 
   if (err) *err = NULL;
   memset(out, 0, offsetof(sbx_url_t, host));
+  memset(out->ip, 0, sizeof out->ip);   /* unused bytes stay zero: ip compares whole */
+  out->host_len = out->path_len = out->href_len = 0;
+  out->port = 0;
+  out->port_explicit = 0;
+  out->authority_off = out->authority_len = 0;
   out->host[0] = out->path[0] = out->href[0] = '\0';
   if (raw == NULL || len > SBX_URL_MAX || !utf8_valid(s, len)) return fail(SBX_URL_E_INVALID, err);
   while (a < e && trim_c0(s[a])) a++;
