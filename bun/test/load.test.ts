@@ -90,6 +90,31 @@ describe("construction errors carry the Lua message", () => {
     );
   });
 
+  test("an unknown time zone (the host setting the worker gets)", async () => {
+    roots = makeRoots();
+    await expect(sandbox({ ...baseOptions(roots), timeZone: "not-a-zone", apiKey: () => "k" })).rejects.toThrow(
+      /^invalid time zone$/,
+    );
+  });
+
+  test("resource limits sandbox{} refuses", async () => {
+    roots = makeRoots();
+    await expect(sandbox({ ...baseOptions(roots), limits: { cpus: 0 }, apiKey: () => "k" })).rejects.toThrow(
+      /^invalid resource limits$/,
+    );
+    await expect(sandbox({ ...baseOptions(roots), limits: { pids: 8.5 }, apiKey: () => "k" })).rejects.toThrow(
+      /^invalid resource limits$/,
+    );
+  });
+
+  test("the default time zone is this process's, and valid options start an engine", async () => {
+    roots = makeRoots();
+    const { timeZone: _tz, ...rest } = baseOptions(roots);
+    const plugin = await sandbox({ ...rest, limits: { memoryMb: 256, cpus: 0.5, pids: 32 }, apiKey: () => "k" });
+    expect((await plugin.status()).started).toBe(true);
+    await plugin.dispose();
+  });
+
   test("a config script that raises", async () => {
     await expect(sandbox({ config: fixture("raises.conf.lua") })).rejects.toThrow(/^HOME is required$/);
   });
