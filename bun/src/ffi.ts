@@ -13,8 +13,11 @@
 // calling such a callback with a stack buffer showed garbage in JS). So this
 // bridge uses the polling
 // mode: sbx_engine_new gets no callback, and while any request is in flight
-// a timer on the JS thread drains sbx_engine_poll every `pollIntervalMs`
-// (5 ms by default), copying each output into a JS string before sbx_free.
+// a timer on the JS thread drains sbx_engine_poll, copying each output into
+// a JS string before sbx_free: 1 ms after a submit or an output, backing off
+// (doubling) to `pollIntervalMs` (5 ms by default) while nothing arrives, so
+// quick requests answer in about a millisecond and a long turn costs a poll
+// call every 5 ms.
 // With nothing in flight the timer is cleared, so an idle engine keeps
 // neither the CPU nor the process's event loop busy. Every call into the
 // library except sbx_engine_new (construction) and sbx_engine_call (the
@@ -210,8 +213,9 @@ export class Engine {
   private lib: Lib;
   private handle: Pointer | null;
   private pending = new Map<number, Pending>();
-  private timer: ReturnType<typeof setInterval> | null = null;
+  private timer: ReturnType<typeof setTimeout> | null = null;
   private readonly interval: number;
+  private delay = 1;
   private readonly onKeyRequest: EngineInit["onKeyRequest"];
   private readonly onEvent?: EngineInit["onEvent"];
   /** apiKey answers still being computed on the JS side. */
@@ -290,25 +294,37 @@ export class Engine {
     return out.value as T;
   }
 
+  /** Polls soon (1 ms): called on submit and whenever outputs arrived. */
   private arm(): void {
-    if (this.timer === null && this.handle) {
-      this.timer = setInterval(() => this.pump(), this.interval);
-    }
+    if (!this.handle || (this.timer !== null && this.delay === 1)) return;
+    this.delay = 1;
+    if (this.timer !== null) clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.tick(), this.delay);
+  }
+
+  private tick(): void {
+    this.timer = null;
+    const got = this.pump();
+    if (!this.handle || (this.pending.size === 0 && this.keysInFlight === 0)) return;
+    this.delay = got > 0 ? 1 : Math.min(this.delay * 2, this.interval);
+    this.timer = setTimeout(() => this.tick(), this.delay);
   }
 
   private disarm(): void {
     if (this.timer !== null && this.pending.size === 0 && this.keysInFlight === 0) {
-      clearInterval(this.timer);
+      clearTimeout(this.timer);
       this.timer = null;
     }
   }
 
-  /** Drains every queued output on the JS thread. */
-  pump(): void {
+  /** Drains every queued output on the JS thread; returns how many there were. */
+  pump(): number {
+    let n = 0;
     if (this.handle) {
       for (;;) {
         const text = take(this.lib, this.lib.sbx_engine_poll(this.handle));
         if (text === null) break;
+        n++;
         let out: Output;
         try {
           out = JSON.parse(text) as Output;
@@ -319,6 +335,7 @@ export class Engine {
       }
     }
     this.disarm();
+    return n;
   }
 
   private dispatch(out: Output): void {
@@ -395,7 +412,7 @@ export class Engine {
     this.pending.clear();
     for (const giveUp of [...this.keyWaits]) giveUp();
     if (this.timer !== null) {
-      clearInterval(this.timer);
+      clearTimeout(this.timer);
       this.timer = null;
     }
   }
