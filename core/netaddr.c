@@ -472,8 +472,7 @@ int sbx_url_admit(const char *raw, size_t len, sbx_url_t *out, const char **err)
     he = c ? (size_t)(c - s) : ae;
     if (c) { has_port = 1; ps = he + 1; }
   }
-  rc = parse_host((const char *)s + as, he - as, out);
-  if (rc != SBX_URL_OK) return fail(rc, err);
+  /* port before host, in the order of 1.5 (items 6, 7) */
   out->port = out->https ? 443 : 80;
   if (has_port) {
     uint32_t v = 0;
@@ -487,6 +486,8 @@ int sbx_url_admit(const char *raw, size_t len, sbx_url_t *out, const char **err)
     out->port = (uint16_t)v;
   }
   out->port_explicit = out->port != (out->https ? 443 : 80);
+  rc = parse_host((const char *)s + as, he - as, out);
+  if (rc != SBX_URL_OK) return fail(rc, err);
 
   /* path and query */
   sbuf_t pb = {out->path, SBX_URL_PATH_MAX, 0, 0};

@@ -15,7 +15,8 @@
  *     the host's own interface addresses (1.7), read with getifaddrs into a
  *     snapshot that a test can build from texts instead.
  *
- * Everything here is synchronous, allocation-free and reentrant, except the
+ * Everything here is synchronous, allocation-free and reentrant (resolve_ref
+ * uses a 33 KiB stack buffer), except the
  * cached interface snapshot of sbx_local_addrs_cached (loop thread only).
  * Return convention: 0 / 1 for predicates; 0 or a negative SBX_URL_E_* code
  * for admission; 0 or a negative -errno / SBX_E* code elsewhere.
@@ -54,7 +55,7 @@
 
 /*
  * An admitted URL. Every string is NUL-terminated and its length is stored.
- * The struct is large (about 25 KiB, all bounded buffers, nothing to free):
+ * The struct is large (about 50 KiB, all bounded buffers, nothing to free):
  * keep it on the heap inside a request, or on the stack for a one-off check.
  */
 typedef struct sbx_url {

@@ -455,6 +455,7 @@ describe("URL admission: scheme, authority and port (1.5 items 1-6)", function()
     admit_err("http://example.com:00000/", PORT0)
     admit_err("https://[2001:4860:4860::8888]:0/", PORT0)
     admit_err("http://2130706433:0/", PORT0)
+    admit_err("http://exa mple.com:0/", PORT0)      -- the port is read before the host (items 6, 7)
   end)
 
   it("enforces UTF-8 and the 8,192-byte bound", function()
