@@ -244,7 +244,7 @@ export interface SandboxOptions {
   library?: string;
   /** Directory of the engine's Lua tree; default $SBX_LUA_DIR, else next to libsbx.so. */
   luaDir?: string;
-  /** How often outputs are polled while requests are in flight (ms, default 5). */
+  /** The longest poll interval while requests are in flight (ms, default 5; 1 ms right after activity). */
   pollIntervalMs?: number;
 }
 
