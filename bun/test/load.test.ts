@@ -44,6 +44,15 @@ describe("loading libsbx.so", () => {
     expect(lib.sbx_ffi_abi_version()).toBe(ABI_VERSION);
   });
 
+  const shim = join(import.meta.dir, "..", "..", "build", "libsbx_ffi.so");
+  test.skipIf(!existsSync(shim))("the loader shim build/libsbx_ffi.so (same ABI) works through the library option", async () => {
+    roots = makeRoots();
+    const plugin = await sandbox({ ...baseOptions(roots), library: shim, apiKey: () => "k", initialChannels: ["discord:1"] });
+    expect(plugin.owns("discord:1")).toBe(true);
+    expect(await plugin.services.SANDBOX.channels.list()).toEqual(["discord:1"]);
+    await plugin.dispose();
+  });
+
   test("a missing library is an Error naming the path and the fix", async () => {
     await expect(sandbox({ library: "/nonexistent/libsbx.so", model: "m" })).rejects.toThrow(
       "libsbx.so not found at /nonexistent/libsbx.so; run `make` in the engine checkout or set SBX_LIB",
