@@ -18,7 +18,8 @@
  *  - the canonical text of a parsed address parses back to the same bytes
  *    and is never longer than SBX_ADDR_TEXT_MAX - 1;
  *  - an address listed as the host's own is refused by sbx_addr_vet, and a
- *    public one not listed passes it.
+ *    public one not listed passes it; at start-up, the real interface list
+ *    (getifaddrs) loads and each of its addresses is refused.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -213,6 +214,29 @@ static void sockaddr_mode(const uint8_t *data, size_t size) {
   bytes_of(&ss, b);
   CHECK(v == (port != 0 && model_public(b)));
   check_parsed(&ss, len, sbx_addr_is_public_sa((const struct sockaddr *)&ss, len));
+}
+
+/* Once: the real interface list loads, every entry round-trips through the
+ * canonical text, and each is refused by sbx_addr_vet against the list. */
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  static sbx_local_addrs_t real;
+  int rc;
+  const sbx_local_addrs_t *cached;
+  (void)argc;
+  (void)argv;
+  CHECK(sbx_local_addrs_load(&real) == 0);
+  cached = sbx_local_addrs_cached(SBX_LOCAL_ADDRS_MAX_AGE_MS, &rc);
+  CHECK(rc == 0 && cached != NULL && cached->n == real.n);
+  for (size_t k = 0; k < real.n; k++) {
+    struct sockaddr_in6 s6;
+    memset(&s6, 0, sizeof s6);
+    s6.sin6_family = AF_INET6;
+    s6.sin6_port = htons(443);
+    memcpy(&s6.sin6_addr, real.a[k], 16);
+    CHECK(sbx_addr_is_local(&real, (const struct sockaddr *)&s6, sizeof s6) == 1);
+    CHECK(sbx_addr_vet((const struct sockaddr *)&s6, sizeof s6, &real, NULL) == 0);
+  }
+  return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
