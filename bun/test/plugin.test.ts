@@ -192,6 +192,20 @@ describe("the SANDBOX service", () => {
     expect(await p.startFresh("discord:100")).toBe("sandbox");
   });
 
+  test("host tools from the Lua config and an MCP allow-list from TypeScript are offered to the turn", async () => {
+    const p = await start({
+      mcp: [
+        {
+          name: "docs",
+          url: "http://127.0.0.1:9/rpc",
+          tools: [{ name: "search", description: "Search the docs", parameters: { type: "object" } }],
+        },
+      ],
+    });
+    const r = await p.services.SANDBOX.runtime.runTurn("discord:100", { id: "a", name: "A", principalId: "p" }, "offered");
+    expect(r).toEqual({ ok: true, text: "host:clock mcp:docs/search" });
+  });
+
   test("the lifecycle entry", async () => {
     const p = await start();
     expect(p.services.lifecycle.name).toBe("sandbox-runtime");
