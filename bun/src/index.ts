@@ -15,6 +15,7 @@
 // Every engine error (a config error, an option refused by sandbox{}, a
 // refused turn) rejects or throws an Error whose message is the Lua message,
 // e.g. "unknown sandbox option: bogus" or "turnTimeoutMs must be 1000 to 600000".
+import { resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Engine, type Output } from "./ffi.ts";
 import type {
@@ -188,7 +189,7 @@ export async function sandbox(options: SandboxOptions = {}): Promise<SandboxPlug
 
   const engine = new Engine({
     library: options.library,
-    config: options.config ?? DEFAULT_CONFIG,
+    config: options.config ? resolve(options.config) : DEFAULT_CONFIG,
     options: engineOptions,
     pollIntervalMs: options.pollIntervalMs,
     onKeyRequest: async (req) => {
