@@ -10,7 +10,10 @@
 --   c.done()                         the engine is finished: leave the loop
 --   c.counters() -> in, dropped, out queue sizes (for status)
 --
--- Request and output shapes are documented in core/sbx_ffi.h.
+-- Request and output shapes are documented in core/sbx_ffi.h. The config
+-- script gets the decoded options_json as its argument and may return, after
+-- the app, a function called once after the app is disposed (to close what
+-- the script itself opened on the loop).
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 
@@ -147,8 +150,11 @@ local function load_app(path, opts, overrides)
   local sandbox = require "sandbox"
   local chunk, lerr = loadfile(path, "t")
   if not chunk then error("cannot load config: " .. tostring(lerr), 0) end
-  local ok, app = pcall(chunk, opts)
+  local ok, app, on_stop = pcall(chunk, opts)
   if not ok then error(app, 0) end
+  if on_stop ~= nil and type(on_stop) ~= "function" then
+    error("config " .. path .. ": its second return value must be a function (called after dispose)", 0)
+  end
   local real = sandbox.is_config(app)
   if not real and type(app) == "table" and not is_app_like(app) then
     app = sandbox(app)                       -- a plain option table
@@ -163,7 +169,7 @@ local function load_app(path, opts, overrides)
   if not is_app_like(app) then
     error("config " .. path .. " must return sandbox { ... }", 0)
   end
-  return app
+  return app, on_stop
 end
 
 -- Engine ------------------------------------------------------------------
@@ -182,7 +188,7 @@ function M.new(config_path, options_json, c)
   if opts.apiKey == "host" then
     overrides.apiKey = function(scope) return self:ask_key(scope, nil) end
   end
-  self.app = load_app(config_path, opts, overrides)
+  self.app, self.on_stop = load_app(config_path, opts, overrides)
   self.host = self:make_host(opts)
   async.spawn(function()
     local ok, err = pcall(self.app.start, self.app, self.host)
@@ -190,6 +196,7 @@ function M.new(config_path, options_json, c)
       self.started = true
       c.ready(nil)
     else
+      if self.on_stop then pcall(self.on_stop) end
       c.ready(type(err) == "string" and err or tostring(err))
       c.done()
     end
@@ -412,6 +419,10 @@ function Engine:stop()
     if self.started then
       local ok, err = pcall(self.app.dispose, self.app)
       if not ok then core.log("warn", "embedding: dispose failed: " .. tostring(err)) end
+    end
+    if self.on_stop then
+      local ok, err = pcall(self.on_stop)
+      if not ok then core.log("warn", "embedding: the config's stop hook failed: " .. tostring(err)) end
     end
     local waited = 0
     while self.npending > 0 and waited < M.STOP_GRACE_MS do

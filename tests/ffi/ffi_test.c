@@ -573,13 +573,57 @@ static int t_real_app(void) {
   if (rc == 0) {
     id = submit_msg(e, "hello");
     snprintf(want, sizeof want, "\"request\":%lld,\"ok\":true", (long long)id);
-    if (sink_wait(&s, 10000, want, "fake: hello", NULL) < 0) {
+    char typing[96];
+    snprintf(typing, sizeof typing, "\"type\":\"event\",\"request\":%lld,\"name\":\"typing\",\"on\":false", (long long)id);
+    if (sink_wait(&s, 10000, want, "fake: hello", NULL) < 0 || sink_wait(&s, 0, typing, NULL) < 0) {
       int i;
       snprintf(why, sizeof why, "no reply");
       pthread_mutex_lock(&s.mu);
       for (i = 0; i < s.n; i++) fprintf(stderr, "  output: %.300s\n", s.items[i]);
       pthread_mutex_unlock(&s.mu);
       rc = -1;
+    }
+  }
+  /* the host-side apiKey through the real broker: the key the host answers
+   * is the one the model provider receives; a null key fails closed (502,
+   * the provider is never contacted) */
+  if (rc == 0) {
+    int i;
+    long key_id;
+    const char *p;
+    char ans[128];
+    id = submit_msg(e, "model");
+    i = sink_wait(&s, 10000, "\"type\":\"apiKey.request\"",
+                  "\"scope\":{\"channel\":\"discord:1\",\"speaker\":{\"id\":\"alice\",\"name\":\"Alice\",\"principalId\":\"p_alice\"}}",
+                  NULL);
+    if (i < 0) { snprintf(why, sizeof why, "no apiKey.request from the real broker"); rc = -1; }
+    if (rc == 0) {
+      p = strstr(s.items[i], "\"id\":");
+      key_id = p ? strtol(p + 5, NULL, 10) : -1;
+      snprintf(ans, sizeof ans, "{\"type\":\"apiKey.result\",\"id\":%ld,\"key\":\"ts-key-1\"}", key_id);
+      submit(e, ans);
+      snprintf(want, sizeof want, "\"request\":%lld,\"ok\":true", (long long)id);
+      if (sink_wait(&s, 10000, want, "model 200 auth=Bearer ts-key-1", NULL) < 0) {
+        snprintf(why, sizeof why, "the host's key did not reach the provider");
+        rc = -1;
+      }
+    }
+    if (rc == 0) {
+      id = submit_msg(e, "model");
+      snprintf(ans, sizeof ans, "\"type\":\"apiKey.request\",\"request\":0,\"id\":%ld", key_id + 1);
+      if (sink_wait(&s, 10000, ans, NULL) < 0) { snprintf(why, sizeof why, "no second apiKey.request"); rc = -1; }
+      snprintf(ans, sizeof ans, "{\"type\":\"apiKey.result\",\"id\":%ld,\"key\":null}", key_id + 1);
+      submit(e, ans);
+      snprintf(want, sizeof want, "\"request\":%lld,\"ok\":true", (long long)id);
+      if (rc == 0 && sink_wait(&s, 10000, want, "model 502 auth=none", NULL) < 0) {
+        snprintf(why, sizeof why, "a null key did not fail closed");
+        rc = -1;
+      }
+    }
+    if (rc != 0) {
+      pthread_mutex_lock(&s.mu);
+      for (i = 0; i < s.n; i++) fprintf(stderr, "  output: %.300s\n", s.items[i]);
+      pthread_mutex_unlock(&s.mu);
     }
   }
   sbx_engine_free(e);
@@ -608,7 +652,7 @@ static const struct { const char *name; int (*fn)(void); } CASES[] = {
   {"stop_during_turn", t_stop_during_turn},
   {"free_while_busy", t_free_while_busy},
   {"reentrant_call_refused", t_reentrant_call_refused},
-  {"real_app_fake_driver", t_real_app},
+  {"real_app_fake_driver_and_host_api_key", t_real_app},
 };
 
 int main(int argc, char **argv) {

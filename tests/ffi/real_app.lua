@@ -1,17 +1,51 @@
 -- real_app.lua: the real app (sandbox{...}) over a Lua fake driver (no
--- Docker), for tests/ffi/ffi_test.c. The embedding passes its decoded
--- options_json as the chunk's argument; `root` is the test's temp folder.
+-- Docker), for tests/ffi/ffi_test.c and bench/ffi_bench.*. The embedding
+-- passes its decoded options_json as the chunk's argument; `root` is the
+-- caller's temp folder.
+--
+-- The fake driver answers "fake: <text>". For the text "model" it acts as
+-- the worker: it POSTs /model to the turn's broker socket and reports the
+-- broker's status and the Authorization header a loopback stand-in for the
+-- model provider received (so a host-side apiKey is seen end to end).
+local async = require "sandbox.async"
+local core = require "sandbox.core"
+
 local opts = ...
 local root = assert(opts.root, "options_json.root is required")
 
+local seen = nil
+local upstream = assert(core.http_server {
+  on_request = function(req)
+    seen = req.headers.authorization or "none"
+    req:reply(200, '{"id":"c1","object":"chat.completion","model":"spec-model","choices":[{"index":0,'
+      .. '"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}')
+  end,
+})
+
+local function post_model(spec)
+  local body = '{"messages":[]}'
+  local raw = "POST /model HTTP/1.1\r\nHost: broker\r\nContent-Type: application/json\r\n"
+    .. "Authorization: Bearer sandbox-dummy-key\r\nContent-Length: " .. #body .. "\r\n\r\n" .. body
+  local res = async.await(function(resume)
+    core.unix_request(spec.runDir .. "/broker.sock", raw, { timeout_ms = 20000 }, resume)
+  end)
+  if not res.ok then return "error " .. tostring(res.error) end
+  return res.data:match("^HTTP/1%.1 (%d%d%d)") or "?"
+end
+
 local driver = {}
-function driver:run(_, turn)
+function driver:run(spec, turn)
+  if turn.text == "model" then
+    seen = nil
+    local status = post_model(spec)
+    return { ok = true, text = "model " .. status .. " auth=" .. tostring(seen or "none") }
+  end
   return { ok = true, text = "fake: " .. turn.text }
 end
 
 return require("sandbox") {
   image = "pi-roundtable-sandbox:local",
   runRoot = root .. "/run", workspaceRoot = root .. "/ws", stateFile = root .. "/state/channels.json",
-  model = "spec-model", modelUrl = "https://models.example/v1/chat/completions",
+  model = "spec-model", modelUrl = upstream:url("/v1/chat/completions"), allowHttp = true,
   driver = driver,
-}
+}, function() upstream:close() end
