@@ -133,7 +133,9 @@
  *                fails construction with "unknown sandbox option: <name>"
  * The config script runs like `sbx` runs it (it returns `sandbox{...}`); it
  * receives the decoded options object as its chunk argument (`...`), so
- * embedder-specific members (paths, ...) may be added freely.
+ * embedder-specific members (paths, ...) may be added freely. It may return,
+ * after the app, a function the engine calls once after disposing the app
+ * (to close what the script itself opened on the loop).
  *
  * Process-wide effects: SIGPIPE is ignored (when it was at its default);
  * libuv installs its SIGCHLD handler when the engine first spawns a child

@@ -620,6 +620,21 @@ static int t_real_app(void) {
         rc = -1;
       }
     }
+  }
+  /* stop while a real turn runs: the turn is aborted, its message request
+   * still gets its own result (the guest-visible failure text) before stop
+   * returns */
+  if (rc == 0) {
+    int i;
+    id = submit_msg(e, "slow");
+    snprintf(want, sizeof want, "\"request\":%lld,\"name\":\"typing\",\"on\":true", (long long)id);
+    if (sink_wait(&s, 10000, want, NULL) < 0) { snprintf(why, sizeof why, "slow turn did not start"); rc = -1; }
+    sbx_engine_stop(e);
+    snprintf(want, sizeof want, "\"request\":%lld,\"ok\":true", (long long)id);
+    if (rc == 0 && sink_wait(&s, 0, want, "The sandbox turn failed or was stopped.", NULL) < 0) {
+      snprintf(why, sizeof why, "the stopped turn's result is missing");
+      rc = -1;
+    }
     if (rc != 0) {
       pthread_mutex_lock(&s.mu);
       for (i = 0; i < s.n; i++) fprintf(stderr, "  output: %.300s\n", s.items[i]);

@@ -3,7 +3,8 @@
 -- passes its decoded options_json as the chunk's argument; `root` is the
 -- caller's temp folder.
 --
--- The fake driver answers "fake: <text>". For the text "model" it acts as
+-- The fake driver answers "fake: <text>"; "slow" runs until the turn is
+-- aborted. For the text "model" it acts as
 -- the worker: it POSTs /model to the turn's broker socket and reports the
 -- broker's status and the Authorization header a loopback stand-in for the
 -- model provider received (so a host-side apiKey is seen end to end).
@@ -34,7 +35,15 @@ local function post_model(spec)
 end
 
 local driver = {}
-function driver:run(spec, turn)
+function driver:run(spec, turn, signal)
+  if turn.text == "slow" then
+    -- runs until the runtime aborts the turn (stop, dispose, deadline)
+    async.await(function(resume)
+      if signal.aborted then return resume() end
+      signal:on_abort(function() resume() end)
+    end)
+    error(signal.reason, 0)
+  end
   if turn.text == "model" then
     seen = nil
     local status = post_model(spec)
