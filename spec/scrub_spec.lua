@@ -219,3 +219,27 @@ describe("scrub_diagnostic: controls, trimming and bounds", function()
     end
   end)
 end)
+
+describe("scrub_diagnostic: any input", function()
+  it("always gives valid UTF-8 within max code points, never adds ]], and leaves no planted secret", function()
+    local pieces = {
+      "password=", "token: ", "Bearer ", "https://", "u:p@", "@", "/", " ", "\n", "\0", "\255", "é", "\"", "'",
+      "=", ":", "&", ";", "}", "]", "sk-", "ghp_", "eyJ", ".", "-----BEGIN PRIVATE KEY-----", "x-api-key:",
+      "Cookie: ", "abc", "A1b2C3d4", "12345", "max_tokens=", "\27", "\u{3000}",
+    }
+    local seed = 12345
+    local function rand(n) seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n + 1 end
+    for _ = 1, 500 do
+      local parts = {}
+      for i = 1, rand(40) do parts[i] = pieces[rand(#pieces)] end
+      local input = table.concat(parts)
+      local max = rand(3) == 1 and math.huge or rand(200)
+      local out = scrub_diagnostic(input, max)
+      assert.is_truthy(utf8.len(out), ("%q"):format(input))
+      if max ~= math.huge then assert.is_true(utf8.len(out) <= max) end
+      if not has(input, "]]") and not has(input, "]") then assert.is_false(has(out, "]]"), ("%q"):format(input)) end
+      local planted = scrub_diagnostic(input .. " password=PLANTEDxyz9 ", math.huge)
+      assert.is_false(has(planted, "PLANTEDxyz9"), ("%q"):format(input))
+    end
+  end)
+end)
