@@ -74,5 +74,9 @@ M.broker = broker.new
 
 -- `sandbox.runtime{...}`: the sealed runtime alone (spec/runtime.md 2.1, 3.1).
 M.runtime = require "sandbox.runtime"
+-- Scoped delegation and diagnostics for host tools (fetch-and-delegation.md 2-3).
+M.delegator = require "sandbox.delegator"
+M.scoped_delegator = M.delegator.new
+M.scrub_diagnostic = require("sandbox.scrub").scrub_diagnostic
 
 return setmetatable(M, { __call = function(_, opts) return M.new(opts) end })
