@@ -113,7 +113,6 @@ struct sf_req {
   unsigned char addr[16];
   int port;                  /* connect port */
   /* response head */
-  char head[SF_MAX_HEAD_BYTES];
   size_t head_used;          /* bytes of every block so far (bound) */
   size_t hb_len;             /* bytes of the final block's fields in head_store */
   char *head_store;          /* final block: status text + field bytes */
@@ -127,6 +126,7 @@ struct sf_req {
   int connected, got_bytes;
   /* body */
   size_t max_bytes, wire, cap, len;
+  size_t declared;           /* a valid Content-Length (<= max_bytes), else 0 */
   char *buf;
   int decoder, dec_started, dec_ended;
   z_stream z;
@@ -527,6 +527,7 @@ static int head_complete(sf_req_t *r) {
       else len = len * 10 + (uint64_t)(v[i] - '0');
     }
     if (ok && len > r->max_bytes) return SF_DECLARED_TOO_LARGE;
+    if (ok) r->declared = (size_t)len;
   }
   f = field_get(r, "content-encoding", 16, &n);
   if (n > 1) return SF_ENCODING;
@@ -600,13 +601,15 @@ static size_t on_header(char *p, size_t size, size_t nitems, void *ud) {
 
 /* ---- body and decoding ------------------------------------------------ */
 
-/* Makes room for at least one more byte, never past max_bytes + 1. */
-static int grow(sf_req_t *r) {
+/* Makes room for at least `need` more bytes, never past max_bytes + 1.
+ * Returns 0, -1 (would pass the cap) or -2 (out of memory). */
+static int reserve(sf_req_t *r, size_t need) {
   size_t limit = r->max_bytes + 1, cap;
   char *nb;
-  if (r->cap > r->len) return 0;
-  if (r->cap >= limit) return -1;
-  cap = r->cap < SF_BUF_STEP ? SF_BUF_STEP : r->cap * 2;
+  if (r->cap - r->len >= need) return 0;
+  if (need > limit - r->len) return -1;
+  cap = r->cap < SF_BUF_STEP ? SF_BUF_STEP : r->cap;
+  while (cap - r->len < need) cap = cap > limit / 2 ? limit : cap * 2;
   if (cap > limit) cap = limit;
   nb = realloc(r->buf, cap);
   if (nb == NULL) return -2;
@@ -614,6 +617,9 @@ static int grow(sf_req_t *r) {
   r->cap = cap;
   return 0;
 }
+
+/* Room for at least one more decoded byte. */
+static int grow(sf_req_t *r) { return reserve(r, 1); }
 
 /* Feeds n wire bytes to the decoder. Returns 0 or a kind. */
 static int decode(sf_req_t *r, const unsigned char *p, size_t n) {
@@ -710,11 +716,9 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
   }
   r->wire += n;
   if (r->decoder == DEC_NONE) {
-    while (r->cap - r->len < n) {
-      int g = grow(r);
-      if (g != 0) { r->kind = g == -2 ? SF_NOMEM : SF_BODY_TOO_LARGE; return 0; }
-      if (r->cap == r->len) break;
-    }
+    /* one allocation for a declared length (already checked against the cap) */
+    int g = reserve(r, r->len == 0 && r->declared > n ? r->declared : n);
+    if (g != 0) { r->kind = g == -2 ? SF_NOMEM : SF_BODY_TOO_LARGE; return 0; }
     memcpy(r->buf + r->len, p, n);
     r->len += n;
     return n;

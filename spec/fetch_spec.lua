@@ -440,6 +440,17 @@ describe("safe fetch", function()
       end, "Response body too large")
     end)
 
+    it("bodies larger than one read arrive whole, with and without a declared length", function()
+      for _, path in ipairs { "/text?n=1048576", "/text?n=300000&chunked=1" } do
+        local ok, res = run(function() return fetch.safe_fetch(url(path), (seams())) end)
+        assert.is_true(ok, path .. ": " .. tostring(res))
+        assert.are.equal(tonumber(path:match("n=(%d+)")), #res.data)
+        assert.are.equal(string.rep("a", 64), res.data:sub(-64))
+      end
+      refused(function() return fetch.safe_fetch(url("/text?n=300000&chunked=1"), (seams { opts = { maxBytes = 299999 } })) end,
+        "Response body too large")
+    end)
+
     it("20: gzip, deflate and Brotli pages decode under a 200-byte cap; bombs are refused", function()
       for path, body in pairs { ["/gzip"] = "hello gzip page", ["/br"] = "hello br page",
         ["/deflate"] = "hello deflate page", ["/deflate-raw"] = "hello deflate-raw page",
