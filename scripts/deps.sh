@@ -32,6 +32,7 @@ chk_lua()        { have lua5.4; }
 chk_libuv()      { pkg-config --exists libuv; }
 chk_libcurl()    { pkg-config --exists libcurl; }
 chk_libcrypto()  { pkg-config --exists libcrypto; }
+chk_decoders()   { pkg-config --exists zlib libbrotlidec; }
 chk_httpparser() { [ -f /usr/include/http_parser.h ] && [ -e "$SBX_LIBDIR/libhttp_parser.so" ]; }
 chk_cjson()      {
   [ -f "$SBX_LIBDIR/liblua5.4-cjson.a" ] && have lua5.4 &&
@@ -60,6 +61,7 @@ APT_CHECKS=(
   "libuv|libuv1-dev|chk_libuv"
   "libcurl|libcurl4-openssl-dev|chk_libcurl"
   "libcrypto (OpenSSL)|libssl-dev|chk_libcrypto"
+  "zlib + Brotli decoder (safe fetch)|zlib1g-dev libbrotli-dev|chk_decoders"
   "http_parser|libhttp-parser-dev|chk_httpparser"
   "lua-cjson (5.4)|lua-cjson-dev|chk_cjson"
   "busted (lua5.4)|lua-busted|chk_busted"
