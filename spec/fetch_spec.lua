@@ -16,13 +16,16 @@ local PUBLIC4, PUBLIC4B, PUBLIC6 = "93.184.216.34", "93.184.216.35", "2606:2800:
 local server = {}
 
 local function start_server()
-  local cmd = string.format("exec env -u LD_PRELOAD node spec/fixtures/fetch_server.mjs --parent %d",
-    core.getpid())
+  server.dir = assert(io.popen("mktemp -d /tmp/sbx-fetch-spec.XXXXXX")):read("l")
+  server.tls = require("fake_upstream").make_ca(server.dir)     -- CN/SAN models.example
+  local cmd = string.format("exec env -u LD_PRELOAD node spec/fixtures/fetch_server.mjs --parent %d --tls '%s' '%s'",
+    core.getpid(), server.tls.cert, server.tls.key)
   server.pipe = assert(io.popen(cmd, "r"))
   local line = assert(server.pipe:read("l"))
   server.port = tonumber(line:match('"port":(%d+)'))
   server.pid = tonumber(line:match('"pid":(%d+)'))
-  assert(server.port and server.pid)
+  server.tls_port = tonumber(line:match('"tls_port":(%d+)'))
+  assert(server.port and server.pid and server.tls_port)
 end
 
 local function url(path, host)
@@ -55,7 +58,7 @@ local function seams(o)
     localAddresses = function() return o.locals or {} end,
     transport = function(u, address, sig, maxBytes, headers)
       log.calls[#log.calls + 1] = { url = u, address = address.address, headers = headers }
-      local port = (o.ports and o.ports[address.address]) or server.port
+      local port = (o.ports and o.ports[address.address]) or (o.tls and server.tls_port) or server.port
       return fetch.pinned_transport(u, { address = "127.0.0.1", family = 4, port = port },
         sig, maxBytes, headers, o.limits)
     end,
@@ -85,6 +88,7 @@ describe("safe fetch", function()
     if server.pipe then
       os.execute("kill " .. server.pid .. " >/dev/null 2>&1")
       server.pipe:close()
+      os.execute("rm -rf '" .. server.dir .. "'")
     end
   end)
 
@@ -328,6 +332,53 @@ describe("safe fetch", function()
       assert.is_false(ok)
       assert.are.equal("TransportError", err.name)
       assert.are.equal("ECONNREFUSED", err.code)
+    end)
+  end)
+
+  describe("TLS through the pin", function()
+    local function tls_seams(extra)
+      return seams { tls = true, limits = { cainfo = server.tls.ca }, opts = extra,
+        answers = { { address = PUBLIC4, family = 4 }, { address = PUBLIC4B, family = 4 } } }
+    end
+
+    it("verifies the URL's hostname while the socket goes to the pinned loopback address", function()
+      local opts, log = tls_seams()
+      local ok, res = run(function()
+        return fetch.safe_fetch(("https://models.example:%d/echo"):format(server.tls_port), opts)
+      end)
+      assert.is_true(ok, tostring(res))
+      assert.are.equal(200, res.status)
+      assert.truthy(res.data:find("\r\nHost: models%.example:" .. server.tls_port .. "\r\n"))
+      assert.are.equal(1, #log.calls)
+    end)
+
+    it("a certificate for another name fails at once, with no fallback to the next address", function()
+      local opts, log = tls_seams()
+      local ok, err = run(function()
+        return fetch.safe_fetch(("https://other.example:%d/echo"):format(server.tls_port), opts)
+      end)
+      assert.is_false(ok)
+      assert.are.equal("TransportError", err.name)
+      assert.truthy(tostring(err):find("other.example", 1, true), tostring(err))
+      assert.are.equal(1, #log.calls)
+    end)
+
+    it("an untrusted certificate fails (nothing switches verification off)", function()
+      local opts = seams { tls = true }
+      local ok, err = run(function()
+        return fetch.safe_fetch(("https://models.example:%d/echo"):format(server.tls_port), opts)
+      end)
+      assert.is_false(ok)
+      assert.are.equal("TransportError", err.name)
+    end)
+
+    it("18: a real https server's redirect to http is refused before the target is contacted", function()
+      local opts, log = tls_seams()
+      refused(function()
+        return fetch.safe_fetch(("https://models.example:%d/redirect?to=http://models.example:%d/short")
+          :format(server.tls_port, server.port), opts)
+      end, "Redirect from HTTPS to HTTP refused")
+      assert.are.equal(1, #log.calls)
     end)
   end)
 
