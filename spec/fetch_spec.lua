@@ -601,6 +601,20 @@ describe("safe fetch", function()
       assert.is_true(core.now() - t0 < 2000)
     end)
 
+    it("the deadline also stops a transport seam stuck on a stalled server (its signal aborts)", function()
+      local t0 = core.now()
+      local seen
+      local opts = seams { opts = { timeoutMs = 300 }, limits = { idleTimeoutMs = 60000 } }
+      local inner = opts.transport
+      opts.transport = function(u, address, sig, ...)
+        seen = sig
+        return inner(u, address, sig, ...)
+      end
+      refused(function() return fetch.safe_fetch(url("/stall"), opts) end, "Fetch deadline exceeded", "TimeoutError")
+      assert.is_true(core.now() - t0 < 2000)
+      assert.is_true(seen.aborted)
+    end)
+
     it("25: an aborted signal ends the call with the signal's own reason", function()
       local sig = signal.new()
       local ok, err = run(function()

@@ -21,6 +21,7 @@
 -- seams: never build them (or headers, or bounds) from guest data.
 local async = require "sandbox.async"
 local core = require "sandbox.core"
+local signals = require "sandbox.signal"
 
 local M = {}
 
@@ -185,7 +186,13 @@ local function wait(start, deadline, signal)
       unhook = signal:on_abort(function() resume("abort") end)
     end
     timer = core.timer(left, function() resume("timeout") end)
-    cancel = start(function(...) resume("done", ...) end)
+    local ok, c = pcall(start, function(...) resume("done", ...) end)
+    if not ok then
+      timer:stop()
+      if unhook then unhook() end
+      error(c, 0)
+    end
+    cancel = c
   end))
   if timer then timer:stop() end
   if unhook then unhook() end
@@ -366,9 +373,12 @@ local function try_addresses(u, vetted, opts, ctx, header_map, lines)
     check_signal(ctx.signal)
     local res, err
     if opts.transport then
-      local how, ok, r = wait(seam_start(opts.transport, u.href, address, ctx.signal, ctx.max_bytes,
+      local how, ok, r = wait(seam_start(opts.transport, u.href, address, ctx.seam_signal, ctx.max_bytes,
         header_map), ctx.deadline, ctx.signal)
-      if how == "timeout" then raise("TimeoutError", "Fetch deadline exceeded") end
+      if how == "timeout" then
+        ctx.seam_signal:abort("Fetch deadline exceeded")
+        raise("TimeoutError", "Fetch deadline exceeded")
+      end
       if how == "abort" then check_signal(ctx.signal) end
       if ok then res = r else err = r end
       if ok and type(res) ~= "table" then err = new_error("TransportError", "transport returned no result") end
@@ -402,6 +412,8 @@ local function check_bounds(opts)
   return opts, b
 end
 
+local hop_loop
+
 function M.safe_fetch(url, opts)
   local start = core.now()
   local b
@@ -411,6 +423,19 @@ function M.safe_fetch(url, opts)
     deadline = start + b.timeout, idle = b.idle, max_bytes = b.max_bytes,
     signal = opts.signal, cainfo = opts.cainfo,
   }
+  if opts.transport then
+    -- what a transport seam sees: the caller's signal, plus our own abort
+    -- when the call's deadline gives up on the seam
+    ctx.seam_signal = signals.child(opts.signal)
+    local ok, res = pcall(hop_loop, url, opts, b, caller, ctx)
+    ctx.seam_signal:detach()
+    if not ok then error(res, 0) end
+    return res
+  end
+  return hop_loop(url, opts, b, caller, ctx)
+end
+
+hop_loop = function(url, opts, b, caller, ctx)
   if type(url) ~= "string" then unsafe("Invalid URL") end
   local u, msg = admit(url)
   if u == nil then unsafe(msg) end
