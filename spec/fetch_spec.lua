@@ -231,6 +231,27 @@ describe("safe fetch", function()
       end
     end)
 
+    it("the system resolver runs on the thread pool and keeps every answer (numeric hosts: no DNS)", function()
+      local ok, list = run(function()
+        return async.await(function(resume) assert(core.fetch_resolve("127.0.0.1", resume)) end)
+      end)
+      assert.is_true(ok, tostring(list))
+      assert.are.same({ address = "127.0.0.1", family = 4 }, list[1])
+      -- an abandoned lookup never calls back
+      local called = false
+      ok = run(function()
+        local lk = assert(core.fetch_resolve("127.0.0.2", function() called = true end))
+        lk:cancel()
+        async.sleep(50)
+      end)
+      assert.is_true(ok)
+      assert.is_false(called)
+      local own = assert(core.local_addresses())
+      local has_loopback = false
+      for _, a in ipairs(own) do if a == "127.0.0.1" then has_loopback = true end end
+      assert.is_true(has_loopback)
+    end)
+
     it("a resolver failure raises ResolveError with the resolver's text", function()
       local opts = seams()
       opts.resolve = function() error("Name or service not known", 0) end
