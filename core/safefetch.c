@@ -225,9 +225,9 @@ static void decoder_end(sf_req_t *r) {
   r->br = NULL;
 }
 
-/* Removes r from curl and frees everything but (when keep is non-NULL) its
- * body buffer. Never calls Lua. */
-static void req_destroy(lua_State *L, sf_req_t *r, char **keep) {
+/* Removes r from curl and frees it. Never calls Lua. L (any thread of the
+ * state, or NULL when on_done was already taken) releases on_done. */
+static void req_destroy(lua_State *L, sf_req_t *r) {
   sf_multi_t *m = r->m;
   if (r->prev != NULL) r->prev->next = r->next; else m->reqs = r->next;
   if (r->next != NULL) r->next->prev = r->prev;
@@ -243,7 +243,7 @@ static void req_destroy(lua_State *L, sf_req_t *r, char **keep) {
   }
   decoder_end(r);
   free(r->head_store);
-  if (keep != NULL) *keep = r->buf; else free(r->buf);
+  free(r->buf);
   if (L != NULL) sbx__unref(L, &r->done_ref);
   if (r->box != NULL) r->box->r = NULL;
   free(r);
@@ -387,14 +387,14 @@ static void finish(sf_multi_t *m, sf_req_t *r, CURLcode rc, int kind_hint) {
   buf = r->buf;
   r->buf = NULL;
   o.body = buf;
+  /* Detach the Lua object first: a cancel from inside on_done is a no-op. */
   if (r->box != NULL) { r->box->r = NULL; r->box = NULL; }
-  /* unlink now so a nested cancel or gc cannot reach it */
   lua_pushcfunction(L, deliver);
   lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
   luaL_unref(L, LUA_REGISTRYINDEX, ref);
   lua_pushlightuserdata(L, &o);
   sbx__pcall(L, 2);
-  req_destroy(NULL, r, NULL);
+  req_destroy(NULL, r);
   free(buf);
 }
 
@@ -743,7 +743,7 @@ static int multi_gc(lua_State *L) {
   sf_multi_t *m = b->m;
   if (m == NULL) return 0;
   b->m = NULL;
-  while (m->reqs != NULL) req_destroy(L, m->reqs, NULL);
+  while (m->reqs != NULL) req_destroy(L, m->reqs);
   curl_multi_cleanup(m->multi);
   m->multi = NULL;
   while (m->socks != NULL) sock_close(m, m->socks);
@@ -1007,7 +1007,7 @@ static int l_fetch_attempt(lua_State *L) {
 
 static int req_cancel(lua_State *L) {
   sf_req_box_t *b = luaL_checkudata(L, 1, REQ_MT);
-  if (b->r != NULL) req_destroy(L, b->r, NULL);
+  if (b->r != NULL) req_destroy(L, b->r);
   b->r = NULL;
   return 0;
 }
@@ -1028,8 +1028,6 @@ typedef struct {
   int abandoned;
   int *box;               /* the Lua handle's back pointer, or NULL */
 } sf_lookup_t;
-
-typedef struct { sf_lookup_t *lk; } sf_lookup_box_t;
 
 static int push_answers(lua_State *L) {
   const struct addrinfo *ai = lua_touserdata(L, 2);
