@@ -323,6 +323,21 @@ describe("safe fetch", function()
       assert.truthy(head:find("\r\nconnection: close\r\n"))
     end)
 
+    it("the caller's headers replace defaults; accept-encoding stays identity, sent once", function()
+      local opts = seams { opts = { headers = { ["Accept-Encoding"] = "gzip, br", Accept = "text/plain",
+        ["X-Host-Token"] = "t1" } } }
+      local ok, res = run(function() return fetch.safe_fetch(url("/echo"), opts) end)
+      assert.is_true(ok, tostring(res))
+      local head = res.data:lower()
+      local _, n = head:gsub("\r\naccept%-encoding:", "")
+      assert.are.equal(1, n)
+      assert.truthy(head:find("\r\naccept%-encoding: identity\r\n"))
+      assert.truthy(head:find("\r\naccept: text/plain\r\n"))
+      assert.truthy(head:find("\r\nx%-host%-token: t1\r\n"))
+      local _, na = head:gsub("\r\naccept:", "")
+      assert.are.equal(1, na)
+    end)
+
     it("11: pinned_transport called directly connects only to the address it is given", function()
       local ok, res = run(function()
         return fetch.pinned_transport(url("/short"), { address = "127.0.0.1", family = 4, port = server.port })

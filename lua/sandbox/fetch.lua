@@ -158,8 +158,11 @@ end
 local function build_headers(caller)
   local order, map = { "accept", "user-agent" }, { accept = DEFAULT_ACCEPT, ["user-agent"] = USER_AGENT }
   for _, kv in ipairs(caller) do
-    if map[kv[1]] == nil then order[#order + 1] = kv[1] end
-    map[kv[1]] = kv[2]
+    local name = kv[1]
+    if name ~= "accept-encoding" then       -- forced below; the caller's never takes effect
+      if map[name] == nil then order[#order + 1] = name end
+      map[name] = kv[2]
+    end
   end
   map["accept-encoding"] = "identity"
   map["connection"] = "close"
