@@ -346,6 +346,14 @@ describe("safe fetch", function()
       assert.are.equal("ok", res.data)
     end)
 
+    it("a vetted IPv4-mapped address is connected as its IPv4 over AF_INET", function()
+      local ok, res = run(function()
+        return fetch.pinned_transport(url("/short"), { address = "::ffff:127.0.0.1", family = 6, port = server.port })
+      end)
+      assert.is_true(ok, tostring(res))
+      assert.are.equal("ok", res.data)
+    end)
+
     it("12: a closed first address falls back to the live second after one lookup, in order", function()
       local dead = closed_port()
       local opts, log = seams {
