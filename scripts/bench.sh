@@ -14,6 +14,8 @@ echo "== reflection filter vs memmem (bench/reflect_bench.c)"
 build/bench/reflect_bench
 echo "== broker round trip vs bare echo (bench/broker_bench.lua)"
 build/sbx lua bench/broker_bench.lua "${BENCH_CALLS:-5000}"
+echo "== safe fetch vs plain libcurl, 1 MiB body (bench/fetch_bench.lua)"
+build/sbx lua bench/fetch_bench.lua "${BENCH_FETCH_ROUNDS:-200}"
 if [ "${BENCH_DOCKER:-1}" = 1 ]; then
   make --no-print-directory image >/dev/null
   echo "== sealed turn vs bare docker run --rm, host RSS (bench/turn_bench.lua)"

@@ -78,5 +78,9 @@ M.runtime = require "sandbox.runtime"
 M.delegator = require "sandbox.delegator"
 M.scoped_delegator = M.delegator.new
 M.scrub_diagnostic = require("sandbox.scrub").scrub_diagnostic
+-- Safe fetch of model-supplied URLs (fetch-and-delegation.md 1).
+M.fetch = require "sandbox.fetch"
+M.safe_fetch = M.fetch.safe_fetch
+M.assert_public_url = M.fetch.assert_public_url
 
 return setmetatable(M, { __call = function(_, opts) return M.new(opts) end })
