@@ -192,9 +192,16 @@ static int l_emit(lua_State *L) {
     uv_mutex_lock(&e->mu);
     for (w = e->waiters; w != NULL && w->id != id; w = w->next) {}
     if (w != NULL) {
-      if (!w->abandoned) w->result = dup_n(json, len);
-      w->done = 1;
-      uv_cond_broadcast(&e->cond);
+      if (w->abandoned) {           /* its caller timed out: drop both */
+        ffi_waiter **pp;
+        for (pp = &e->waiters; *pp != w; pp = &(*pp)->next) {}
+        *pp = w->next;
+        free(w);
+      } else {
+        w->result = dup_n(json, len);
+        w->done = 1;
+        uv_cond_broadcast(&e->cond);
+      }
       uv_mutex_unlock(&e->mu);
       return 0;
     }

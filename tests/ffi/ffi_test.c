@@ -651,6 +651,35 @@ static int t_real_app(void) {
   return rc;
 }
 
+/* sbx_engine_call gives up after its timeout; the late result is dropped,
+ * neither delivered to the callback nor leaked. */
+static int t_call_timeout(void) {
+  sink_t s;
+  sbx_engine *e;
+  char buf[1024];
+  char *r;
+  int32_t code = 0;
+  int rc = 0;
+  sink_init(&s);
+  e = fake_engine(&s, NULL);
+  if (e == NULL) { sink_free(&s); return -1; }
+  snprintf(buf, sizeof buf, MSG, "slow");
+  r = sbx_engine_call(e, buf, strlen(buf), 100, &code);
+  if (r != NULL || code != SBX_ETIMEOUT) { snprintf(why, sizeof why, "code %d", code); rc = -1; }
+  sbx_free(r);
+  sbx_engine_stop(e);                        /* ends the slow turn */
+  if (rc == 0 && sink_count(&s, "\"type\":\"result\"") != 0) {
+    snprintf(why, sizeof why, "the abandoned result reached the callback");
+    rc = -1;
+  }
+  r = sbx_engine_call(e, "{\"type\":\"ping\"}", 15, 100, &code);
+  if (rc == 0 && (r != NULL || code != SBX_ESTOPPED)) { snprintf(why, sizeof why, "call after stop: %d", code); rc = -1; }
+  sbx_free(r);
+  sbx_engine_free(e);
+  sink_free(&s);
+  return rc;
+}
+
 /* ---- runner ----------------------------------------------------------------- */
 
 static const struct { const char *name; int (*fn)(void); } CASES[] = {
@@ -667,6 +696,7 @@ static const struct { const char *name; int (*fn)(void); } CASES[] = {
   {"stop_during_turn", t_stop_during_turn},
   {"free_while_busy", t_free_while_busy},
   {"reentrant_call_refused", t_reentrant_call_refused},
+  {"call_timeout_drops_late_result", t_call_timeout},
   {"real_app_fake_driver_and_host_api_key", t_real_app},
 };
 
