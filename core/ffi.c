@@ -111,9 +111,12 @@ static char *dup_n(const char *s, size_t n) {
 
 static char *dup_s(const char *s) { return dup_n(s, strlen(s)); }
 
+/* engine_tid is written by sbx_engine_new before it returns the engine, so
+ * every caller of the public functions sees it; the state is not read here
+ * (the engine thread changes it under the mutex). */
 static int on_engine_thread(sbx_engine *e) {
   uv_thread_t self = uv_thread_self();
-  return e->state != ST_STARTING && uv_thread_equal(&self, &e->engine_tid);
+  return uv_thread_equal(&self, &e->engine_tid);
 }
 
 /* ------------------------------------------------------------------ */
