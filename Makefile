@@ -54,11 +54,12 @@ check-asan:
 	@$(MAKE) --no-print-directory B=build-asan HARDEN= \
 	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" all
 
+# The fuzzers link the same libraries as the core: PKGS is passed down.
 fuzz:
-	@bash scripts/fuzz.sh $${FUZZ_SECONDS:-60}
+	@SBX_PKGS="$(PKGS)" bash scripts/fuzz.sh $${FUZZ_SECONDS:-60}
 
 fuzz-check:
-	@bash scripts/fuzz.sh $${FUZZ_SECONDS:-10}
+	@SBX_PKGS="$(PKGS)" bash scripts/fuzz.sh $${FUZZ_SECONDS:-10}
 
 bench: all
 	@bash scripts/bench.sh
@@ -79,6 +80,9 @@ demo:
 	else \
 	  SBX_LUA_DIR="$(CURDIR)/lua" "$(CURDIR)/$(B)/sbx" demo; \
 	fi
+
+print-pkgs:
+	@echo $(PKGS)
 
 clean:
 	rm -rf build build-asan build-fuzz

@@ -27,7 +27,9 @@ case "$SECONDS_EACH" in ''|*[!0-9]*) die "usage: scripts/fuzz.sh SECONDS" ;; esa
 OUT=build-fuzz
 CLANG="${FUZZ_CC:-clang}"
 have "$CLANG" || die "$CLANG not found: run \`make deps\`"
-PKGS="lua5.4 libuv libcurl libcrypto"
+# The core's pkg-config packages come from the Makefile (make fuzz passes them).
+PKGS="${SBX_PKGS:-$(make -s --no-print-directory -C "$SBX_ROOT" print-pkgs 2>/dev/null)}"
+[ -n "$PKGS" ] || die "no package list: run \`make fuzz\` or \`make fuzz-check\`"
 PKG_CFLAGS="$(pkg-config --cflags $PKGS)" || die "pkg-config: $PKGS missing: run \`make deps\`"
 PKG_LIBS="$(pkg-config --libs $PKGS) -lhttp_parser"
 SAN="address,undefined"
