@@ -16,6 +16,9 @@ echo "== broker round trip vs bare echo (bench/broker_bench.lua)"
 build/sbx lua bench/broker_bench.lua "${BENCH_CALLS:-5000}"
 echo "== safe fetch vs plain libcurl, 1 MiB body (bench/fetch_bench.lua)"
 build/sbx lua bench/fetch_bench.lua "${BENCH_FETCH_ROUNDS:-200}"
+echo "== embedding ABI round trips from C and from Bun (bench/ffi_bench.c, bench/ffi_bench.ts)"
+as_sbx build/bench/ffi_bench "${BENCH_FFI_CALLS:-20000}"
+as_sbx bun bench/ffi_bench.ts "${BENCH_FFI_CALLS:-20000}"
 if [ "${BENCH_DOCKER:-1}" = 1 ]; then
   make --no-print-directory image >/dev/null
   echo "== sealed turn vs bare docker run --rm, host RSS (bench/turn_bench.lua)"
