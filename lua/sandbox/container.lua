@@ -47,6 +47,7 @@ local function as_integer(v)
   end
   return nil
 end
+M.as_integer = as_integer
 
 -- True for a name matching ^[a-z0-9][a-z0-9_.-]{0,90}$.
 local function name_ok(name)

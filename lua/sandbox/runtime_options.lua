@@ -54,13 +54,7 @@ local function fail(msg) error(msg, 0) end
 local INT64_MAX = math.maxinteger
 
 -- "Integer": a Lua integer or a float with an exact integral value.
-local function as_integer(v)
-  if math.type(v) == "integer" then return v end
-  if math.type(v) == "float" and v == math.floor(v) and v >= -2 ^ 63 and v < 2 ^ 63 then
-    return math.tointeger(v)
-  end
-  return nil
-end
+local as_integer = container.as_integer
 M.as_integer = as_integer
 
 -- Step 2. A native Linux kernel (no driver was supplied).
