@@ -92,7 +92,7 @@ local function turn(channel)
   return (core.hrtime() - t0) / 1e6
 end
 
-async.run(function()
+local ok, err = pcall(async.run, function()
   print(string.format("image %s; %d turns and %d bare runs, interleaved; machine: %s cores", IMAGE, TURNS, TURNS,
     sh("nproc")))
   turn("bench:warm"); bare_run()                     -- warm caches
@@ -122,9 +122,13 @@ async.run(function()
   async.wait(sampler)
   print(string.format("host RSS: idle %.1f MiB, peak with 8 channels active %.1f MiB (8 turns in %.0f ms)",
     idle / 1024, peak / 1024, wall))
+end)
+-- Cleanup whatever happened: the runtime, the server, the baseline image, the root.
+pcall(async.run, function()
   local task = rt:dispose()
   if task then async.wait(task) end
 end)
 server:close()
 sh("docker image rm " .. NOOP_IMAGE)
 os.execute("rm -rf " .. q(root))
+if not ok then error(err, 0) end
