@@ -16,7 +16,7 @@ LIB_SRC  := $(filter-out core/main.c,$(wildcard core/*.c))
 LIB_OBJ  := $(patsubst core/%.c,$(B)/obj/%.o,$(LIB_SRC))
 HDRS     := $(wildcard core/*.h)
 
-.PHONY: all deps check check-asan fuzz fuzz-check bench demo image clean
+.PHONY: all deps check check-asan fuzz fuzz-check bench bench-bins demo image print-pkgs clean
 
 all: $(B)/libsbx.so $(B)/libsbx.a $(B)/sbx $(B)/lua/sandbox/core.so
 
