@@ -7,6 +7,7 @@
 --
 -- The runtime refuses uid 0: as root these cases are pending (make check
 -- runs the specs as `sbx`).
+local spec_fs = require "spec_fs"
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
@@ -18,39 +19,15 @@ local fake_upstream = require "fake_upstream"
 local run = async.run
 local HOST_KEY = "real-test-key"
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd))
-  local out = p:read("a")
-  p:close()
-  return (out:gsub("%s+$", ""))
-end
+local sh = spec_fs.sh
 
 local roots, apps = {}, {}
 
-local function tmproot()
-  local dir = sh("mktemp -d /tmp/ap-XXXXXX")
-  assert(dir:find("^/tmp/ap%-"), "mktemp failed")
-  os.execute("chmod 700 '" .. dir .. "'")
-  dir = assert(core.realpath(dir))
-  roots[#roots + 1] = dir
-  return dir
-end
+local function tmproot() return spec_fs.tmpdir("ap", roots) end
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read = spec_fs.read
 
-local function service_account()
-  if core.getuid() == 0 then
-    pending("needs a non-root account: the runtime refuses uid 0 (run as sbx, as make check does)")
-    return false
-  end
-  return true
-end
+local function service_account() return spec_fs.service_account(pending) end
 
 local function options_for(root, over)
   local o = {

@@ -3,34 +3,17 @@
 -- Item numbers are in the `it` names: R<n> for runtime.md, B<n> for
 -- broker.md. Real files in a private temp dir; the crash between the temp
 -- write and the rename is core.write_file_atomic's test seam.
+local spec_fs = require "spec_fs"
 local channels = require "sandbox.channels"
 local core = require "sandbox.core"
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd))
-  local out = p:read("a")
-  p:close()
-  return (out:gsub("%s+$", ""))
-end
+local sh = spec_fs.sh
 
 local dirs = {}
 
-local function tmpdir()
-  local dir = sh("mktemp -d /tmp/ch-XXXXXX")
-  assert(dir:find("^/tmp/ch%-"), "mktemp failed")
-  os.execute("chmod 700 '" .. dir .. "'")
-  dir = assert(core.realpath(dir))
-  dirs[#dirs + 1] = dir
-  return dir
-end
+local function tmpdir() return spec_fs.tmpdir("ch", dirs) end
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read = spec_fs.read
 
 local function write(path, bytes)
   local f = assert(io.open(path, "wb"))

@@ -4,6 +4,7 @@
 -- parts. Owner-only, guild-only, run inside the channel queue; `off` waits
 -- for the work queued before it and keeps the workspace and memory files.
 -- The runtime refuses uid 0: as root the app cases are pending.
+local spec_fs = require "spec_fs"
 local async = require "sandbox.async"
 local commands = require "sandbox.commands"
 local core = require "sandbox.core"
@@ -16,39 +17,15 @@ local ENABLED = "Sandbox routing is enabled. Mention the bot or reply to it to s
 local DISABLED = "Sandbox routing is disabled. Memory is retained; normal host routing applies again."
 local GUILD_ONLY = "Sandbox commands require a guild channel."
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd))
-  local out = p:read("a")
-  p:close()
-  return (out:gsub("%s+$", ""))
-end
+local sh = spec_fs.sh
 
 local roots, apps = {}, {}
 
-local function tmproot()
-  local dir = sh("mktemp -d /tmp/cm-XXXXXX")
-  assert(dir:find("^/tmp/cm%-"), "mktemp failed")
-  os.execute("chmod 700 '" .. dir .. "'")
-  dir = assert(core.realpath(dir))
-  roots[#roots + 1] = dir
-  return dir
-end
+local function tmproot() return spec_fs.tmpdir("cm", roots) end
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read = spec_fs.read
 
-local function service_account()
-  if core.getuid() == 0 then
-    pending("needs a non-root account: the runtime refuses uid 0 (run as sbx, as make check does)")
-    return false
-  end
-  return true
-end
+local function service_account() return spec_fs.service_account(pending) end
 
 local function start_app(root, over, host)
   local o = {
