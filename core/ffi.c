@@ -497,11 +497,8 @@ sbx_engine *sbx_engine_new(const char *config_path, const char *options_json,
   sbx_engine *e;
   const char *why = NULL;
   if (error_out != NULL) *error_out = NULL;
-  if (config_path == NULL || config_path[0] == '\0') {
-    why = "a config path is required";
-    goto fail_early;
-  }
-  if (strlen(config_path) >= PATH_MAX ||
+  if (config_path != NULL && config_path[0] == '\0') config_path = NULL;  /* a utility engine */
+  if ((config_path != NULL && strlen(config_path) >= PATH_MAX) ||
       (options_json != NULL && strlen(options_json) > SBX_FFI_MAX_REQUEST_BYTES)) {
     why = "config path or options too long";
     goto fail_early;
@@ -524,12 +521,13 @@ sbx_engine *sbx_engine_new(const char *config_path, const char *options_json,
     why = "cannot create a condition variable";
     goto fail_early;
   }
-  e->config_path = dup_s(config_path);
+  e->config_path = config_path != NULL ? dup_s(config_path) : NULL;
   e->options_json = options_json != NULL ? dup_s(options_json) : NULL;
   e->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   e->cb = cb;
   e->user = user;
-  if (e->config_path == NULL || (options_json != NULL && e->options_json == NULL) || e->efd < 0) {
+  if ((config_path != NULL && e->config_path == NULL) ||
+      (options_json != NULL && e->options_json == NULL) || e->efd < 0) {
     why = e->efd < 0 ? "cannot create the result eventfd" : "out of memory";
     engine_release(e);
     goto fail_early;

@@ -64,6 +64,11 @@
  *   final result of request R (exactly one per accepted submit):
  *     {"type":"result","request":R,"ok":true,"value":<any JSON>}
  *     {"type":"result","request":R,"ok":false,"error":"<message>"}
+ *     {"type":"result","request":R,"ok":false,"error":"<message>",
+ *      "errorInfo":{"name":"UnsafeUrlError","message":"...","code":"ECONNREFUSED"?,
+ *                   "status":413?,"headers":{...}?}}
+ *        (errorInfo: when the Lua error was a structured error object: safe
+ *        fetch's errors (spec fetch-and-delegation.md 1.15), DelegationError)
  *   events (not final; "request" = the request they belong to, 0 when none):
  *     {"type":"apiKey.request","request":0,"id":K,"provider":"openai"?,
  *      "scope":{"channel":"...","speaker":{"id":"...","name":"...","principalId":"..."}}|null}
@@ -74,6 +79,17 @@
  *        "" or a non-string fails closed (that model call gets the broker's
  *        502, never a fallback). Unanswered after SBX_FFI_APIKEY_TIMEOUT_MS,
  *        or when the engine stops: fails closed.
+ *     {"type":"callback.request","request":0,"id":K,"owner":O,"fn":F,"args":[...]}
+ *        the engine calls a host function registered under owner O (a safe
+ *        fetch's test seam: fn resolve|localAddresses|transport; a scoped
+ *        delegator's run|deliver). Answer with a submitted
+ *        {"type":"callback.result","id":K,"ok":true,"value":V} or
+ *        {"type":"callback.result","id":K,"ok":false,"error":{"name":..,"message":..,"code":..}}.
+ *        id 0: one-way (fn "logger.error"), no answer. When the engine
+ *        stops, waiting calls fail with "engine stopped".
+ *     {"type":"callback.abort","request":0,"id":K,"owner":O,"reason":"..."}
+ *        the signal of host call K aborted (a delegated job's deadline or
+ *        disposal, a fetch deadline); K still expects its answer
  *     {"type":"event","request":R,"name":"claim","claim":{...}}
  *        a message request's claim decision, before its turn runs
  *     {"type":"event","request":R,"name":"typing","on":true|false}
@@ -112,6 +128,27 @@
  *       value: the method's return
  *   {"type":"apiKey.result","id":K,"key":"..."|null}
  *       value: true if K was waiting
+ *   {"type":"callback.result","id":K,...}   value: true if K was waiting
+ *   {"type":"cancel","target":R,"reason":"..."}
+ *       aborts the signal of request R (fetch, assertPublicUrl,
+ *       pinnedTransport); value: true if R was running
+ *   Host facilities (lua/sandbox/embed_utilities.lua; also served by an
+ *   engine made without a config, see sbx_engine_new); bytes travel as
+ *   base64 in "dataBase64", non-finite numbers as "Infinity"/"-Infinity"/"NaN":
+ *   {"type":"fetch","url":U,"options":{maxBytes,timeoutMs,idleTimeoutMs,
+ *    maxRedirects,followRedirects,headers},"owner":O,"seams":{"resolve":true,..}}
+ *       value: {"url","status","statusText","headers","dataBase64"}
+ *   {"type":"assertPublicUrl","url":U,"options":{"timeoutMs":N},"owner":O,"seams":{..}}
+ *       value: the canonical URL
+ *   {"type":"pinnedTransport","url":U,"address":{"address":A,"family":4|6,"port":P?},
+ *    "maxBytes":N,"headers":{..}}     one attempt (a test seam's real transport)
+ *   {"type":"isPublicAddress","text":T}   value: boolean
+ *   {"type":"scrubDiagnostic","text":T,"max":N}  value: the scrubbed text
+ *   {"type":"delegator.new","owner":O,"options":{target,maxRunning,timeoutMs,
+ *    maxTitleChars,maxReportChars,diagnosticChars},"callbacks":{"run":b,"deliver":b,"logger":b}}
+ *   {"type":"delegator.start","owner":O,"request":{..},"keys":[member names]}
+ *       value: the job record (or errorInfo name DelegationError)
+ *   {"type":"delegator.runningChannels"|"delegator.idle"|"delegator.dispose","owner":O}
  * An unknown type, malformed JSON, a missing member or a Lua error gives an
  * ok=false result, never a crash. Requests are at most
  * SBX_FFI_MAX_REQUEST_BYTES.
@@ -180,7 +217,10 @@ int32_t sbx_ffi_abi_version(void);
 /*
  * Creates an engine: starts its thread, makes the Lua state (standard
  * libraries, sandbox.core preloaded, package.path from the Lua dir), runs the
- * config script at config_path and builds the app there. Returns only once
+ * config script at config_path and builds the app there. A NULL or empty
+ * config_path makes a utility engine without an app: it serves ping, status,
+ * callback.result, cancel and the host facilities (fetch, delegator.*);
+ * app requests fail with "this engine has no app: ...". Returns only once
  * that succeeded (the engine, ready for submits) or failed: NULL, and when
  * error_out is non-NULL *error_out = an allocated message (the Lua error,
  * e.g. "unknown sandbox option: bogus"; free it with sbx_free).

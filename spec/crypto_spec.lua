@@ -45,6 +45,28 @@ describe("core.base64 and core.base64url", function()
   end)
 end)
 
+describe("core.base64_decode", function()
+  it("inverts core.base64 on every length and byte", function()
+    local all = {}
+    for i = 0, 255 do all[#all + 1] = string.char(i) end
+    all = table.concat(all)
+    for n = 0, 64 do
+      local s = all:sub(1, n)
+      assert.equal(s, core.base64_decode(core.base64(s)))
+    end
+    local big = string.rep(all, 40000)   -- ~10 MiB: several decode chunks
+    assert.equal(big, core.base64_decode(core.base64(big)))
+  end)
+
+  it("refuses what is not strict standard base64", function()
+    for _, bad in ipairs { "a", "abc", "ab=c", "A===", "Zm9v\n", "Zm9v YmFy", "Zm9-", "Zm9_", "====", "Zg=a" } do
+      local v, err = core.base64_decode(bad)
+      assert.is_nil(v, bad)
+      assert.equal("invalid base64", err)
+    end
+  end)
+end)
+
 describe("core.hex", function()
   it("writes lowercase hex of every byte", function()
     assert.are.equal("", core.hex(""))

@@ -169,8 +169,51 @@ function codeError(code: number | bigint): Error {
 export type Output =
   | { type: "result"; request: number; ok: true; value: unknown }
   | { type: "result"; request: number; ok: false; error: string }
+  | { type: "result"; request: number; ok: false; error: string; errorInfo?: ErrorInfo }
   | { type: "apiKey.request"; request: 0; id: number; provider?: string; scope?: unknown }
+  | { type: "callback.request"; request: 0; id: number; owner: string; fn: string; args: unknown[] }
+  | { type: "callback.abort"; request: 0; id: number; owner: string; reason: string }
   | { type: "event"; request: number; name: string; [key: string]: unknown };
+
+/** A structured Lua error (safe fetch's catalogue, DelegationError). */
+export interface ErrorInfo {
+  name?: string;
+  message: string;
+  code?: string;
+  status?: number;
+  headers?: Record<string, string>;
+}
+
+/** An engine error: the Lua message, plus errorInfo when the error was structured. */
+export class EngineError extends Error {
+  readonly info?: ErrorInfo;
+  constructor(message: string, info?: ErrorInfo) {
+    super(message);
+    this.info = info;
+  }
+}
+
+/**
+ * The host functions of one owner (a safe fetch's seams, a delegator's
+ * callbacks), called by callback.request events. args are the JSON
+ * arguments; signal aborts on callback.abort. A one-way call (a logger
+ * line) gets a signal that never aborts and its result is ignored.
+ */
+export type HostCallHandler = (fn: string, args: unknown[], signal: AbortSignal) => unknown;
+
+/** What an error thrown by a host function becomes on the Lua side. */
+function callError(err: unknown): { name: string; message: string; code?: string } {
+  if (err !== null && typeof err === "object" && typeof (err as { message?: unknown }).message === "string") {
+    const e = err as { name?: unknown; message: string; code?: unknown };
+    const out: { name: string; message: string; code?: string } = {
+      name: typeof e.name === "string" ? e.name : "Error",
+      message: e.message,
+    };
+    if (typeof e.code === "string") out.code = e.code;
+    return out;
+  }
+  return { name: "Error", message: String(err) };
+}
 
 interface Pending {
   resolve: (value: unknown) => void;
@@ -180,7 +223,8 @@ interface Pending {
 
 export interface EngineInit {
   library?: string;
-  config: string;
+  /** The Lua config script; null makes a utility engine without an app (host facilities only). */
+  config: string | null;
   options: Record<string, unknown>;
   pollIntervalMs?: number;
   /** apiKey.request events (request 0): the answer's key, or null to fail closed. */
@@ -222,16 +266,25 @@ export class Engine {
   private keysInFlight = 0;
   /** Ends the wait for each of them (free() gives up on all). */
   private keyWaits = new Set<() => void>();
+  /** Host-call handlers by owner name, and the host calls still running. */
+  private owners = new Map<string, HostCallHandler>();
+  private calls = new Map<number, AbortController>();
 
   constructor(init: EngineInit) {
     this.lib = loadLibrary(init.library);
     this.interval = Math.max(1, Math.floor(init.pollIntervalMs ?? 5));
     this.onKeyRequest = init.onKeyRequest;
     this.onEvent = init.onEvent;
-    const config = cstr(init.config);
+    const config = init.config === null ? null : cstr(init.config);
     const options = cstr(JSON.stringify(init.options));
     const errOut = new BigUint64Array(1);
-    const h = this.lib.sbx_engine_new(ptr(config), ptr(options), null, null, ptr(errOut));
+    const h = this.lib.sbx_engine_new(
+      (config ? ptr(config) : null) as Pointer,
+      ptr(options),
+      null,
+      null,
+      ptr(errOut),
+    );
     if (!h) {
       const msg = errOut[0] ? take(this.lib, Number(errOut[0]) as Pointer) : null;
       throw new Error(msg ?? "the sandbox engine could not start");
@@ -260,21 +313,36 @@ export class Engine {
     return this.handle;
   }
 
-  /** Queues a request; resolves with its value, rejects with its error message. */
+  /** Queues a request; resolves with its value, rejects with an EngineError (the Lua message). */
   submit<T = unknown>(request: Record<string, unknown>, onEvent?: Pending["onEvent"]): Promise<T> {
+    return this.send<T>(request, onEvent).result;
+  }
+
+  /** submit(), also giving the request id (for a later {"type":"cancel","target":id}). */
+  send<T = unknown>(request: Record<string, unknown>, onEvent?: Pending["onEvent"]): { id: number; result: Promise<T> } {
     let id: number;
     try {
       const h = this.live();
       const bytes = encoder.encode(JSON.stringify(request));
       id = Number(this.lib.sbx_engine_submit(h, ptr(bytes), bytes.length));
     } catch (err) {
-      return Promise.reject(err);
+      return { id: 0, result: Promise.reject(err) };
     }
-    if (id <= 0) return Promise.reject(codeError(id));
-    return new Promise<T>((resolve, reject) => {
+    if (id <= 0) return { id: 0, result: Promise.reject(codeError(id)) };
+    const result = new Promise<T>((resolve, reject) => {
       this.pending.set(id, { resolve: resolve as (v: unknown) => void, reject, onEvent });
       this.arm();
     });
+    return { id, result };
+  }
+
+  /** Routes callback.request events of `owner` to handler (until unregistered). */
+  registerOwner(owner: string, handler: HostCallHandler): void {
+    this.owners.set(owner, handler);
+  }
+
+  unregisterOwner(owner: string): void {
+    this.owners.delete(owner);
   }
 
   /**
@@ -290,7 +358,7 @@ export class Engine {
     if (text === null) throw codeError(code[0] ?? -1001);
     const out = JSON.parse(text) as Output;
     if (out.type !== "result") throw new Error("sandbox engine: unexpected output");
-    if (!out.ok) throw new Error(out.error);
+    if (!out.ok) throw new EngineError(out.error, "errorInfo" in out ? out.errorInfo : undefined);
     return out.value as T;
   }
 
@@ -344,9 +412,13 @@ export class Engine {
       if (!p) return;
       this.pending.delete(out.request);
       if (out.ok) p.resolve(out.value ?? null);
-      else p.reject(new Error(out.error));
+      else p.reject(new EngineError(out.error, "errorInfo" in out ? out.errorInfo : undefined));
     } else if (out.type === "apiKey.request") {
       this.answerKey(out);
+    } else if (out.type === "callback.request") {
+      this.answerCall(out);
+    } else if (out.type === "callback.abort") {
+      this.calls.get(out.id)?.abort(out.reason);
     } else if (out.type === "event") {
       const p = this.pending.get(out.request);
       try {
@@ -356,6 +428,49 @@ export class Engine {
         // a listener's failure never breaks the bridge
       }
     }
+  }
+
+  /** Runs a host function for the engine and submits its answer (callback.result). */
+  private answerCall(req: Output & { type: "callback.request" }): void {
+    const handler = this.owners.get(req.owner);
+    const args = Array.isArray(req.args) ? req.args : [];
+    if (req.id === 0) {
+      try {
+        const r = handler?.(req.fn, args, new AbortController().signal);
+        if (r instanceof Promise) r.catch(() => undefined);
+      } catch {
+        // a one-way call's failure is the host's own (a logger)
+      }
+      return;
+    }
+    const ac = new AbortController();
+    this.calls.set(req.id, ac);
+    this.keysInFlight++;
+    this.arm();
+    let answer: Promise<unknown>;
+    try {
+      if (!handler) throw new Error(`no host function for ${req.owner}`);
+      answer = Promise.resolve(handler(req.fn, args, ac.signal));
+    } catch (err) {
+      answer = Promise.reject(err);
+    }
+    answer
+      .then(
+        (value) => ({ type: "callback.result", id: req.id, ok: true, value: value === undefined ? null : value }),
+        (err: unknown) => ({ type: "callback.result", id: req.id, ok: false, error: callError(err) }),
+      )
+      .then((msg) => {
+        this.calls.delete(req.id);
+        if (!this.handle) return;
+        return this.submit(msg).then(
+          () => undefined,
+          () => undefined,
+        );
+      })
+      .finally(() => {
+        this.keysInFlight--;
+        this.disarm();
+      });
   }
 
   private answerKey(req: Output & { type: "apiKey.request" }): void {
@@ -411,6 +526,8 @@ export class Engine {
     for (const [, p] of this.pending) p.reject(new Error("engine stopped"));
     this.pending.clear();
     for (const giveUp of [...this.keyWaits]) giveUp();
+    for (const ac of this.calls.values()) ac.abort(new Error("engine stopped"));
+    this.calls.clear();
     if (this.timer !== null) {
       clearTimeout(this.timer);
       this.timer = null;

@@ -40,6 +40,40 @@ import type {
 
 export type * from "./types.ts";
 export { libraryPath } from "./ffi.ts";
+export {
+  assertPublicUrl,
+  DecodeError,
+  FetchTimeoutError,
+  isPublicAddress,
+  isUnsafeUrlError,
+  pinnedTransport,
+  ResolveError,
+  ResponseTooLargeError,
+  safeFetch,
+  scrubDiagnostic,
+  TransportError,
+  UnsafeUrlError,
+} from "./fetch.ts";
+export type {
+  AssertPublicUrlOptions,
+  LocalAddressesSeam,
+  LookupAddress,
+  ResolveSeam,
+  SafeFetchOptions,
+  SafeFetchResult,
+  TransportResult,
+  TransportSeam,
+} from "./fetch.ts";
+export { DelegationError, ScopedSandboxDelegator } from "./delegator.ts";
+export type {
+  DelegationAuthor,
+  DelegationContext,
+  DelegationJob,
+  DelegationOutcome,
+  DelegationRequest,
+  ScopedSandboxDelegatorOptions,
+} from "./delegator.ts";
+export { disposeUtilityEngine } from "./utility.ts";
 
 /** The claim's name and priority (the core agent-server claim is 100). */
 export const CLAIM_NAME = "sandbox";

@@ -176,13 +176,24 @@ end
 
 -- new(config_path, options_json, c) -> engine. Raises the construction error
 -- of the config script; the app start (which may yield) reports through
--- c.ready.
+-- c.ready. With no config_path (nil or "") the engine has no app: a utility
+-- engine that serves only the host facilities of embed_utilities.lua (safe
+-- fetch, the scoped delegator, ...) and ping/status.
 function M.new(config_path, options_json, c)
   local opts = decode_options(options_json)
   local self = setmetatable({
     c = c, pending = {}, npending = 0, keys = {}, next_key = 0,
+    calls = {}, next_call = 0, signals = {}, delegators = {},
     event_request = setmetatable({}, { __mode = "k" }), stopping = false, started = false,
   }, Engine)
+  if config_path == nil or config_path == "" then
+    self.host = {}
+    async.spawn(function()
+      self.started = true
+      c.ready(nil)
+    end)
+    return self
+  end
   local overrides = {}
   for k, v in pairs(opts.sandbox or {}) do overrides[k] = v end
   if opts.apiKey == "host" then
@@ -254,10 +265,90 @@ function Engine:finish(rid, ok, value)
     obj = object({ "type", "request", "ok", "value" },
       { type = "result", request = rid, ok = true, value = json_value(value) })
   else
-    local msg = type(value) == "string" and value or tostring(value)
-    obj = object({ "type", "request", "ok", "error" }, { type = "result", request = rid, ok = false, error = msg })
+    local msg, info = M.error_parts(value)
+    obj = object({ "type", "request", "ok", "error", "errorInfo" },
+      { type = "result", request = rid, ok = false, error = msg, errorInfo = info })
   end
   self:emit(rid, obj, true)
+end
+
+-- An error value -> its message and, for a structured error (a table with a
+-- string `message`, such as safe fetch's UnsafeUrlError or a
+-- DelegationError), an errorInfo object with name, message and, where
+-- present, code, status and headers.
+function M.error_parts(value)
+  if type(value) == "table" and type(value.message) == "string" then
+    local info = object({ "name", "message", "code", "status", "headers" }, {
+      name = type(value.name) == "string" and value.name or nil,
+      message = value.message,
+      code = type(value.code) == "string" and value.code or nil,
+      status = math.type(value.status) == "integer" and value.status or nil,
+      headers = type(value.headers) == "table" and jsonable(value.headers) or nil,
+    })
+    return value.message, info
+  end
+  return type(value) == "string" and value or tostring(value), nil
+end
+
+-- Host calls: the engine asks the embedding process to run one of its own
+-- functions (a safe-fetch test seam, a delegator's run or deliver) and
+-- yields until {"type":"callback.result","id":K,...} answers:
+--   {"type":"callback.request","request":0,"id":K,"owner":O,"fn":F,"args":[...]}
+-- `owner` is the name the host gave the object (the fetch or delegator) when
+-- it made the request; when `signal` aborts, the host is told with
+--   {"type":"callback.abort","request":0,"id":K,"owner":O,"reason":"..."}
+-- and the call still waits for the answer (the host's function decides). A
+-- stopping engine fails every waiting call with "engine stopped".
+local CallError = { __tostring = function(e) return e.message end }
+
+local function call_error(e)
+  if type(e) ~= "table" then e = { message = tostring(e) } end
+  local out = { name = type(e.name) == "string" and e.name or "Error",
+    message = type(e.message) == "string" and e.message or "host callback failed" }
+  if type(e.code) == "string" then out.code = e.code end
+  return setmetatable(out, CallError)
+end
+
+function Engine:host_call(owner, fn, args, signal)
+  if self.stopping then error(call_error("engine stopped"), 0) end
+  self.next_call = self.next_call + 1
+  local id = self.next_call
+  local unhook
+  local ok, value = async.await(function(resume)
+    self.calls[id] = resume
+    self:emit(0, object({ "type", "request", "id", "owner", "fn", "args" }, {
+      type = "callback.request", request = 0, id = id, owner = owner, fn = fn,
+      args = setmetatable(M.array(args), array_mt),
+    }), false)
+    if signal then
+      unhook = signal:on_abort(function(reason)
+        if self.calls[id] == nil then return end
+        self:emit(0, object({ "type", "request", "id", "owner", "reason" }, {
+          type = "callback.abort", request = 0, id = id, owner = owner, reason = tostring(reason),
+        }), false)
+      end)
+    end
+  end)
+  self.calls[id] = nil
+  if unhook then unhook() end
+  if not ok then error(call_error(value), 0) end
+  return value
+end
+
+-- A one-way host call (a logger line): no answer is awaited.
+function Engine:notify(owner, fn, args)
+  if self.stopping then return end
+  self:emit(0, object({ "type", "request", "id", "owner", "fn", "args" }, {
+    type = "callback.request", request = 0, id = 0, owner = owner, fn = fn,
+    args = setmetatable(M.array(args), array_mt),
+  }), false)
+end
+
+-- A Lua list -> JSON-ready array members (nil holes become null).
+function M.array(list)
+  local out = {}
+  for i = 1, (list.n or #list) do out[i] = json_value(list[i]) end
+  return out
 end
 
 -- The host answers apiKey.request K with {"type":"apiKey.result","id":K,...}.
@@ -312,7 +403,7 @@ local HANDLERS = {}
 function HANDLERS.ping() return true end
 
 function HANDLERS.status(self)
-  local st = self.app:status()
+  local st = self.app and self.app:status() or {}
   local out = {}
   if type(st) == "table" then for k, v in pairs(st) do out[k] = v end end
   local queued_in, dropped, queued_out = self.c.counters()
@@ -379,6 +470,11 @@ function HANDLERS.service(self, _, req)
   return target[method](target, table.unpack(args, 1, #args))
 end
 
+-- Requests a utility engine (no config) serves: ping, status and the host
+-- facilities of embed_utilities.lua.
+local UTILITY = { ping = true, status = true }
+require("sandbox.embed_utilities").register(HANDLERS, UTILITY)
+
 function Engine:dispatch(rid, text)
   self.pending[rid] = true
   self.npending = self.npending + 1
@@ -395,6 +491,21 @@ function Engine:dispatch(rid, text)
     self:finish(rid, true, k ~= nil)
     return
   end
+  if kind == "callback.result" then
+    local k = math.type(req.id) == "integer" and self.calls[req.id] or nil
+    if k then
+      self.calls[req.id] = nil
+      if req.ok == true then k(true, req.value) else k(false, req.error) end
+    end
+    self:finish(rid, true, k ~= nil)
+    return
+  end
+  if kind == "cancel" then
+    local sig = math.type(req.target) == "integer" and self.signals[req.target] or nil
+    if sig then sig:abort(type(req.reason) == "string" and req.reason or "aborted") end
+    self:finish(rid, true, sig ~= nil)
+    return
+  end
   local h = type(kind) == "string" and HANDLERS[kind] or nil
   if h == nil then
     self:finish(rid, false, "invalid request: unknown type: " .. tostring(kind))
@@ -404,8 +515,15 @@ function Engine:dispatch(rid, text)
     self:finish(rid, false, "engine stopped")
     return
   end
+  if self.app == nil and not UTILITY[kind] then
+    self:finish(rid, false, "this engine has no app: it was created without a config script")
+    return
+  end
   local task = async.spawn(h, self, rid, req)
-  async.on_done(task, function(t) self:finish(rid, t.ok, t.results[2]) end)
+  async.on_done(task, function(t)
+    self.signals[rid] = nil
+    self:finish(rid, t.ok, t.results[2])
+  end)
 end
 
 -- Stop: dispose the app (running turns end, containers removed), fail the
@@ -416,7 +534,13 @@ function Engine:stop()
   self.stopping = true
   async.spawn(function()
     for id, k in pairs(self.keys) do self.keys[id] = nil k(nil) end
-    if self.started then
+    for id, k in pairs(self.calls) do self.calls[id] = nil k(false, "engine stopped") end
+    for _, sig in pairs(self.signals) do sig:abort("engine stopped") end
+    for _, d in pairs(self.delegators) do
+      local ok, err = pcall(d.dispose, d)
+      if not ok then core.log("warn", "embedding: a delegator's dispose failed: " .. tostring(err)) end
+    end
+    if self.started and self.app then
       local ok, err = pcall(self.app.dispose, self.app)
       if not ok then core.log("warn", "embedding: dispose failed: " .. tostring(err)) end
     end

@@ -159,10 +159,7 @@ static int t_new_unknown_option(void) {
 
 static int t_new_errors(void) {
   char path[4096], *err = NULL;
-  sbx_engine *e = sbx_engine_new(NULL, NULL, NULL, NULL, &err);
-  CHECK(e == NULL && err != NULL, "NULL path accepted");
-  sbx_free(err);
-  err = NULL;
+  sbx_engine *e;
   path_of(path, sizeof path, "does_not_exist.lua");
   e = sbx_engine_new(path, NULL, NULL, NULL, &err);
   CHECK(e == NULL && err != NULL && strstr(err, "cannot load config") != NULL, "missing file: %s", err ? err : "NULL");
@@ -182,6 +179,81 @@ static int t_new_errors(void) {
   sbx_engine_free(NULL);
   sbx_free(NULL);
   return 0;
+}
+
+/* Waits (at most 5 s) for the next polled output containing `needle`;
+ * returns it (free with sbx_free) or NULL. Other outputs are dropped. */
+static char *poll_for(sbx_engine *e, const char *needle) {
+  for (int i = 0; i < 5000; i++) {
+    char *o = sbx_engine_poll(e);
+    if (o == NULL) {
+      usleep(1000);
+      continue;
+    }
+    if (strstr(o, needle) != NULL) return o;
+    sbx_free(o);
+  }
+  return NULL;
+}
+
+/* A NULL config makes a utility engine: no app, but the host facilities,
+ * including a host call (a safe fetch's resolve seam) answered from C. */
+static int t_utility_engine(void) {
+  char *err = NULL, *r, needle[64];
+  int32_t code = 0;
+  int64_t fetch_id;
+  static const char claim[] = "{\"type\":\"claim\",\"event\":{}}";
+  static const char pub[] = "{\"type\":\"isPublicAddress\",\"text\":\"93.184.216.34\"}";
+  static const char fetch[] = "{\"type\":\"fetch\",\"url\":\"http://example.com/\",\"owner\":\"f1\","
+                              "\"seams\":{\"resolve\":true}}";
+  static const char answer[] = "{\"type\":\"callback.result\",\"id\":1,\"ok\":true,"
+                               "\"value\":[{\"address\":\"10.0.0.1\",\"family\":4}]}";
+  sbx_engine *e = sbx_engine_new(NULL, NULL, NULL, NULL, &err);
+  CHECK(e != NULL && err == NULL, "utility engine refused: %s", err ? err : "NULL");
+  r = sbx_engine_call(e, claim, sizeof claim - 1, 5000, &code);
+  if (r == NULL || strstr(r, "\"ok\":false") == NULL || strstr(r, "this engine has no app") == NULL) {
+    snprintf(why, sizeof why, "claim on a utility engine: %s", r ? r : "NULL");
+    goto fail;
+  }
+  sbx_free(r);
+  r = sbx_engine_call(e, pub, sizeof pub - 1, 5000, &code);
+  if (r == NULL || strstr(r, "\"value\":true") == NULL) {
+    snprintf(why, sizeof why, "isPublicAddress: %s", r ? r : "NULL");
+    goto fail;
+  }
+  sbx_free(r);
+  fetch_id = sbx_engine_submit(e, fetch, sizeof fetch - 1);
+  if (fetch_id <= 0) {
+    snprintf(why, sizeof why, "fetch not submitted");
+    r = NULL;
+    goto fail;
+  }
+  r = poll_for(e, "\"callback.request\"");
+  if (r == NULL || strstr(r, "\"fn\":\"resolve\"") == NULL || strstr(r, "\"args\":[\"example.com\"]") == NULL ||
+      strstr(r, "\"owner\":\"f1\"") == NULL) {
+    snprintf(why, sizeof why, "host call: %s", r ? r : "NULL");
+    goto fail;
+  }
+  sbx_free(r);
+  if (sbx_engine_submit(e, answer, sizeof answer - 1) <= 0) {
+    snprintf(why, sizeof why, "answer not submitted");
+    r = NULL;
+    goto fail;
+  }
+  snprintf(needle, sizeof needle, "\"type\":\"result\",\"request\":%lld,", (long long)fetch_id);
+  r = poll_for(e, needle);
+  if (r == NULL || strstr(r, "\"ok\":false") == NULL ||
+      strstr(r, "\"errorInfo\":{\"name\":\"UnsafeUrlError\",\"message\":\"URL resolves to a non-public address\"") == NULL) {
+    snprintf(why, sizeof why, "fetch result: %s", r ? r : "NULL");
+    goto fail;
+  }
+  sbx_free(r);
+  sbx_engine_free(e);
+  return 0;
+fail:
+  sbx_free(r);
+  sbx_engine_free(e);
+  return -1;
 }
 
 static int t_status_sync(void) {
@@ -686,6 +758,7 @@ static const struct { const char *name; int (*fn)(void); } CASES[] = {
   {"abi_version", t_abi_version},
   {"new_unknown_option_error", t_new_unknown_option},
   {"new_errors", t_new_errors},
+  {"utility_engine_and_host_calls", t_utility_engine},
   {"status_sync", t_status_sync},
   {"poll_mode_eventfd", t_poll_mode},
   {"bad_requests", t_bad_requests},
