@@ -1,27 +1,28 @@
 /*
- * safefetch.c: the C half of safe fetch (spec/fetch-and-delegation.md section
- * 1): one pinned GET per attempt through libcurl's multi interface on the
- * libuv loop, the system resolver on the libuv thread pool, and the host's
- * interface addresses. lua/sandbox/fetch.lua owns the hop loop (admission
- * through core.url_admit, vetting through core.addr_classify, fallback,
- * redirects, deadlines, the error catalogue).
+ * safefetch.c: one pinned attempt of safe fetch (shared/spec/fetch-and-
+ * delegation.md 1.8, 1.10, 1.12): a GET through libcurl's multi interface on
+ * the libuv loop, against one already vetted address, with every response
+ * bound enforced as bytes arrive. Also the Lua functions core.fetch_attempt
+ * (what fetch.pinned_transport uses), core.fetch_resolve (getaddrinfo on the
+ * libuv thread pool) and core.local_addresses. The hop loop that drives
+ * attempts lives in fetch_call.c (sbx_fetch.h).
  *
  * Design
- * - Its own curl multi handle per loop (never the broker's, upstream.c), kept
- *   in the registry as a userdata whose __gc tears it down; sockets and the
- *   timer are fed to libuv exactly as in upstream.c.
- * - An attempt (sf_req_t) is pinned to one already vetted address: CONNECT_TO
- *   sends the connection there while the URL, Host header, SNI and certificate
- *   check keep the hostname; OPENSOCKETFUNCTION refuses any other socket;
- *   PREREQFUNCTION checks the connected peer once more before the request is
- *   sent and arms the idle timer. Fresh connection, no reuse, no proxy, no
- *   redirects, no cookies, no content decoding by curl, HTTP/1.1 only.
+ * - Every attempt has its own curl multi (curl_loop.c) and a fresh easy
+ *   handle: nothing (DNS cache entry, connection) outlives the attempt, and
+ *   the multi is never the broker's (upstream.c).
+ * - The attempt is pinned to one vetted address: CONNECT_TO sends the
+ *   connection there while the URL, Host header, SNI and certificate check
+ *   keep the hostname; OPENSOCKETFUNCTION refuses any other socket;
+ *   PREREQFUNCTION checks the connected peer once more before the request
+ *   is sent and arms the idle timer. Fresh connection, no reuse, no proxy,
+ *   no redirects, no cookies, no content decoding by curl, HTTP/1.1 only.
  * - Bounds are enforced as bytes arrive (header block, declared length,
  *   encoding, wire bytes, decoded bytes); a decoder never produces more than
  *   the remaining budget plus one byte, so a bomb stops, it is not buffered.
- * - on_done(res) runs exactly once from a libuv callback (never inside a curl
- *   callback), and never after attempt:cancel(). Memory is freed in
- *   req_destroy; uv handles in their close callbacks.
+ * - done(ud, outcome) runs exactly once from a libuv callback (never inside
+ *   a curl callback), and never after sbx__attempt_cancel. The attempt is
+ *   freed right after done returns; uv handles in their close callbacks.
  *
  * Nothing here logs a URL, header, body or curl error text.
  */
@@ -30,7 +31,6 @@
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,34 +41,43 @@
 #include <curl/curl.h>
 #include <zlib.h>
 
+#include "fetch_internal.h"
 #include "sbx_internal.h"
 
 #if LIBCURL_VERSION_NUM < 0x075500   /* 7.85.0: PROTOCOLS_STR; PREREQ is 7.80 */
 #error "safe fetch needs libcurl >= 7.85 (CURLOPT_PROTOCOLS_STR, CURLOPT_PREREQFUNCTION)"
 #endif
 
-#define MULTI_KEY "sbx.safefetch.multi"
-#define MULTI_MT  "sbx.safefetch.multi_mt"
 #define REQ_MT    "sbx.safefetch.attempt"
 #define RES_MT    "sbx.safefetch.lookup"
 
 /* Bounds (spec 1.3, 1.9, 1.12). */
 #define SF_MAX_URL          8192
 #define SF_MAX_HOST         255
-#define SF_MAX_BYTES        33554432
-#define SF_MAX_TIMEOUT_MS   120000
-#define SF_MAX_HEADERS      40        /* 32 caller + defaults + forced */
-#define SF_MAX_HEADER_LINE  8800
+#define SF_MAX_BYTES        SBX_FETCH_MAX_BYTES
+#define SF_MAX_TIMEOUT_MS   SBX_FETCH_MAX_TIMEOUT_MS
+#define SF_MAX_HEADERS      SBX__ATT_MAX_LINES
+#define SF_MAX_HEADER_LINE  SBX__ATT_MAX_LINE
 #define SF_MAX_HEAD_BYTES   65536     /* status lines + header blocks */
 #define SF_MAX_FIELDS       100
 #define SF_BUF_STEP         65536
 
-/* Outcome kinds, also the `kind` string Lua maps to the catalogue. */
-enum {
-  SF_OK = 1, SF_REDIRECT, SF_IDLE, SF_HEAD_TOO_LARGE, SF_DECLARED_TOO_LARGE,
-  SF_ENCODING, SF_WIRE_TOO_LARGE, SF_BODY_TOO_LARGE, SF_DECODE, SF_PIN,
-  SF_BAD_STATUS, SF_CONNECT_TIMEOUT, SF_TRANSPORT, SF_NOMEM
-};
+#define SF_OK                 SBX__ATT_OK
+#define SF_REDIRECT           SBX__ATT_REDIRECT
+#define SF_IDLE               SBX__ATT_IDLE
+#define SF_HEAD_TOO_LARGE     SBX__ATT_HEAD_TOO_LARGE
+#define SF_DECLARED_TOO_LARGE SBX__ATT_DECLARED_TOO_LARGE
+#define SF_ENCODING           SBX__ATT_ENCODING
+#define SF_WIRE_TOO_LARGE     SBX__ATT_WIRE_TOO_LARGE
+#define SF_BODY_TOO_LARGE     SBX__ATT_BODY_TOO_LARGE
+#define SF_DECODE             SBX__ATT_DECODE
+#define SF_PIN                SBX__ATT_PIN
+#define SF_BAD_STATUS         SBX__ATT_BAD_STATUS
+#define SF_CONNECT_TIMEOUT    SBX__ATT_CONNECT_TIMEOUT
+#define SF_TRANSPORT          SBX__ATT_TRANSPORT
+#define SF_NOMEM              SBX__ATT_NOMEM
+
+/* The `kind` string core.fetch_attempt hands Lua. */
 static const char *const kind_names[] = {
   NULL, "ok", "redirect", "idle", "header_block", "declared_too_large",
   "encoding", "wire_too_large", "body_too_large", "decode", "pin",
@@ -76,34 +85,14 @@ static const char *const kind_names[] = {
 
 enum { DEC_NONE = 0, DEC_GZIP, DEC_DEFLATE, DEC_BR };
 
-typedef struct sf_multi sf_multi_t;
-typedef struct sf_req sf_req_t;
-typedef struct sf_sock sf_sock_t;
-
-struct sf_multi {
-  CURLM *multi;
-  uv_timer_t timer;
-  sbx__loop_t *lp;
-  sf_req_t *reqs;
-  sf_sock_t *socks;
-};
-
-typedef struct { sf_multi_t *m; } sf_multi_box_t;
-typedef struct { sf_req_t *r; } sf_req_box_t;
-
-struct sf_sock {
-  uv_poll_t poll;
-  curl_socket_t fd;
-  sf_multi_t *m;
-  sf_sock_t *prev, *next;
-};
+typedef struct sbx__attempt sf_req_t;
 
 typedef struct { uint32_t name_off, name_len, val_off, val_len; } sf_field_t;
 
-struct sf_req {
-  sf_req_t *prev, *next;
-  sf_multi_t *m;
-  sf_req_box_t *box;
+struct sbx__attempt {
+  sbx__curl_loop_t *cl;      /* this attempt's own multi */
+  sbx__attempt_done_fn done;
+  void *ud;
   CURL *easy;
   struct curl_slist *headers, *connect_to;
   uv_timer_t *idle;          /* own allocation; freed in its close callback */
@@ -133,86 +122,7 @@ struct sf_req {
   BrotliDecoderState *br;
   int kind;                  /* decided outcome, 0 while running */
   char errbuf[CURL_ERROR_SIZE];
-  int done_ref;
 };
-
-/* ---- curl global state ------------------------------------------------ */
-
-static pthread_once_t global_once = PTHREAD_ONCE_INIT;
-static CURLcode global_rc = CURLE_FAILED_INIT;
-static void global_init(void) { global_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
-
-/* ---- sockets and timer (as upstream.c) -------------------------------- */
-
-static void sock_closed(uv_handle_t *h) { free(h->data); }
-
-static void sock_close(sf_multi_t *m, sf_sock_t *s) {
-  if (s->prev != NULL) s->prev->next = s->next; else m->socks = s->next;
-  if (s->next != NULL) s->next->prev = s->prev;
-  s->prev = s->next = NULL;
-  uv_poll_stop(&s->poll);
-  uv_close((uv_handle_t *)&s->poll, sock_closed);
-}
-
-static void check_done(sf_multi_t *m);
-
-static void on_poll(uv_poll_t *h, int status, int events) {
-  sf_sock_t *s = h->data;
-  sf_multi_t *m = s->m;
-  int flags = 0, running = 0;
-  if (status < 0) flags = CURL_CSELECT_ERR;
-  else {
-    if (events & UV_READABLE) flags |= CURL_CSELECT_IN;
-    if (events & UV_WRITABLE) flags |= CURL_CSELECT_OUT;
-  }
-  curl_multi_socket_action(m->multi, s->fd, flags, &running);
-  check_done(m);
-}
-
-static void on_uv_timer(uv_timer_t *t) {
-  sf_multi_t *m = t->data;
-  int running = 0;
-  if (m->multi == NULL) return;
-  curl_multi_socket_action(m->multi, CURL_SOCKET_TIMEOUT, 0, &running);
-  check_done(m);
-}
-
-static int on_curl_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp) {
-  sf_multi_t *m = userp;
-  sf_sock_t *s = socketp;
-  int events = 0;
-  (void)easy;
-  if (what == CURL_POLL_REMOVE) {
-    if (s != NULL) {
-      sock_close(m, s);
-      curl_multi_assign(m->multi, fd, NULL);
-    }
-    return 0;
-  }
-  if (s == NULL) {
-    s = calloc(1, sizeof *s);
-    if (s == NULL) return -1;
-    if (uv_poll_init_socket(&m->lp->uv, &s->poll, fd) != 0) { free(s); return -1; }
-    s->poll.data = s;
-    s->fd = fd;
-    s->m = m;
-    s->next = m->socks;
-    if (m->socks != NULL) m->socks->prev = s;
-    m->socks = s;
-    curl_multi_assign(m->multi, fd, s);
-  }
-  if (what == CURL_POLL_IN || what == CURL_POLL_INOUT) events |= UV_READABLE;
-  if (what == CURL_POLL_OUT || what == CURL_POLL_INOUT) events |= UV_WRITABLE;
-  return uv_poll_start(&s->poll, events, on_poll) != 0 ? -1 : 0;
-}
-
-static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp) {
-  sf_multi_t *m = userp;
-  (void)multi;
-  if (timeout_ms < 0) uv_timer_stop(&m->timer);
-  else uv_timer_start(&m->timer, on_uv_timer, (uint64_t)timeout_ms, 0);
-  return 0;
-}
 
 /* ---- attempt lifetime ------------------------------------------------- */
 
@@ -225,16 +135,13 @@ static void decoder_end(sf_req_t *r) {
   r->br = NULL;
 }
 
-/* Removes r from curl and frees it. Never calls Lua. L (any thread of the
- * state, or NULL when on_done was already taken) releases on_done. */
-static void req_destroy(lua_State *L, sf_req_t *r) {
-  sf_multi_t *m = r->m;
-  if (r->prev != NULL) r->prev->next = r->next; else m->reqs = r->next;
-  if (r->next != NULL) r->next->prev = r->prev;
+/* Removes r from curl, closes its multi and frees it. */
+static void req_destroy(sf_req_t *r) {
   if (r->easy != NULL) {
-    if (m->multi != NULL) curl_multi_remove_handle(m->multi, r->easy);
+    if (r->cl != NULL) sbx__curl_loop_remove(r->cl, r->easy);
     curl_easy_cleanup(r->easy);
   }
+  if (r->cl != NULL) sbx__curl_loop_close(r->cl);
   curl_slist_free_all(r->headers);
   curl_slist_free_all(r->connect_to);
   if (r->idle != NULL) {
@@ -244,9 +151,11 @@ static void req_destroy(lua_State *L, sf_req_t *r) {
   decoder_end(r);
   free(r->head_store);
   free(r->buf);
-  if (L != NULL) sbx__unref(L, &r->done_ref);
-  if (r->box != NULL) r->box->r = NULL;
   free(r);
+}
+
+void sbx__attempt_cancel(sbx__attempt_t *a) {
+  if (a != NULL) req_destroy(a);
 }
 
 static const char *errno_name(long e) {
@@ -269,98 +178,63 @@ static int is_fallback_errno(long e) {
          e == EAFNOSUPPORT || e == EADDRNOTAVAIL || e == ETIMEDOUT;
 }
 
-typedef struct {
-  sf_req_t *r;
-  int kind;
-  const char *body;
-  size_t len;
-  const char *code;
-  int fallback;
-  const char *message;
-} sf_outcome_t;
-
-/* Pushes the final block's headers as { lower-name = "v1, v2" }. Drops
- * content-encoding always and content-length when a decoder ran. */
-static void push_headers(lua_State *L, const sf_req_t *r, int decoded) {
-  int i;
-  lua_createtable(L, 0, r->nfields);
-  for (i = 0; i < r->nfields; i++) {
-    const sf_field_t *f = &r->fields[i];
-    const char *name = r->head_store + f->name_off;
-    if (f->name_len == 16 && memcmp(name, "content-encoding", 16) == 0) continue;
-    if (decoded && f->name_len == 14 && memcmp(name, "content-length", 14) == 0) continue;
-    lua_pushlstring(L, name, f->name_len);
-    lua_pushvalue(L, -1);
-    if (lua_rawget(L, -3) == LUA_TSTRING) {
-      lua_pushliteral(L, ", ");
-      lua_pushlstring(L, r->head_store + f->val_off, f->val_len);
-      lua_concat(L, 3);
-    } else {
-      lua_pop(L, 1);
-      lua_pushlstring(L, r->head_store + f->val_off, f->val_len);
-    }
-    lua_rawset(L, -3);
-  }
-}
-
 static const sf_field_t *field_get(const sf_req_t *r, const char *name, size_t nl, int *count);
-
-/* Runs inside lua_pcall: (fn, outcome) -> fn(res). */
-static int deliver(lua_State *L) {
-  const sf_outcome_t *o = lua_touserdata(L, 2);
-  const sf_req_t *r = o->r;
-  lua_pushvalue(L, 1);
-  lua_createtable(L, 0, 8);
-  lua_pushboolean(L, o->kind == SF_OK || o->kind == SF_REDIRECT);
-  lua_setfield(L, -2, "ok");
-  lua_pushstring(L, kind_names[o->kind]);
-  lua_setfield(L, -2, "kind");
-  if (r->in_final && r->status > 0) {
-    lua_pushinteger(L, (lua_Integer)r->status);
-    lua_setfield(L, -2, "status");
-    if (r->has_reason) {
-      lua_pushlstring(L, r->head_store + r->reason_off, r->reason_len);
-      lua_setfield(L, -2, "status_text");
-    }
-    if (r->head_done) {
-      int nloc = 0;
-      push_headers(L, r, r->decoder != DEC_NONE && o->kind == SF_OK);
-      lua_setfield(L, -2, "headers");
-      field_get(r, "location", 8, &nloc);
-      lua_pushinteger(L, nloc);
-      lua_setfield(L, -2, "location_count");
-    }
-  }
-  if (o->kind == SF_OK || o->kind == SF_REDIRECT) {
-    lua_pushlstring(L, o->body != NULL ? o->body : "", o->len);
-    lua_setfield(L, -2, "body");
-  }
-  if (o->code != NULL) {
-    lua_pushstring(L, o->code);
-    lua_setfield(L, -2, "code");
-  }
-  if (o->message != NULL) {
-    lua_pushstring(L, o->message);
-    lua_setfield(L, -2, "message");
-  }
-  lua_pushboolean(L, o->fallback);
-  lua_setfield(L, -2, "fallback");
-  lua_call(L, 1, 0);
-  return 0;
-}
-
 static int decode_finish(sf_req_t *r);
 
-/* The attempt is over: decide, call on_done, free. kind_hint overrides
- * (idle timer); rc is curl's result otherwise. */
-static void finish(sf_multi_t *m, sf_req_t *r, CURLcode rc, int kind_hint) {
-  lua_State *L = m->lp->L;
-  sf_outcome_t o;
+int sbx__attempt_fields(const sbx__attempt_out_t *o, sbx_fetch_header_t *out, size_t max,
+                        char **mem) {
+  const sf_req_t *r = o->a;
+  int decoded = r->decoder != DEC_NONE && o->kind == SF_OK;
+  size_t n = 0, total = 0, i, j, used = 0;
+  char *m;
+  *mem = NULL;
+  if (!o->has_headers) return 0;
+  /* sizes first: every value once, plus ", " per repeat, plus NULs */
+  for (i = 0; i < (size_t)r->nfields; i++) total += r->fields[i].name_len + r->fields[i].val_len + 4;
+  if (total == 0) return 0;
+  m = malloc(total);
+  if (m == NULL) return -1;
+  for (i = 0; i < (size_t)r->nfields; i++) {
+    const sf_field_t *f = &r->fields[i];
+    const char *name = r->head_store + f->name_off;
+    int seen = 0;
+    if (f->name_len == 16 && memcmp(name, "content-encoding", 16) == 0) continue;
+    if (decoded && f->name_len == 14 && memcmp(name, "content-length", 14) == 0) continue;
+    for (j = 0; j < i && !seen; j++)
+      seen = r->fields[j].name_len == f->name_len &&
+             memcmp(r->head_store + r->fields[j].name_off, name, f->name_len) == 0;
+    if (seen || n >= max) continue;
+    /* a new name: its value is every field of that name, joined */
+    out[n].name = m + used;
+    out[n].name_len = f->name_len;
+    memcpy(m + used, name, f->name_len);
+    used += f->name_len;
+    m[used++] = '\0';
+    out[n].value = m + used;
+    for (j = i; j < (size_t)r->nfields; j++) {
+      const sf_field_t *g = &r->fields[j];
+      if (g->name_len != f->name_len || memcmp(r->head_store + g->name_off, name, f->name_len) != 0)
+        continue;
+      if (j != i) { m[used++] = ','; m[used++] = ' '; }
+      memcpy(m + used, r->head_store + g->val_off, g->val_len);
+      used += g->val_len;
+    }
+    out[n].value_len = (size_t)(m + used - out[n].value);
+    m[used++] = '\0';
+    n++;
+  }
+  if (n == 0) { free(m); return 0; }
+  *mem = m;
+  return (int)n;
+}
+
+/* The attempt is over: decide, call done, free. kind_hint overrides (idle
+ * timer); rc is curl's result otherwise. */
+static void finish(sf_req_t *r, CURLcode rc, int kind_hint) {
+  sbx__attempt_out_t o;
   long os_errno = 0;
-  char *buf = NULL;
-  int ref;
   memset(&o, 0, sizeof o);
-  o.r = r;
+  o.a = r;
   if (r->easy != NULL) curl_easy_getinfo(r->easy, CURLINFO_OS_ERRNO, &os_errno);
   if (kind_hint != 0) o.kind = kind_hint;
   else if (r->kind != 0) o.kind = r->kind;
@@ -377,46 +251,39 @@ static void finish(sf_multi_t *m, sf_req_t *r, CURLcode rc, int kind_hint) {
     o.fallback = !r->got_bytes && is_fallback_errno(os_errno);
     o.message = r->errbuf[0] != '\0' ? r->errbuf : curl_easy_strerror(rc);
   }
-  if (o.kind == SF_REDIRECT) r->len = 0;
-  o.len = r->len;
-  ref = r->done_ref;
-  r->done_ref = LUA_NOREF;
-  /* The outcome still reads r's head; free r after the call. */
-  if (r->idle != NULL) uv_timer_stop(r->idle);
-  if (r->easy != NULL && m->multi != NULL) curl_multi_remove_handle(m->multi, r->easy);
-  buf = r->buf;
-  r->buf = NULL;
-  o.body = buf;
-  /* Detach the Lua object first: a cancel from inside on_done is a no-op. */
-  if (r->box != NULL) { r->box->r = NULL; r->box = NULL; }
-  lua_pushcfunction(L, deliver);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
-  luaL_unref(L, LUA_REGISTRYINDEX, ref);
-  lua_pushlightuserdata(L, &o);
-  sbx__pcall(L, 2);
-  req_destroy(NULL, r);
-  free(buf);
-}
-
-static void check_done(sf_multi_t *m) {
-  CURLMsg *msg;
-  int left = 0;
-  while (m->multi != NULL && (msg = curl_multi_info_read(m->multi, &left)) != NULL) {
-    char *priv = NULL;
-    if (msg->msg != CURLMSG_DONE) continue;
-    curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &priv);
-    if (priv != NULL) {
-      sf_req_t *r = (sf_req_t *)priv;
-      /* r may have been finished already (idle) and is then gone */
-      finish(m, r, msg->data.result, 0);
+  if (r->in_final && r->status > 0) {
+    o.has_status = 1;
+    o.status = r->status;
+    if (r->has_reason) {
+      o.reason = r->head_store + r->reason_off;
+      o.reason_len = r->reason_len;
+    }
+    if (r->head_done) {
+      o.has_headers = 1;
+      field_get(r, "location", 8, &o.location_count);
     }
   }
+  if (o.kind == SF_REDIRECT) r->len = 0;
+  if (o.kind == SF_OK || o.kind == SF_REDIRECT) {
+    o.body = r->buf;
+    o.len = r->len;
+    r->buf = NULL;
+  }
+  if (r->idle != NULL) uv_timer_stop(r->idle);
+  r->done(r->ud, &o);
+  free(o.body);
+  req_destroy(r);
+}
+
+void sbx__attempt_curl_done(void *priv, CURL *easy, CURLcode rc) {
+  (void)easy;
+  finish(priv, rc, 0);
 }
 
 static void on_idle(uv_timer_t *t) {
   sf_req_t *r = t->data;
   if (r == NULL) return;
-  finish(r->m, r, CURLE_OK, SF_IDLE);
+  finish(r, CURLE_OK, SF_IDLE);
 }
 
 static void idle_kick(sf_req_t *r) {
@@ -734,105 +601,22 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
   return n;
 }
 
-/* ---- the multi, one per loop ------------------------------------------ */
-
-static void multi_freed(uv_handle_t *h) { free(h->data); }
-
-static int multi_gc(lua_State *L) {
-  sf_multi_box_t *b = luaL_checkudata(L, 1, MULTI_MT);
-  sf_multi_t *m = b->m;
-  if (m == NULL) return 0;
-  b->m = NULL;
-  while (m->reqs != NULL) req_destroy(L, m->reqs);
-  curl_multi_cleanup(m->multi);
-  m->multi = NULL;
-  while (m->socks != NULL) sock_close(m, m->socks);
-  uv_timer_stop(&m->timer);
-  uv_close((uv_handle_t *)&m->timer, multi_freed);
-  return 0;
-}
-
-static sf_multi_t *get_multi(lua_State *L) {
-  sf_multi_box_t *b;
-  sf_multi_t *m;
-  sbx__loop_t *lp;
-  if (lua_getfield(L, LUA_REGISTRYINDEX, MULTI_KEY) == LUA_TUSERDATA) {
-    b = lua_touserdata(L, -1);
-    lua_pop(L, 1);
-    return b->m;
-  }
-  lua_pop(L, 1);
-  pthread_once(&global_once, global_init);
-  if (global_rc != CURLE_OK) return NULL;
-  lp = sbx__loop(L);
-  b = lua_newuserdatauv(L, sizeof *b, 0);
-  b->m = NULL;
-  if (luaL_newmetatable(L, MULTI_MT)) {
-    lua_pushcfunction(L, multi_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_setmetatable(L, -2);
-  m = calloc(1, sizeof *m);
-  if (m == NULL) { lua_pop(L, 1); return NULL; }
-  m->lp = lp;
-  m->multi = curl_multi_init();
-  if (m->multi == NULL) { free(m); lua_pop(L, 1); return NULL; }
-  curl_multi_setopt(m->multi, CURLMOPT_SOCKETFUNCTION, on_curl_socket);
-  curl_multi_setopt(m->multi, CURLMOPT_SOCKETDATA, m);
-  curl_multi_setopt(m->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
-  curl_multi_setopt(m->multi, CURLMOPT_TIMERDATA, m);
-  curl_multi_setopt(m->multi, CURLMOPT_MAXCONNECTS, 1L);
-  uv_timer_init(&lp->uv, &m->timer);
-  m->timer.data = m;
-  b->m = m;
-  lua_setfield(L, LUA_REGISTRYINDEX, MULTI_KEY);
-  return m;
-}
-
-/* ---- argument checks (programming errors raise) ----------------------- */
-
-static const char *opt_string(lua_State *L, const char *field, size_t max, size_t *len) {
-  const char *s;
-  size_t n;
-  if (lua_getfield(L, 1, field) != LUA_TSTRING)
-    luaL_error(L, "fetch_attempt: opts.%s must be a string", field);
-  s = lua_tolstring(L, -1, &n);
-  lua_pop(L, 1);
-  if (n == 0 || n > max || memchr(s, '\0', n) != NULL)
-    luaL_error(L, "fetch_attempt: bad opts.%s", field);
-  if (len != NULL) *len = n;
-  return s;
-}
-
-static lua_Integer opt_int(lua_State *L, const char *field, lua_Integer dflt, lua_Integer lo,
-                           lua_Integer hi) {
-  lua_Integer v;
-  int isnum = 0;
-  int t = lua_getfield(L, 1, field);
-  if (t == LUA_TNIL) { lua_pop(L, 1); if (dflt >= lo) return dflt; luaL_error(L, "fetch_attempt: opts.%s is required", field); }
-  v = lua_tointegerx(L, -1, &isnum);
-  lua_pop(L, 1);
-  if (t != LUA_TNUMBER || !isnum || v < lo || v > hi)
-    luaL_error(L, "fetch_attempt: opts.%s must be an integer in %I..%I", field, lo, hi);
-  return v;
-}
+/* ---- starting an attempt ---------------------------------------------- */
 
 static int is_tchar(unsigned char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
          (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
 }
 
-/* "Name: value" with a token name and no control byte but tab: the last
- * line of defence against header injection (Lua validated already). */
-static void check_header_line(lua_State *L, const char *s, size_t n) {
+int sbx__header_line_ok(const char *s, size_t n) {
   size_t i = 0, k;
   while (i < n && is_tchar((unsigned char)s[i])) i++;
-  if (i == 0 || i >= n || s[i] != ':') luaL_error(L, "fetch_attempt: header lines must be 'Name: value'");
+  if (i == 0 || i >= n || s[i] != ':') return 0;
   for (k = i + 1; k < n; k++) {
     unsigned char c = (unsigned char)s[k];
-    if (c != '\t' && (c < 0x20 || c == 0x7f))
-      luaL_error(L, "fetch_attempt: header value holds a control character");
+    if (c != '\t' && (c < 0x20 || c == 0x7f)) return 0;
   }
+  return 1;
 }
 
 static int slist_add(struct curl_slist **list, const char *s) {
@@ -889,31 +673,194 @@ static int setup_easy(sf_req_t *r, const char *url, long connect_ms, long timeou
 
 #undef SET
 
-static int fail(lua_State *L, sf_req_t *r, const char *msg) {
-  if (r != NULL) {
-    if (r->easy != NULL) curl_easy_cleanup(r->easy);
-    curl_slist_free_all(r->headers);
-    curl_slist_free_all(r->connect_to);
-    free(r->head_store);
-    sbx__unref(L, &r->done_ref);
-    free(r);
+sbx__attempt_t *sbx__attempt_start(sbx__curl_loop_t *cl, uv_loop_t *loop,
+                                   const sbx__attempt_params_t *p,
+                                   sbx__attempt_done_fn done, void *ud, const char **err) {
+  char pin_text[INET6_ADDRSTRLEN + 2], connect_to[128];
+  unsigned char bin[16];
+  int fam = p->family;
+  size_t i;
+  long connect_ms = p->connect_ms < p->timeout_ms ? p->connect_ms : p->timeout_ms;
+  sf_req_t *r;
+  (void)cl;
+  *err = "out of memory";
+  memcpy(bin, p->addr, 16);
+  /* A vetted IPv4-mapped answer is connected as its IPv4 address. */
+  if (fam == AF_INET6 && IN6_IS_ADDR_V4MAPPED((struct in6_addr *)bin)) {
+    fam = AF_INET;
+    memmove(bin, bin + 12, 4);
   }
-  lua_pushnil(L);
-  lua_pushstring(L, msg);
-  return 2;
+  if ((fam != AF_INET && fam != AF_INET6) || p->port < 1 || p->port > 65535 ||
+      p->nlines > SF_MAX_HEADERS || p->max_bytes < 1 || p->max_bytes > SF_MAX_BYTES) {
+    *err = "bad attempt parameters";
+    return NULL;
+  }
+  r = calloc(1, sizeof *r);
+  if (r == NULL) return NULL;
+  r->done = done;
+  r->ud = ud;
+  r->family = fam;
+  memcpy(r->addr, bin, fam == AF_INET ? 4 : 16);
+  r->port = p->port;
+  r->max_bytes = p->max_bytes;
+  r->idle_ms = p->idle_ms;
+  r->head_store = malloc(SF_MAX_HEAD_BYTES);
+  if (r->head_store == NULL) goto fail;
+  /* CONNECT_TO with an empty source host and port: this handle has one URL,
+   * so every connection it makes goes to the pin (IPv6 in brackets). */
+  inet_ntop(fam, bin, pin_text, sizeof pin_text);
+  snprintf(connect_to, sizeof connect_to, fam == AF_INET6 ? "::[%s]:%d" : "::%s:%d",
+           pin_text, p->port);
+  if (slist_add(&r->connect_to, connect_to) != 0) goto fail;
+  for (i = 0; i < p->nlines; i++) {
+    if (!sbx__header_line_ok(p->lines[i], strlen(p->lines[i]))) { *err = "bad header line"; goto fail; }
+    if (slist_add(&r->headers, p->lines[i]) != 0) goto fail;
+  }
+  r->easy = curl_easy_init();
+  if (r->easy == NULL) goto fail;
+  *err = "fetch client setup failed";
+  if (setup_easy(r, p->url, connect_ms, p->timeout_ms, p->cainfo) != 0) goto fail;
+  r->cl = sbx__curl_loop_new(loop, sbx__attempt_curl_done);
+  if (r->cl == NULL) goto fail;
+  *err = "out of memory";
+  r->idle = malloc(sizeof *r->idle);
+  if (r->idle == NULL) goto fail;
+  uv_timer_init(loop, r->idle);
+  r->idle->data = r;
+  *err = "fetch client setup failed";
+  if (sbx__curl_loop_add(r->cl, r->easy) != 0) goto fail;
+  *err = NULL;
+  return r;
+fail:
+  req_destroy(r);
+  return NULL;
 }
 
-/* core.fetch_attempt(opts) -> attempt | nil, err. See API.md. */
+/* ---- core.fetch_attempt (Lua) ----------------------------------------- */
+
+/* The Lua object and the attempt point at each other through this block;
+ * on_done is held in the registry until done or cancel. */
+typedef struct sf_req_box sf_req_box_t;
+
+typedef struct {
+  sbx__attempt_t *a;
+  sbx__loop_t *lp;
+  int done_ref;
+  sf_req_box_t *box;       /* the Lua object, until it is collected */
+} sf_lua_att_t;
+
+struct sf_req_box { sf_lua_att_t *la; };
+
+static void push_fields(lua_State *L, const sbx__attempt_out_t *o) {
+  sbx_fetch_header_t h[SF_MAX_FIELDS];
+  char *mem = NULL;
+  int n = sbx__attempt_fields(o, h, SF_MAX_FIELDS, &mem), i;
+  lua_createtable(L, 0, n > 0 ? n : 0);
+  for (i = 0; i < n; i++) {
+    lua_pushlstring(L, h[i].name, h[i].name_len);
+    lua_pushlstring(L, h[i].value, h[i].value_len);
+    lua_rawset(L, -3);
+  }
+  free(mem);
+}
+
+/* Runs inside lua_pcall: (fn, outcome) -> fn(res). */
+static int deliver(lua_State *L) {
+  const sbx__attempt_out_t *o = lua_touserdata(L, 2);
+  lua_pushvalue(L, 1);
+  lua_createtable(L, 0, 8);
+  lua_pushboolean(L, o->kind == SF_OK || o->kind == SF_REDIRECT);
+  lua_setfield(L, -2, "ok");
+  lua_pushstring(L, kind_names[o->kind]);
+  lua_setfield(L, -2, "kind");
+  if (o->has_status) {
+    lua_pushinteger(L, (lua_Integer)o->status);
+    lua_setfield(L, -2, "status");
+    if (o->reason != NULL) {
+      lua_pushlstring(L, o->reason, o->reason_len);
+      lua_setfield(L, -2, "status_text");
+    }
+    if (o->has_headers) {
+      push_fields(L, o);
+      lua_setfield(L, -2, "headers");
+      lua_pushinteger(L, o->location_count);
+      lua_setfield(L, -2, "location_count");
+    }
+  }
+  if (o->kind == SF_OK || o->kind == SF_REDIRECT) {
+    lua_pushlstring(L, o->body != NULL ? o->body : "", o->len);
+    lua_setfield(L, -2, "body");
+  }
+  if (o->code != NULL) {
+    lua_pushstring(L, o->code);
+    lua_setfield(L, -2, "code");
+  }
+  if (o->message != NULL) {
+    lua_pushstring(L, o->message);
+    lua_setfield(L, -2, "message");
+  }
+  lua_pushboolean(L, o->fallback);
+  lua_setfield(L, -2, "fallback");
+  lua_call(L, 1, 0);
+  return 0;
+}
+
+static void lua_att_done(void *ud, sbx__attempt_out_t *o) {
+  sf_lua_att_t *la = ud;
+  lua_State *L = la->lp->L;
+  int ref = la->done_ref;
+  la->a = NULL;
+  la->done_ref = LUA_NOREF;
+  /* Detach the Lua object first: a cancel from inside on_done is a no-op. */
+  if (la->box != NULL) { la->box->la = NULL; la->box = NULL; }
+  lua_pushcfunction(L, deliver);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, ref);
+  lua_pushlightuserdata(L, o);
+  sbx__pcall(L, 2);
+  free(la);
+}
+
+/* ---- argument checks (programming errors raise) ----------------------- */
+
+static const char *opt_string(lua_State *L, const char *field, size_t max, size_t *len) {
+  const char *s;
+  size_t n;
+  if (lua_getfield(L, 1, field) != LUA_TSTRING)
+    luaL_error(L, "fetch_attempt: opts.%s must be a string", field);
+  s = lua_tolstring(L, -1, &n);
+  lua_pop(L, 1);
+  if (n == 0 || n > max || memchr(s, '\0', n) != NULL)
+    luaL_error(L, "fetch_attempt: bad opts.%s", field);
+  if (len != NULL) *len = n;
+  return s;
+}
+
+static lua_Integer opt_int(lua_State *L, const char *field, lua_Integer dflt, lua_Integer lo,
+                           lua_Integer hi) {
+  lua_Integer v;
+  int isnum = 0;
+  int t = lua_getfield(L, 1, field);
+  if (t == LUA_TNIL) { lua_pop(L, 1); if (dflt >= lo) return dflt; luaL_error(L, "fetch_attempt: opts.%s is required", field); }
+  v = lua_tointegerx(L, -1, &isnum);
+  lua_pop(L, 1);
+  if (t != LUA_TNUMBER || !isnum || v < lo || v > hi)
+    luaL_error(L, "fetch_attempt: opts.%s must be an integer in %I..%I", field, lo, hi);
+  return v;
+}
+
+/* core.fetch_attempt(opts) -> attempt | nil, err. See API.md. The url,
+ * header strings and cainfo stay referenced by opts during the call only:
+ * curl copies them at setopt. */
 static int l_fetch_attempt(lua_State *L) {
-  const char *url, *address, *cainfo = NULL;
+  const char *url, *address, *cainfo = NULL, *lines[SF_MAX_HEADERS];
   size_t url_len, addr_len;
   lua_Integer family, port, max_bytes, connect_ms, timeout_ms, idle_ms, i, nh = 0;
-  unsigned char bin[16];
-  char pin_text[INET6_ADDRSTRLEN + 2], connect_to[128];
-  int fam, ref;
-  sf_multi_t *m;
-  sf_req_t *r;
+  sbx__attempt_params_t p;
+  sf_lua_att_t *la;
   sf_req_box_t *b;
+  const char *err = NULL;
+  int top;
 
   luaL_checktype(L, 1, LUA_TTABLE);
   url = opt_string(L, "url", SF_MAX_URL, &url_len);
@@ -927,95 +874,77 @@ static int l_fetch_attempt(lua_State *L) {
   if (lua_getfield(L, 1, "cainfo") != LUA_TNIL) { lua_pop(L, 1); cainfo = opt_string(L, "cainfo", 4096, NULL); }
   else lua_pop(L, 1);
   if (family == 5) luaL_error(L, "fetch_attempt: opts.family must be 4 or 6");
-  fam = family == 4 ? AF_INET : AF_INET6;
-  if (inet_pton(fam, address, bin) != 1) luaL_error(L, "fetch_attempt: opts.address is not an IPv%d literal", (int)family);
-  /* A vetted IPv4-mapped answer is connected as its IPv4 address. */
-  if (fam == AF_INET6 && IN6_IS_ADDR_V4MAPPED((struct in6_addr *)bin)) {
-    fam = AF_INET;
-    memmove(bin, bin + 12, 4);
-  }
+  memset(&p, 0, sizeof p);
+  p.family = family == 4 ? AF_INET : AF_INET6;
+  if (inet_pton(p.family, address, p.addr) != 1)
+    luaL_error(L, "fetch_attempt: opts.address is not an IPv%d literal", (int)family);
   if (lua_getfield(L, 1, "on_done") != LUA_TFUNCTION) luaL_error(L, "fetch_attempt: opts.on_done must be a function");
   lua_pop(L, 1);
   if (lua_getfield(L, 1, "headers") == LUA_TTABLE) nh = (lua_Integer)lua_rawlen(L, -1);
   else if (!lua_isnil(L, -1)) luaL_error(L, "fetch_attempt: opts.headers must be an array");
   if (nh > SF_MAX_HEADERS) luaL_error(L, "fetch_attempt: too many header lines");
+  top = lua_gettop(L);   /* the headers table stays there: it anchors the lines */
   for (i = 1; i <= nh; i++) {
     size_t n;
     const char *s;
-    if (lua_rawgeti(L, -1, i) != LUA_TSTRING) luaL_error(L, "fetch_attempt: header lines must be strings");
+    if (lua_rawgeti(L, top, i) != LUA_TSTRING) luaL_error(L, "fetch_attempt: header lines must be strings");
     s = lua_tolstring(L, -1, &n);
+    lua_pop(L, 1);       /* still referenced by the table */
     if (n > SF_MAX_HEADER_LINE) luaL_error(L, "fetch_attempt: header line too long");
-    check_header_line(L, s, n);
-    lua_pop(L, 1);
+    if (memchr(s, '\0', n) != NULL || !sbx__header_line_ok(s, n))
+      luaL_error(L, "fetch_attempt: header lines must be 'Name: value' without control characters");
+    lines[i - 1] = s;
   }
-  lua_pop(L, 1);
+  p.url = url;
+  p.port = (int)port;
+  p.lines = lines;
+  p.nlines = (size_t)nh;
+  p.max_bytes = (size_t)max_bytes;
+  p.timeout_ms = (long)timeout_ms;
+  p.connect_ms = (long)connect_ms;
+  p.idle_ms = (uint64_t)idle_ms;
+  p.cainfo = cainfo;
 
-  m = get_multi(L);
-  if (m == NULL || m->multi == NULL) return fail(L, NULL, "fetch client unavailable");
   b = lua_newuserdatauv(L, sizeof *b, 0);
-  b->r = NULL;
+  b->la = NULL;
   luaL_setmetatable(L, REQ_MT);
+  la = calloc(1, sizeof *la);
+  if (la == NULL) { lua_pushnil(L); lua_pushliteral(L, "out of memory"); return 2; }
+  la->lp = sbx__loop(L);
   lua_getfield(L, 1, "on_done");
-  ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  r = calloc(1, sizeof *r);
-  if (r == NULL) { luaL_unref(L, LUA_REGISTRYINDEX, ref); return fail(L, NULL, "out of memory"); }
-  r->done_ref = ref;
-  r->m = m;
-  r->family = fam;
-  memcpy(r->addr, bin, fam == AF_INET ? 4 : 16);
-  r->port = (int)port;
-  r->max_bytes = (size_t)max_bytes;
-  r->idle_ms = (uint64_t)idle_ms;
-  r->head_store = malloc(SF_MAX_HEAD_BYTES);
-  if (r->head_store == NULL) return fail(L, r, "out of memory");
-  /* CONNECT_TO with an empty source host and port: this handle has one URL,
-   * so every connection it makes goes to the pin (IPv6 in brackets). */
-  inet_ntop(fam, bin, pin_text, sizeof pin_text);
-  snprintf(connect_to, sizeof connect_to, fam == AF_INET6 ? "::[%s]:%d" : "::%s:%d",
-           pin_text, (int)port);
-  if (slist_add(&r->connect_to, connect_to) != 0) return fail(L, r, "out of memory");
-  lua_getfield(L, 1, "headers");
-  for (i = 1; i <= nh; i++) {
-    int rc;
-    lua_rawgeti(L, -1, i);
-    rc = slist_add(&r->headers, lua_tostring(L, -1));
-    lua_pop(L, 1);
-    if (rc != 0) { lua_pop(L, 1); return fail(L, r, "out of memory"); }
+  la->done_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  la->a = sbx__attempt_start(NULL, &la->lp->uv, &p, lua_att_done, la, &err);
+  if (la->a == NULL) {
+    luaL_unref(L, LUA_REGISTRYINDEX, la->done_ref);
+    free(la);
+    lua_pushnil(L);
+    lua_pushstring(L, err != NULL ? err : "fetch client setup failed");
+    return 2;
   }
-  lua_pop(L, 1);
-  r->easy = curl_easy_init();
-  if (r->easy == NULL) return fail(L, r, "out of memory");
-  if (setup_easy(r, url, (long)(connect_ms < timeout_ms ? connect_ms : timeout_ms),
-                 (long)timeout_ms, cainfo) != 0)
-    return fail(L, r, "fetch client setup failed");
-  r->idle = malloc(sizeof *r->idle);
-  if (r->idle == NULL) return fail(L, r, "out of memory");
-  uv_timer_init(&m->lp->uv, r->idle);
-  r->idle->data = r;
-  if (curl_multi_add_handle(m->multi, r->easy) != CURLM_OK) {
-    uv_close((uv_handle_t *)r->idle, idle_closed);
-    r->idle = NULL;
-    return fail(L, r, "fetch client setup failed");
-  }
-  r->next = m->reqs;
-  if (m->reqs != NULL) m->reqs->prev = r;
-  m->reqs = r;
-  r->box = b;
-  b->r = r;
+  b->la = la;
+  la->box = b;
   return 1;
 }
 
+/* attempt:cancel(): on_done never runs. */
 static int req_cancel(lua_State *L) {
   sf_req_box_t *b = luaL_checkudata(L, 1, REQ_MT);
-  if (b->r != NULL) req_destroy(L, b->r);
-  b->r = NULL;
+  sf_lua_att_t *la = b->la;
+  b->la = NULL;
+  if (la != NULL && la->a != NULL) {
+    sbx__attempt_cancel(la->a);
+    sbx__unref(L, &la->done_ref);
+    free(la);
+  }
   return 0;
 }
 
+/* A collected handle does not stop the attempt (on_done is in the
+ * registry); only the back pointer is dropped. */
 static int req_gc(lua_State *L) {
   sf_req_box_t *b = luaL_checkudata(L, 1, REQ_MT);
-  if (b->r != NULL) b->r->box = NULL;
-  b->r = NULL;
+  if (b->la != NULL) b->la->box = NULL;
+  b->la = NULL;
   return 0;
 }
 
@@ -1207,4 +1136,5 @@ void sbx__open_safefetch(lua_State *L) {
   lua_setfield(L, -2, "fetch_resolve");
   lua_pushcfunction(L, l_local_addresses);
   lua_setfield(L, -2, "local_addresses");
+  sbx__open_fetch_call(L);
 }

@@ -8,14 +8,14 @@
 --                                        yields; one attempt against one vetted address
 --   fetch.is_unsafe_url_error(err)
 --
--- The hop loop lives here; the C core does the rest: core.url_admit and
--- core.addr_classify (netaddr.c) admit URLs and judge addresses,
--- core.fetch_resolve runs getaddrinfo on the libuv thread pool, and
--- core.fetch_attempt (safefetch.c) makes one pinned GET with every byte
--- bound enforced as it arrives. Every hop: admit, one lookup, refuse the hop
--- unless every answer is public and not the host's own, then try the vetted
--- addresses one at a time in resolver order, each attempt pinned to its
--- address; redirects are admitted and vetted again from scratch.
+-- The thin Lua layer of spec 1.1. The hop loop is C (core/fetch_call.c,
+-- the sbx_fetch.h API): admission, one lookup per hop, vetting against the
+-- host's interfaces, pinned attempts with fallback, redirects, bounds,
+-- deadlines and the error catalogue. Here: the coroutine-facing wait on the
+-- C call (yield until it is done; a caller signal cancels it and raises the
+-- signal's reason), conversion of results and error codes to Lua tables,
+-- and trampolines that bind the resolve / transport / localAddresses seams
+-- to the C seams (each seam call runs as its own task).
 --
 -- opts.resolve, opts.transport and opts.localAddresses are trusted test
 -- seams: never build them (or headers, or bounds) from guest data.
@@ -32,24 +32,7 @@ M.DEFAULT_MAX_REDIRECTS = 5
 M.DEFAULT_CHECK_TIMEOUT_MS = 10000
 M.CONNECT_TIMEOUT_MS = 3000
 
-local BOUNDS = {
-  maxBytes = { 1, 33554432 },
-  timeoutMs = { 1, 120000 },
-  idleTimeoutMs = { 1, 120000 },
-  maxRedirects = { 0, 10 },
-}
-local DEFAULT_ACCEPT = "text/html,application/pdf,text/plain,application/json;q=0.9,*/*;q=0.1"
-local USER_AGENT = "pi-roundtable-sandbox"
-local MAX_HEADERS, MAX_NAME, MAX_VALUE = 32, 256, 8192
-local FORBIDDEN_HEADERS = {
-  host = true, connection = true, ["content-length"] = true, ["transfer-encoding"] = true,
-  te = true, trailer = true, upgrade = true, ["keep-alive"] = true, expect = true,
-}
-local REDIRECT = { [301] = true, [302] = true, [303] = true, [307] = true, [308] = true }
-local FALLBACK = {
-  ECONNREFUSED = true, ECONNRESET = true, EHOSTUNREACH = true, ENETUNREACH = true,
-  EAFNOSUPPORT = true, EADDRNOTAVAIL = true, ETIMEDOUT = true,
-}
+local MAX_TIMEOUT_MS = 120000
 
 ---------------------------------------------------------------- errors (1.15)
 
@@ -73,104 +56,32 @@ function M.is_unsafe_url_error(err)
     (err.name == "UnsafeUrlError" or err.name == "ResponseTooLargeError")
 end
 
----------------------------------------------------------------- netaddr glue
+local E_DECLARED = -2011
 
--- core.url_admit(raw) / core.url_resolve_ref(base_href, location)
--- (netaddr.c): an admitted URL table or nil and the catalogue message.
-local function admit(raw, base)
-  local u, msg
-  if base then u, msg = core.url_resolve_ref(base.href, raw) else u, msg = core.url_admit(raw) end
-  if u == nil then return nil, msg end
-  return {
-    href = u.href,
-    host = u.host,                 -- without brackets
-    kind = u.host_kind,            -- "name" | "ipv4" | "ipv6"
-    port = u.port,                 -- effective
-    https = u.https,
-    origin = u.origin,             -- scheme://authority, canonical
-  }
+-- The C call's error description (core/fetch_lua.c) as the 1.15 object.
+local function to_error(d)
+  if d.name == "ResponseTooLargeError" or d.code == E_DECLARED then
+    return new_error(d.name, d.message, { status = d.status, headers = d.headers or {} })
+  elseif d.name == "TransportError" and (d.errno or d.afterResponse) then
+    return new_error(d.name, d.message, { code = d.errno, afterResponse = d.afterResponse })
+  end
+  return new_error(d.name, d.message)
 end
 
--- A strict literal of its declared family, public, and (when locals is
--- given) not one of the host's own addresses.
-local function is_public(text, family, locals)
-  local _, fam = core.addr_parse(text)
-  if fam == nil or (family ~= nil and fam ~= family) then return false end
-  return core.addr_classify(text, nil, locals) == "public"
+---------------------------------------------------------------- netaddr glue
+
+-- core.url_admit(raw) (netaddr.c): an admitted URL table or nil and the
+-- catalogue message. Only pinned_transport parses here; the hop loop is C.
+local function admit(raw)
+  local u, msg = core.url_admit(raw)
+  if u == nil then return nil, msg end
+  return { href = u.href, port = u.port }
 end
 
 function M.is_public_address(text)
   if type(text) ~= "string" then return false end
-  return is_public(text)
-end
-
----------------------------------------------------------------- options
-
-local function integral(v, lo, hi)
-  if math.type(v) == "float" then
-    if v ~= v or v ~= math.floor(v) or v == math.huge or v == -math.huge then return nil end
-    v = math.tointeger(v)
-    if v == nil then return nil end
-  elseif math.type(v) ~= "integer" then
-    return nil
-  end
-  if v < lo or v > hi then return nil end
-  return v
-end
-
-local function bound(opts, name, default)
-  local v = opts[name]
-  if v == nil then return default end
-  local r = BOUNDS[name]
-  v = integral(v, r[1], r[2])
-  if v == nil then unsafe("Invalid fetch bounds") end
-  return v
-end
-
-local function is_token(s)
-  return #s > 0 and s:find("^[!#$%%&'*+%-.^_`|~%w]+$") ~= nil
-end
-
--- The caller's trusted headers (1.9) as an ordered list of {lower, value}.
-local function check_headers(h)
-  if h == nil then return {} end
-  if type(h) ~= "table" then unsafe("Invalid fetch headers") end
-  local list, seen, n = {}, {}, 0
-  for name, value in pairs(h) do
-    n = n + 1
-    if n > MAX_HEADERS or type(name) ~= "string" or #name > MAX_NAME or not is_token(name) or
-      type(value) ~= "string" or #value > MAX_VALUE or value:find("[%z\1-\8\10-\31\127]") then
-      unsafe("Invalid fetch headers")
-    end
-    local lower = name:lower()
-    if seen[lower] or FORBIDDEN_HEADERS[lower] or lower:sub(1, 6) == "proxy-" then
-      unsafe("Invalid fetch headers")
-    end
-    seen[lower] = true
-    list[#list + 1] = { lower, value }
-  end
-  table.sort(list, function(a, b) return a[1] < b[1] end)
-  return list
-end
-
--- Request headers for one hop: defaults, the caller's (replacing defaults),
--- then the forced two. Returns lines for curl and a name -> value map.
-local function build_headers(caller)
-  local order, map = { "accept", "user-agent" }, { accept = DEFAULT_ACCEPT, ["user-agent"] = USER_AGENT }
-  for _, kv in ipairs(caller) do
-    local name = kv[1]
-    if name ~= "accept-encoding" then       -- forced below; the caller's never takes effect
-      if map[name] == nil then order[#order + 1] = name end
-      map[name] = kv[2]
-    end
-  end
-  map["accept-encoding"] = "identity"
-  map["connection"] = "close"
-  order[#order + 1] = "accept-encoding"
-  order[#order + 1] = "connection"
-  local lines = {}
-  for i, name in ipairs(order) do lines[i] = name .. ": " .. map[name] end
-  return lines, map
+  if core.addr_parse(text) == nil then return false end
+  return core.addr_classify(text) == "public"
 end
 
 ---------------------------------------------------------------- waiting
@@ -178,7 +89,7 @@ end
 -- Runs start(resume) (which returns a cancel function or nil) and yields
 -- until resume(...) is called, the deadline passes or the signal aborts.
 -- Returns "done", ... | "timeout" | "abort"; on timeout or abort the work
--- is cancelled.
+-- is cancelled. (pinned_transport only: the C call keeps its own deadline.)
 local function wait(start, deadline, signal)
   local cancel, timer, unhook
   local out = table.pack(async.await(function(resume)
@@ -203,77 +114,8 @@ local function wait(start, deadline, signal)
   return table.unpack(out, 1, out.n)
 end
 
--- Runs a (possibly yielding) seam as its own task; resume gets ok, results.
-local function seam_start(fn, ...)
-  local args = table.pack(...)
-  return function(resume)
-    local task = async.spawn(function() return fn(table.unpack(args, 1, args.n)) end)
-    async.on_done(task, function(t) resume(table.unpack(t.results, 1, t.results.n)) end)
-    return nil
-  end
-end
-
 local function check_signal(signal)
   if signal then signal:throw_if_aborted() end
-end
-
----------------------------------------------------------------- vetting (1.7)
-
-local function local_list(opts, deadline, signal, timeout_msg)
-  local list
-  if opts.localAddresses then
-    local how, ok, res = wait(seam_start(opts.localAddresses), deadline, signal)
-    if how == "timeout" then raise("TimeoutError", timeout_msg) end
-    if how == "abort" then check_signal(signal) end
-    if not ok then error(res, 0) end
-    list = res
-  else
-    list = core.local_addresses()
-  end
-  if type(list) ~= "table" then return nil end
-  for _, text in ipairs(list) do
-    if type(text) ~= "string" or core.addr_parse(text) == nil then return nil end
-  end
-  return list
-end
-
--- One lookup for the hop, every answer vetted. Returns the vetted list of
--- { address = text, family = 4 | 6 } in resolver order.
-local function vet(u, opts, deadline, signal, timeout_msg)
-  local answers
-  if u.kind == "ipv4" or u.kind == "ipv6" then
-    answers = { { address = u.host, family = u.kind == "ipv4" and 4 or 6 } }
-  elseif opts.resolve then
-    local how, ok, res = wait(seam_start(opts.resolve, u.host), deadline, signal)
-    if how == "timeout" then raise("TimeoutError", timeout_msg) end
-    if how == "abort" then check_signal(signal) end
-    if not ok then
-      raise("ResolveError", type(res) == "table" and tostring(res.message or res) or tostring(res))
-    end
-    answers = res
-  else
-    local how, list, msg = wait(function(resume)
-      local lk, err = core.fetch_resolve(u.host, resume)
-      if lk == nil then resume(nil, err) return nil end
-      return function() lk:cancel() end
-    end, deadline, signal)
-    if how == "timeout" then raise("TimeoutError", timeout_msg) end
-    if how == "abort" then check_signal(signal) end
-    if list == nil then raise("ResolveError", tostring(msg)) end
-    answers = list
-  end
-  if type(answers) ~= "table" or #answers == 0 then unsafe("URL resolves to a non-public address") end
-  local locals = local_list(opts, deadline, signal, timeout_msg)
-  if locals == nil then unsafe("URL resolves to a non-public address") end
-  local vetted = {}
-  for i, a in ipairs(answers) do
-    local text, fam = type(a) == "table" and a.address, type(a) == "table" and a.family
-    if type(text) ~= "string" or (fam ~= 4 and fam ~= 6) or not is_public(text, fam, locals) then
-      unsafe("URL resolves to a non-public address")
-    end
-    vetted[i] = { address = text, family = fam }
-  end
-  return vetted
 end
 
 ---------------------------------------------------------------- one attempt (1.8)
@@ -308,7 +150,7 @@ end
 -- { address, family [, port] } (port: a trusted seam's loopback override).
 local function attempt_start(u, address, max_bytes, lines, limits)
   return function(resume)
-    local left = math.max(1, math.min(limits.deadline - core.now(), BOUNDS.timeoutMs[2]))
+    local left = math.max(1, math.min(limits.deadline - core.now(), MAX_TIMEOUT_MS))
     local req, err = core.fetch_attempt {
       url = u.href,
       address = address.address,
@@ -369,123 +211,153 @@ function M.pinned_transport(url, address, signal, maxBytes, headers, limits)
   return to_result(u, res)
 end
 
+---------------------------------------------------------------- seam trampolines
+
+-- Each binds a host seam (a Lua function that may yield) to a C seam: the
+-- C call hands over a reply; the seam runs as its own task and its outcome
+-- answers the reply. st keeps what must reach the caller unchanged: the
+-- transport's result table and a seam's raised error object.
+
+local function resolve_trampoline(fn)
+  return function(reply, host)
+    local task = async.spawn(fn, host)
+    async.on_done(task, function(t)
+      local ok, res = t.results[1], t.results[2]
+      if ok then
+        reply:answers(res)
+      else
+        reply:fail(nil, false, type(res) == "table" and tostring(res.message or res) or tostring(res))
+      end
+    end)
+  end
+end
+
+local function local_trampoline(fn, st)
+  return function(reply)
+    local task = async.spawn(fn)
+    async.on_done(task, function(t)
+      local ok, res = t.results[1], t.results[2]
+      if ok then
+        reply:locals(res)
+      else
+        st.seam_error = res
+        reply:fail(nil, false, tostring(res))
+      end
+    end)
+  end
+end
+
+local function transport_trampoline(fn, st)
+  return function(reply, url, address, max_bytes, headers)
+    local task = async.spawn(fn, url, address, st.seam_signal, max_bytes, headers)
+    async.on_done(task, function(t)
+      local ok, res = t.results[1], t.results[2]
+      if ok and type(res) == "table" then
+        if type(res.data) ~= "string" then res.data = "" end
+        st.result = res
+        reply:result(res, url)
+        return
+      end
+      local err = res
+      if ok then err = new_error("TransportError", "transport returned no result") end
+      st.seam_error = err
+      local code = type(err) == "table" and type(err.code) == "string" and err.code or nil
+      local after = type(err) == "table" and err.afterResponse and true or false
+      reply:fail(code, after, type(err) == "table" and tostring(err.message or "transport failure")
+        or tostring(err))
+    end)
+  end
+end
+
+-- Yields until the C call is done. A caller signal cancels it and raises
+-- the signal's reason. Returns the result table or raises the 1.15 object.
+local function run_call(start_fn, url, copts, signal, st)
+  local call
+  local how, res, err = async.await(function(resume)
+    local c, refusal = start_fn(url, copts, function(r, e) resume("done", r, e) end)
+    if c == nil then resume("refused", nil, refusal) return end
+    call = c
+    if signal then
+      st.unhook = signal:on_abort(function()
+        call:cancel()
+        resume("abort")
+      end)
+    end
+  end)
+  if st.unhook then st.unhook() end
+  if how == "abort" then check_signal(signal) end
+  if res ~= nil then
+    if res.seam_token then return st.result end
+    return res
+  end
+  if err.from_seam and st.seam_error ~= nil then error(st.seam_error, 0) end
+  error(to_error(err), 0)
+end
+
+-- The options the C call reads (core/fetch_lua.c converts, C judges).
+local function c_opts(opts, st, with_transport)
+  local o = {
+    maxBytes = opts.maxBytes, timeoutMs = opts.timeoutMs, idleTimeoutMs = opts.idleTimeoutMs,
+    maxRedirects = opts.maxRedirects, followRedirects = opts.followRedirects,
+    headers = opts.headers, cainfo = opts.cainfo,
+  }
+  if opts.resolve then o.resolve = resolve_trampoline(opts.resolve) end
+  if opts.localAddresses then o.localAddresses = local_trampoline(opts.localAddresses, st) end
+  if with_transport and opts.transport then o.transport = transport_trampoline(opts.transport, st) end
+  return o
+end
+
 ---------------------------------------------------------------- safe_fetch (1.10, 1.11)
 
-local function try_addresses(u, vetted, opts, ctx, header_map, lines)
-  for _, address in ipairs(vetted) do
-    check_signal(ctx.signal)
-    local res, err
-    if opts.transport then
-      local how, ok, r = wait(seam_start(opts.transport, u.href, address, ctx.seam_signal, ctx.max_bytes,
-        header_map), ctx.deadline, ctx.signal)
-      if how == "timeout" then
-        ctx.seam_signal:abort("Fetch deadline exceeded")
-        raise("TimeoutError", "Fetch deadline exceeded")
-      end
-      if how == "abort" then check_signal(ctx.signal) end
-      if ok then res = r else err = r end
-      if ok and type(res) ~= "table" then err = new_error("TransportError", "transport returned no result") end
-    else
-      local how, r = wait(attempt_start(u, address, ctx.max_bytes, lines, ctx), ctx.deadline, ctx.signal)
-      if how == "timeout" then raise("TimeoutError", "Fetch deadline exceeded") end
-      if how == "abort" then check_signal(ctx.signal) end
-      if r.ok then res = to_result(u, r) else err = attempt_error(r) end
-    end
-    if res and not err then return res end
-    if not (type(err) == "table" and FALLBACK[err.code] and not err.afterResponse) then
-      error(err, 0)
-    end
-  end
-  unsafe("No vetted address could be reached")
-end
-
-local function check_bounds(opts)
+function M.safe_fetch(url, opts)
   if opts ~= nil and type(opts) ~= "table" then unsafe("Invalid fetch bounds") end
   opts = opts or {}
-  local b = {
-    max_bytes = bound(opts, "maxBytes", M.DEFAULT_MAX_BYTES),
-    timeout = bound(opts, "timeoutMs", M.DEFAULT_TIMEOUT_MS),
-    idle = bound(opts, "idleTimeoutMs", M.DEFAULT_IDLE_TIMEOUT_MS),
-    max_redirects = bound(opts, "maxRedirects", M.DEFAULT_MAX_REDIRECTS),
-  }
-  if opts.followRedirects ~= nil and type(opts.followRedirects) ~= "boolean" then
-    unsafe("Invalid fetch bounds")
+  local st = {}
+  local signal = opts.signal
+  local copts = c_opts(opts, st, true)
+  if signal and signal.aborted then
+    -- bounds, headers and the URL are judged first, then the signal
+    local refusal = core.fetch_opts_check(copts, false)
+    if refusal then error(to_error(refusal), 0) end
+    if type(url) ~= "string" then unsafe("Invalid URL") end
+    local _, msg = core.url_admit(url)
+    if msg then unsafe(msg) end
+    check_signal(signal)
   end
-  b.follow = opts.followRedirects ~= false
-  return opts, b
-end
-
-local hop_loop
-
-function M.safe_fetch(url, opts)
-  local start = core.now()
-  local b
-  opts, b = check_bounds(opts)
-  local caller = check_headers(opts.headers)
-  local ctx = {
-    deadline = start + b.timeout, idle = b.idle, max_bytes = b.max_bytes,
-    signal = opts.signal, cainfo = opts.cainfo,
-  }
   if opts.transport then
     -- what a transport seam sees: the caller's signal, plus our own abort
     -- when the call's deadline gives up on the seam
-    ctx.seam_signal = signals.child(opts.signal)
-    local ok, res = pcall(hop_loop, url, opts, b, caller, ctx)
-    ctx.seam_signal:detach()
-    if not ok then error(res, 0) end
-    return res
+    st.seam_signal = signals.child(signal)
   end
-  return hop_loop(url, opts, b, caller, ctx)
-end
-
-hop_loop = function(url, opts, b, caller, ctx)
-  if type(url) ~= "string" then unsafe("Invalid URL") end
-  local u, msg = admit(url)
-  if u == nil then unsafe(msg) end
-  local first_origin, dropped, any_https = u.origin, false, u.https
-  local hop = 0
-  while true do
-    check_signal(ctx.signal)
-    local vetted = vet(u, opts, ctx.deadline, ctx.signal, "Fetch deadline exceeded")
-    local lines, map = build_headers(dropped and {} or caller)
-    local res = try_addresses(u, vetted, opts, ctx, map, lines)
-    if type(res.data) ~= "string" then res.data = "" end
-    if #res.data > b.max_bytes then unsafe("Response body too large") end
-    if not b.follow or not REDIRECT[res.status] then return res end
-    if hop >= b.max_redirects then unsafe("Too many redirects") end
-    local loc = res.headers and res.headers.location
-    if loc == nil or loc == "" then unsafe("Redirect without location") end
-    if type(loc) ~= "string" or res.location_count and res.location_count > 1 then
-      unsafe("Invalid redirect location")
+  local ok, res = pcall(run_call, core.fetch_start, url, copts, signal, st)
+  if st.seam_signal then
+    if not ok and getmetatable(res) == Error and res.name == "TimeoutError" then
+      st.seam_signal:abort("Fetch deadline exceeded")
     end
-    local nu, lmsg = admit(loc, u)
-    if nu == nil then unsafe(lmsg) end
-    if any_https and not nu.https then unsafe("Redirect from HTTPS to HTTP refused") end
-    any_https = any_https or nu.https
-    if nu.origin ~= first_origin then dropped = true end
-    u = nu
-    hop = hop + 1
+    st.seam_signal:detach()
   end
+  if not ok then error(res, 0) end
+  return res
 end
 
 ---------------------------------------------------------------- assert_public_url (1.14)
 
 function M.assert_public_url(url, opts)
-  local start = core.now()
   if opts ~= nil and type(opts) ~= "table" then unsafe("Invalid fetch bounds") end
   opts = opts or {}
-  local timeout = M.DEFAULT_CHECK_TIMEOUT_MS
-  if opts.timeoutMs ~= nil then
-    timeout = integral(opts.timeoutMs, 1, BOUNDS.timeoutMs[2])
-    if timeout == nil then unsafe("Invalid fetch bounds") end
+  local st = {}
+  local copts = { checkTimeoutMs = opts.timeoutMs }
+  if opts.resolve then copts.resolve = resolve_trampoline(opts.resolve) end
+  if opts.localAddresses then copts.localAddresses = local_trampoline(opts.localAddresses, st) end
+  local signal = opts.signal
+  if signal and signal.aborted then
+    -- the bounds are judged first, then the signal, then the URL
+    local refusal = core.fetch_opts_check(copts, true)
+    if refusal then error(to_error(refusal), 0) end
+    check_signal(signal)
   end
-  check_signal(opts.signal)
-  if type(url) ~= "string" then unsafe("Invalid URL") end
-  local u, msg = admit(url)
-  if u == nil then unsafe(msg) end
-  if core.now() - start >= timeout then raise("TimeoutError", "URL check deadline exceeded") end
-  vet(u, opts, start + timeout, opts.signal, "URL check deadline exceeded")
-  return u.href
+  local res = run_call(core.assert_url_start, url, copts, signal, st)
+  return res.url
 end
 
 return M
