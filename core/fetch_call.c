@@ -90,6 +90,9 @@ struct sbx_fetch {
   sbx_fetch_transport_fn transport;
   sbx_fetch_local_fn local_addresses;
   void *seam_ud;
+  int test_family;              /* 0, or the test_connect_address override */
+  unsigned char test_addr[16];
+  uint16_t test_port;
   sbx_fetch_header_t caller[SBX_FETCH_MAX_HEADERS];   /* lower-case, sorted */
   size_t ncaller;
   char *caller_mem;
@@ -705,6 +708,11 @@ static void attempt_next(sbx_fetch_t *f) {
     ap.family = c->family == 4 ? AF_INET : AF_INET6;
     memcpy(ap.addr, c->addr, 16);
     ap.port = f->cur->port;
+    if (f->test_family != 0) {                     /* the trusted test override */
+      ap.family = f->test_family;
+      memcpy(ap.addr, f->test_addr, 16);
+      ap.port = f->test_port;
+    }
     ap.lines = lines;
     ap.nlines = nh;
     ap.max_bytes = f->max_bytes;
@@ -949,6 +957,13 @@ static sbx_fetch_t *start(uv_loop_t *loop, const char *url, size_t len, const sb
   *err = SBX_FETCH_E_TRANSPORT;                    /* out of memory below */
   f = calloc(1, sizeof *f);
   if (f == NULL) return NULL;
+  if (!check && o->test_connect_address != NULL) {
+    if (o->test_connect_port == 0) { *err = SBX_FETCH_E_BOUNDS; goto fail; }
+    if (inet_pton(AF_INET, o->test_connect_address, f->test_addr) == 1) f->test_family = AF_INET;
+    else if (inet_pton(AF_INET6, o->test_connect_address, f->test_addr) == 1) f->test_family = AF_INET6;
+    else { *err = SBX_FETCH_E_BOUNDS; goto fail; }
+    f->test_port = o->test_connect_port;
+  }
   f->cur = malloc(sizeof *f->cur);
   f->next = malloc(sizeof *f->next);
   if (f->cur == NULL || f->next == NULL) goto fail;

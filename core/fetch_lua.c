@@ -110,6 +110,18 @@ static void read_opts(lua_State *L, int idx, sbx_fetch_opts *o, sbx_fetch_header
   lua_pop(L, 1);
   if (lua_getfield(L, idx, "cainfo") == LUA_TSTRING) o->cainfo = lua_tostring(L, -1);
   lua_pop(L, 1);                           /* anchored by the opts table */
+  if (lua_getfield(L, idx, "testConnectTo") == LUA_TTABLE) {
+    lua_Integer port;
+    int isint = 0;
+    if (lua_getfield(L, -1, "address") == LUA_TSTRING) o->test_connect_address = lua_tostring(L, -1);
+    else o->test_connect_address = "";      /* refused as a bound */
+    lua_pop(L, 1);                         /* anchored by testConnectTo, anchored by opts */
+    lua_getfield(L, -1, "port");
+    port = lua_tointegerx(L, -1, &isint);
+    o->test_connect_port = isint && port > 0 && port <= 65535 ? (uint16_t)port : 0;
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
 }
 
 /* ---- results and errors to Lua ------------------------------------------- */

@@ -214,6 +214,13 @@ typedef struct sbx_fetch_opts {
   sbx_fetch_transport_fn transport;     /* NULL: the pinned libcurl transport */
   sbx_fetch_local_fn local_addresses;   /* NULL: getifaddrs at every vetting */
   void *seam_ud;
+  /* Trusted test seam (specs, the C test, benchmarks): when non-NULL, every
+   * attempt of the default transport connects to this IP literal and port
+   * instead of the vetted address. Vetting still judges the real answers,
+   * and the URL, Host header, SNI and certificate check keep the hostname.
+   * An address that is not an IP literal, or port 0, is SBX_FETCH_E_BOUNDS. */
+  const char *test_connect_address;
+  uint16_t test_connect_port;
 } sbx_fetch_opts;
 
 /* Every default of 1.3; no headers, no seams. */

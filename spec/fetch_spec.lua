@@ -714,4 +714,91 @@ describe("safe fetch", function()
       assert.is_true(core.now() - t0 < 1000)
     end)
   end)
+  describe("the C hop loop with its default transport (trusted testConnectTo seam)", function()
+    -- no transport seam: the C core's own pinned attempt runs, sent to the
+    -- loopback fixture by testConnectTo while vetting judges the answer
+    local function direct(o)
+      o = o or {}
+      local log = { lookups = 0 }
+      local opts = {
+        resolve = function() log.lookups = log.lookups + 1; return o.answers or { { address = PUBLIC4, family = 4 } } end,
+        localAddresses = function() return {} end,
+        testConnectTo = { address = "127.0.0.1", port = server.port },
+      }
+      for k, v in pairs(o.opts or {}) do opts[k] = v end
+      return opts, log
+    end
+
+    it("fetches through the pinned C transport with the hostname kept", function()
+      local opts, log = direct { opts = { headers = { ["X-Trusted"] = "t" } } }
+      local ok, res = run(function() return fetch.safe_fetch(url("/echo?q=1"), opts) end)
+      assert.is_true(ok, tostring(res))
+      assert.are.equal(200, res.status)
+      assert.are.equal(url("/echo?q=1"), res.url)
+      assert.are.equal(1, log.lookups)
+      assert.truthy(res.data:find("\r\nHost: never%-resolve%.invalid:" .. server.port .. "\r\n"))
+      assert.truthy(res.data:lower():find("\r\nx%-trusted: t\r\n"))
+      ok, res = run(function() return fetch.safe_fetch(url("/short"), (direct())) end)
+      assert.is_true(ok, tostring(res))
+      assert.are.equal("Short and Stout", res.statusText)
+      assert.are.equal("ok", res.data)
+    end)
+
+    it("follows a redirect chain with a fresh lookup per hop and drops headers across origins", function()
+      local opts, log = direct { opts = { headers = { ["X-Trusted"] = "t" } } }
+      local ok, res = run(function()
+        return fetch.safe_fetch(url("/redirect?to=" .. url("/redirect?to=/echo", "other.example")), opts)
+      end)
+      assert.is_true(ok, tostring(res))
+      assert.are.equal(200, res.status)
+      assert.are.equal(3, log.lookups)
+      assert.are.equal(url("/echo", "other.example"), res.url)
+      assert.is_nil(res.data:lower():find("x%-trusted"))
+      refused(function() return fetch.safe_fetch(url("/loop"), (direct())) end, "Too many redirects")
+      refused(function() return fetch.safe_fetch(url("/redirect2"), (direct())) end, "Invalid redirect location")
+    end)
+
+    it("applies the bounds, decoding and idle timeout in C", function()
+      local err = refused(function() return fetch.safe_fetch(url("/declared"), (direct { opts = { maxBytes = 1000 } })) end,
+        "Response exceeds bounds", "ResponseTooLargeError")
+      assert.are.equal(200, err.status)
+      assert.are.equal("5000", err.headers["content-length"])
+      local ok, res = run(function() return fetch.safe_fetch(url("/gzip"), (direct { opts = { maxBytes = 200 } })) end)
+      assert.is_true(ok, tostring(res))
+      assert.are.equal("hello gzip page", res.data)
+      assert.is_nil(res.headers["content-length"])
+      refused(function() return fetch.safe_fetch(url("/bomb-br"), (direct { opts = { maxBytes = 200 } })) end,
+        "Response body too large")
+      refused(function() return fetch.safe_fetch(url("/stall"), (direct { opts = { idleTimeoutMs = 150 } })) end,
+        "Response idle timeout exceeded", "UnsafeUrlError")
+      err = refused(function() return fetch.safe_fetch(url("/http09"), (direct())) end, "Received HTTP/0.9 when not allowed")
+      assert.are.equal("TransportError", err.name)
+    end)
+
+    it("a closed port is a fallback code: with every address refused, 'No vetted address could be reached'", function()
+      local opts = direct { answers = { { address = PUBLIC4, family = 4 }, { address = PUBLIC4B, family = 4 } } }
+      opts.testConnectTo = { address = "127.0.0.1", port = closed_port() }
+      refused(function() return fetch.safe_fetch(url("/short"), opts) end, "No vetted address could be reached")
+    end)
+
+    it("the deadline and the caller's signal end a transfer in flight", function()
+      local t0 = core.now()
+      refused(function() return fetch.safe_fetch(url("/drip"), (direct { opts = { timeoutMs = 300 } })) end,
+        "Fetch deadline exceeded", "TimeoutError")
+      assert.is_true(core.now() - t0 < 2000)
+      local sig = signal.new()
+      local ok, err = run(function()
+        core.timer(100, function() sig:abort("turn ended") end)
+        return fetch.safe_fetch(url("/stall"), (direct { opts = { signal = sig } }))
+      end)
+      assert.is_false(ok)
+      assert.are.equal(signal.AbortError, err)
+    end)
+
+    it("a bad testConnectTo is refused as a bound", function()
+      local opts = direct()
+      opts.testConnectTo = { address = "localhost", port = 1 }
+      refused(function() return fetch.safe_fetch(url("/short"), opts) end, "Invalid fetch bounds")
+    end)
+  end)
 end)

@@ -18,7 +18,10 @@
 -- to the C seams (each seam call runs as its own task).
 --
 -- opts.resolve, opts.transport and opts.localAddresses are trusted test
--- seams: never build them (or headers, or bounds) from guest data.
+-- seams: never build them (or headers, or bounds) from guest data. So is
+-- opts.testConnectTo = { address = ip, port = n }: the default (C) transport
+-- then connects every vetted attempt there (specs and benchmarks reach a
+-- loopback server through the real transport; vetting is unchanged).
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local signals = require "sandbox.signal"
@@ -299,7 +302,7 @@ local function c_opts(opts, st, with_transport)
   local o = {
     maxBytes = opts.maxBytes, timeoutMs = opts.timeoutMs, idleTimeoutMs = opts.idleTimeoutMs,
     maxRedirects = opts.maxRedirects, followRedirects = opts.followRedirects,
-    headers = opts.headers, cainfo = opts.cainfo,
+    headers = opts.headers, cainfo = opts.cainfo, testConnectTo = opts.testConnectTo,
   }
   if opts.resolve then o.resolve = resolve_trampoline(opts.resolve) end
   if opts.localAddresses then o.localAddresses = local_trampoline(opts.localAddresses, st) end
