@@ -119,5 +119,6 @@ int luaopen_sandbox_core(lua_State *L) {
   sbx__open_process(L);
   sbx__open_fs(L);
   sbx__open_atomic_file(L);
+  sbx__open_scrub(L);
   return 1;
 }

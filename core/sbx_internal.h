@@ -63,6 +63,7 @@ void sbx__open_http_server(lua_State *L);   /* core.http_server, core.read_lines
 void sbx__open_process(lua_State *L);
 void sbx__open_fs(lua_State *L);
 void sbx__open_atomic_file(lua_State *L);   /* core.write_file_atomic, core.read_file_nofollow */
+void sbx__open_scrub(lua_State *L);         /* core.scrub_diagnostic, core.scrub_trim, core.scrub_valid_limit */
 /* core.unix_request (pipe_client.c); opened by sbx__open_listener. */
 void sbx__open_pipe_client(lua_State *L);
 

@@ -243,3 +243,49 @@ describe("scrub_diagnostic: any input", function()
     end
   end)
 end)
+
+describe("scrub_diagnostic: the C implementation (core/scrub.c)", function()
+  it("is core.scrub_diagnostic under every name", function()
+    assert.equal(core.scrub_diagnostic, scrub_diagnostic)
+    assert.equal(core.scrub_diagnostic, require("sandbox").scrub_diagnostic)
+  end)
+
+  it("replaces each invalid byte with U+FFFD: truncated, overlong, above U+10FFFF, stray continuation", function()
+    local R = "\u{FFFD}"
+    assert.equal("a" .. R, scrub_diagnostic("a\195"))
+    assert.equal(R .. R .. " x", scrub_diagnostic("\192\175 x"))
+    assert.equal(string.rep(R, 4), scrub_diagnostic("\244\144\128\128"))
+    assert.equal("é" .. R .. "日", scrub_diagnostic("é\128日"))
+    assert.equal("\u{10FFFF}", scrub_diagnostic("\u{10FFFF}"))
+  end)
+
+  it("F33: 200,000 × `a.` and 100,000 × `x://` scrub whole (math.huge) in under 200 ms", function()
+    for _, input in ipairs { string.rep("a.", 200000), string.rep("x://", 100000) } do
+      local t0 = core.hrtime()
+      local out = scrub_diagnostic(input, math.huge)
+      local ms = (core.hrtime() - t0) / 1e6
+      assert.equal(input, out)
+      assert.is_true(ms < 200, ("took %.1f ms"):format(ms))
+    end
+  end)
+
+  it("treats huge integral limits like math.huge: nothing is cut, secrets past 4,096 code points are masked", function()
+    local text = string.rep("z", 5000) .. " password=hunter2"
+    local want = string.rep("z", 5000) .. " password=[redacted]"
+    for _, max in ipairs { math.huge, math.maxinteger, 2 ^ 53 + 1, 1 << 62, 2.0 ^ 60, 1e300 } do
+      assert.equal(want, scrub_diagnostic(text, max), tostring(max))
+    end
+    assert.equal(string.rep("z", 4999) .. "…", scrub_diagnostic(text, 5000))
+  end)
+
+  it("shares its limit rule and white space with the delegator (valid_limit, trim)", function()
+    for _, good in ipairs { 1, 600, 3.0, math.huge, math.maxinteger } do assert.is_true(scrub.valid_limit(good)) end
+    for _, bad in ipairs { 0, -1, 1.5, 0 / 0, -math.huge, "10", true, math.mininteger } do
+      assert.is_false(scrub.valid_limit(bad))
+    end
+    assert.equal("a b", scrub.trim("\u{FEFF}\u{2000} a b\u{202F}\n"))
+    assert.equal("\u{200B}x", scrub.trim("\u{200B}x"))   -- U+200B is not white space
+    assert.is_true(scrub.is_trim_space(0x3000))
+    assert.is_false(scrub.is_trim_space(0x200B))
+  end)
+end)
