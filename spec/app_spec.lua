@@ -19,8 +19,6 @@ local fake_upstream = require "fake_upstream"
 local run = async.run
 local HOST_KEY = "real-test-key"
 
-local sh = spec_fs.sh
-
 local roots, apps = {}, {}
 
 local function tmproot() return spec_fs.tmpdir("ap", roots) end
@@ -67,9 +65,7 @@ after_each(function()
   apps = {}
 end)
 
-teardown(function()
-  for _, d in ipairs(roots) do os.execute("rm -rf '" .. d .. "'") end
-end)
+teardown(function() spec_fs.rmdirs(roots) end)
 
 local OWNER = { tier = "owner", principalId = "owner" }
 local MEMBER = { tier = "member", principalId = "p_alice" }
@@ -133,13 +129,7 @@ local function gated()
   return g
 end
 
-local function wait_for(pred, what)
-  local deadline = core.now() + 5000
-  while not pred() do
-    if core.now() > deadline then error("timed out waiting for " .. (what or "condition"), 2) end
-    async.sleep(5)
-  end
-end
+local wait_for = spec_fs.wait_for
 
 describe("sandbox{} entry point (2.1, 3.2)", function()
   it("returns an unstarted app that is still a config (sbx uses options and broker)", function()

@@ -7,19 +7,11 @@ local spec_fs = require "spec_fs"
 local channels = require "sandbox.channels"
 local core = require "sandbox.core"
 
-local sh = spec_fs.sh
-
 local dirs = {}
 
 local function tmpdir() return spec_fs.tmpdir("ch", dirs) end
 
-local read = spec_fs.read
-
-local function write(path, bytes)
-  local f = assert(io.open(path, "wb"))
-  f:write(bytes)
-  f:close()
-end
+local read, write = spec_fs.read, spec_fs.write
 
 local function open_err(opts)
   local ok, err = pcall(channels.open, opts)
@@ -31,9 +23,7 @@ local function mode_of(path)
   return core.fs_stat(path).mode
 end
 
-teardown(function()
-  for _, d in ipairs(dirs) do os.execute("rm -rf '" .. d .. "'") end
-end)
+teardown(function() spec_fs.rmdirs(dirs) end)
 
 describe("channel store persistence", function()
   it("R51: enabling persists across a new store instance; disabling persists; enabling `bad` fails", function()

@@ -5,28 +5,16 @@
 -- user (the product refuses root); as root those cases are pending.
 local core = require "sandbox.core"
 local cli = require "sandbox.cli"
+local spec_fs = require "spec_fs"
 
 -- The binary of the build whose core module busted loaded.
 local BUILD = package.cpath:match("(build[%w%-]*)/lua/%?%.so") or "build"
 local BIN = BUILD .. "/sbx"
 local IS_ROOT = core.getuid() == 0
 
-local function shq(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local shq, write = spec_fs.q, spec_fs.write
 
-local function slurp(path)
-  local f = io.open(path, "r")
-  if not f then return "" end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write(path, text, mode)
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
-  if mode then os.execute("chmod " .. mode .. " " .. shq(path)) end
-end
+local function slurp(path) return spec_fs.read(path) or "" end
 
 -- Runs `sbx ARGS...` (a list of strings); returns {code, out, err}.
 local function sbx(args, stdin)

@@ -17,8 +17,6 @@ local ENABLED = "Sandbox routing is enabled. Mention the bot or reply to it to s
 local DISABLED = "Sandbox routing is disabled. Memory is retained; normal host routing applies again."
 local GUILD_ONLY = "Sandbox commands require a guild channel."
 
-local sh = spec_fs.sh
-
 local roots, apps = {}, {}
 
 local function tmproot() return spec_fs.tmpdir("cm", roots) end
@@ -48,9 +46,7 @@ after_each(function()
   apps = {}
 end)
 
-teardown(function()
-  for _, d in ipairs(roots) do os.execute("rm -rf '" .. d .. "'") end
-end)
+teardown(function() spec_fs.rmdirs(roots) end)
 
 local OWNER = { tier = "owner", principalId = "owner" }
 local MEMBER = { tier = "member", principalId = "p_alice" }

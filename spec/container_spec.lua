@@ -3,13 +3,7 @@
 local container = require "sandbox.container"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
-
-local function sh(cmd)
-  local p = assert(io.popen(cmd))
-  local out = p:read("a")
-  p:close()
-  return (out:gsub("%s+$", ""))
-end
+local spec_fs = require "spec_fs"
 
 local INST = string.rep("0123456789abcdef", 4)
 local OWNER = "0f8fad5b-d9cb-469f-a165-70867728950e:4242:123456"
@@ -17,9 +11,7 @@ local OWNER = "0f8fad5b-d9cb-469f-a165-70867728950e:4242:123456"
 describe("container", function()
   local dir, run_dir, ws_dir
   setup(function()
-    dir = sh("mktemp -d /tmp/sbx-spec-XXXXXX")
-    assert(dir:match("^/tmp/sbx%-spec%-"))
-    dir = core.realpath(dir)
+    dir = spec_fs.tmpdir("sbx-spec")
     run_dir, ws_dir = dir .. "/run/turn-abc123", dir .. "/work/" .. string.rep("ab", 32)
     os.execute("mkdir -p '" .. run_dir .. "' '" .. ws_dir .. "' '" .. dir .. "/a,b' '" .. dir .. "/real'")
     os.execute("ln -s '" .. dir .. "/real' '" .. dir .. "/link'")

@@ -7,29 +7,11 @@ local cli = require "sandbox.drivers.cli"
 local container = require "sandbox.container"
 local core = require "sandbox.core"
 local signal = require "sandbox.signal"
+local spec_fs = require "spec_fs"
 
 local CLEANUP = "sandbox container cleanup failed; inspect this installation's containers"
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd))
-  local out = p:read("a")
-  p:close()
-  return (out:gsub("%s+$", ""))
-end
-
-local function write(path, data)
-  local f = assert(io.open(path, "wb"))
-  f:write(data)
-  f:close()
-end
-
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local d = f:read("a")
-  f:close()
-  return d
-end
+local write, read = spec_fs.write, spec_fs.read
 
 -- The fake: every call N (1, 2, ...) records calls/N.argv (one element per
 -- line), calls/N.env and calls/N.stdin. Per command (run, rm, ps) the
@@ -59,8 +41,7 @@ local Fake = {}
 Fake.__index = Fake
 
 local function new_fake()
-  local dir = sh("mktemp -d /tmp/sbx-spec-XXXXXX")
-  assert(dir:match("^/tmp/sbx%-spec%-"))
+  local dir = spec_fs.tmpdir("sbx-spec")
   os.execute("mkdir -p '" .. dir .. "/calls' '" .. dir .. "/run' '" .. dir .. "/ws'")
   write(dir .. "/docker", FAKE)
   os.execute("chmod 700 '" .. dir .. "/docker'")
@@ -88,7 +69,7 @@ function Fake:count(cmd)
   return n
 end
 
-function Fake:cleanup() os.execute("rm -rf '" .. self.dir .. "'") end
+function Fake:cleanup() spec_fs.rmdir(self.dir, "sbx-spec") end
 
 local INST = string.rep("a", 64)
 local OWNER = "0f8fad5b-d9cb-469f-a165-70867728950e:1234:5678"

@@ -8,6 +8,7 @@ local core = require "sandbox.core"
 local engine = require "sandbox.drivers.engine"
 local json = require "sandbox.json"
 local signal = require "sandbox.signal"
+local spec_fs = require "spec_fs"
 
 local CLEANUP = "sandbox container cleanup failed; inspect this installation's containers"
 local INST = string.rep("b", 64)
@@ -15,18 +16,7 @@ local OWNER = "0f8fad5b-d9cb-469f-a165-70867728950e:1:2"
 local TURN = { text = "hello", speaker = { id = "guest", name = "Guest" }, model = "fake",
   prompt = "p", timeZone = "UTC", reset = false, tools = {}, mcp = {} }
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd))
-  local out = p:read("a")
-  p:close()
-  return (out:gsub("%s+$", ""))
-end
-
-local function write(path, data)
-  local f = assert(io.open(path, "wb"))
-  f:write(data)
-  f:close()
-end
+local sh, write = spec_fs.sh, spec_fs.write
 
 local function node_path()
   local p = sh("command -v node 2>/dev/null")
@@ -39,8 +29,7 @@ describe("Engine API driver (fake daemon)", function()
   setup(function()
     node = node_path()
     assert(node, "node is required for the fake daemon (make deps installs it)")
-    dir = sh("mktemp -d /tmp/sbx-spec-XXXXXX")
-    assert(dir:match("^/tmp/sbx%-spec%-"))
+    dir = spec_fs.tmpdir("sbx-spec")
     os.execute("mkdir -p '" .. dir .. "/run' '" .. dir .. "/ws'")
     sock = dir .. "/docker.sock"
     write(dir .. "/script.json", "{}")
@@ -62,7 +51,7 @@ describe("Engine API driver (fake daemon)", function()
       proc:kill(core.SIGKILL)
       while not node_exited do core.run("once") end   -- reaped: the loop ends empty
     end
-    if dir then os.execute("rm -rf '" .. dir .. "'") end
+    if dir then spec_fs.rmdir(dir, "sbx-spec") end
   end)
 
   local function script(t) write(dir .. "/script.json", assert(json.encode(t))) end

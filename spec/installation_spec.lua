@@ -6,23 +6,13 @@ local cleanup = require "sandbox.cli.cleanup"
 local container = require "sandbox.container"
 local core = require "sandbox.core"
 local installation = require "sandbox.installation"
+local spec_fs = require "spec_fs"
 
 local CLEANUP = "sandbox container cleanup failed; inspect this installation's containers"
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd))
-  local out = p:read("a")
-  p:close()
-  return (out:gsub("%s+$", ""))
-end
+local sh, exists = spec_fs.sh, spec_fs.exists
 
-local function tmpdir()
-  local dir = sh("mktemp -d /tmp/sbx-spec-XXXXXX")
-  assert(dir:match("^/tmp/sbx%-spec%-"))
-  return dir
-end
-
-local function exists(path) return core.fs_lstat(path) ~= nil end
+local function tmpdir() return spec_fs.tmpdir("sbx-spec") end
 
 local GONE = "00000000-0000-4000-8000-000000000000:1:1"
 local function name(n) return string.format("roundtable-sandbox-%016x-%08x", n, n) end

@@ -15,31 +15,18 @@ local runtime = require "sandbox.runtime"
 local options = require "sandbox.runtime_options"
 local fake = require "fake_driver"
 local fake_upstream = require "fake_upstream"
+local spec_fs = require "spec_fs"
 
 local run = async.run
 local KEY = "real-host-key-7f3a"
 local GUEST = { id = "guest", name = "Guest", principalId = "p_guest" }
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd))
-  local out = p:read("a")
-  p:close()
-  return (out:gsub("%s+$", ""))
-end
+local sh = spec_fs.sh
 
 local roots = {}
 
 -- A fresh 0700 temp root (canonical path), short enough for the socket budget.
-local function tmproot()
-  local base = os.getenv("TMPDIR")
-  if base == nil or base == "" or #base > 40 then base = "/tmp" end
-  local dir = sh("mktemp -d '" .. base .. "/rt-XXXXXX'")
-  assert(dir:find("/rt%-"), "mktemp failed")
-  os.execute("chmod 700 '" .. dir .. "'")
-  dir = assert(core.realpath(dir))
-  roots[#roots + 1] = dir
-  return dir
-end
+local function tmproot() return spec_fs.tmpdir("rt", roots, spec_fs.short_tmp()) end
 
 local function entries(dir)
   local list = assert(core.fs_readdir(dir))
@@ -47,11 +34,7 @@ local function entries(dir)
   return list
 end
 
-local function service_account()
-  if core.getuid() == 0 then
-    pending("needs a non-root account: the runtime refuses uid 0 (run as sbx, as make check does)")
-  end
-end
+local function service_account() return spec_fs.service_account(pending) end
 
 local function options_for(root, over)
   local o = {
@@ -74,13 +57,7 @@ local function refusal(opts)
 end
 
 -- Waits (inside a task) until pred() holds, polling every 5 ms, up to 5 s.
-local function wait_for(pred, what)
-  local deadline = core.now() + 5000
-  while not pred() do
-    if core.now() > deadline then error("timed out waiting for " .. (what or "condition"), 2) end
-    async.sleep(5)
-  end
-end
+local wait_for = spec_fs.wait_for
 
 -- A gate drivers wait on until the spec opens it.
 local function gate()
@@ -110,11 +87,7 @@ local function dispose(rt)
   run(function() rt:dispose() end)
 end
 
-teardown(function()
-  for _, dir in ipairs(roots) do
-    if dir:find("/rt%-") then os.execute("chmod -R u+rwx '" .. dir .. "' 2>/dev/null; rm -rf '" .. dir .. "'") end
-  end
-end)
+teardown(function() spec_fs.rmdirs(roots) end)
 
 ---------------------------------------------------------------------------
 describe("runtime construction (spec/runtime.md 3.1)", function()
@@ -967,33 +940,39 @@ describe("startFresh (spec/runtime.md 7.4)", function()
     return driver
   end
 
-  it("R43: start-fresh during an active turn survives it: [false, true, false]", function()
+  -- A driver behaviour whose first call runs first() (what it returns, if
+  -- anything, is that call's reply); every call after it answers "ok".
+  local function first_then_ok(first)
     local n = 0
-    local driver
-    driver = setup_runtime(function()
+    return function()
       n = n + 1
-      if n == 1 then rt:start_fresh("fake:a") end
+      if n == 1 then
+        local reply = first()
+        if reply then return reply end
+      end
       return { ok = true, text = "ok" }
-    end)
+    end
+  end
+
+  local function start_fresh_a() rt:start_fresh("fake:a") end
+
+  -- Three turns on fake:a; the reset flag of each driver call.
+  local function three_turns(driver)
     run(function()
       for _ = 1, 3 do rt:run_turn("fake:a", GUEST, "hi") end
     end)
-    assert.same({ false, true, false }, resets(driver))
+    return resets(driver)
+  end
+
+  it("R43: start-fresh during an active turn survives it: [false, true, false]", function()
+    local driver = setup_runtime(first_then_ok(start_fresh_a))
+    assert.same({ false, true, false }, three_turns(driver))
   end)
 
   it("R43: with a reset already pending: [true, true, false]", function()
-    local n = 0
-    local driver
-    driver = setup_runtime(function()
-      n = n + 1
-      if n == 1 then rt:start_fresh("fake:a") end
-      return { ok = true, text = "ok" }
-    end)
+    local driver = setup_runtime(first_then_ok(start_fresh_a))
     rt:start_fresh("fake:a")
-    run(function()
-      for _ = 1, 3 do rt:run_turn("fake:a", GUEST, "hi") end
-    end)
-    assert.same({ true, true, false }, resets(driver))
+    assert.same({ true, true, false }, three_turns(driver))
   end)
 
   it("R44: start-fresh right after run_turn is called, before the driver runs, applies to the next turn: [false, true]", function()
@@ -1008,26 +987,13 @@ describe("startFresh (spec/runtime.md 7.4)", function()
   end)
 
   it("R45/B14: a failing turn keeps the reset: [true, true, false]", function()
-    local n = 0
-    local driver = setup_runtime(function()
-      n = n + 1
-      if n == 1 then return { ok = false, text = "failed" } end
-      return { ok = true, text = "ok" }
-    end)
+    local driver = setup_runtime(first_then_ok(function() return { ok = false, text = "failed" } end))
     rt:start_fresh("fake:a")
-    run(function()
-      for _ = 1, 3 do rt:run_turn("fake:a", GUEST, "hi") end
-    end)
-    assert.same({ true, true, false }, resets(driver))
+    assert.same({ true, true, false }, three_turns(driver))
   end)
 
   it("R45/B14: a raising turn keeps the reset too", function()
-    local n = 0
-    local driver = setup_runtime(function()
-      n = n + 1
-      if n == 1 then error("driver failed", 0) end
-      return { ok = true, text = "ok" }
-    end)
+    local driver = setup_runtime(first_then_ok(function() error("driver failed", 0) end))
     rt:start_fresh("fake:a")
     run(function()
       assert.is_false((try_turn(rt, "fake:a", GUEST, "hi")))

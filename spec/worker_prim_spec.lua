@@ -10,42 +10,15 @@
 local B = package.cpath:match("(build%-asan)/") or "build"
 package.cpath = B .. "/worker/?.so;" .. package.cpath
 local w = require "sbxw"
+local spec_fs = require "spec_fs"
 
 local FAILED = '{"ok":false,"text":"The sandbox worker failed."}'
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd))
-  local out = p:read("a")
-  p:close()
-  return (out:gsub("%s+$", ""))
-end
+local sh, read, write, mode = spec_fs.sh, spec_fs.read, spec_fs.write, spec_fs.mode
 
-local function tmpdir()
-  local dir = sh("mktemp -d /tmp/sbxw-spec-XXXXXX")
-  assert(dir:match("^/tmp/sbxw%-spec%-"), "mktemp failed")
-  return dir
-end
+local function tmpdir() return spec_fs.tmpdir("sbxw-spec") end
 
-local function rmdir(dir)
-  assert(dir:match("^/tmp/sbxw%-spec%-"))
-  os.execute("chmod -R u+rwx '" .. dir .. "' 2>/dev/null; rm -rf '" .. dir .. "'")
-end
-
-local function write(path, bytes)
-  local f = assert(io.open(path, "wb"))
-  f:write(bytes)
-  f:close()
-end
-
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function mode(path) return sh("stat -c %a '" .. path .. "'") end
+local function rmdir(dir) spec_fs.rmdir(dir, "sbxw-spec") end
 
 local function sleep(s) os.execute("sleep " .. s) end
 

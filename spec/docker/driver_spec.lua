@@ -13,15 +13,9 @@ local core = require "sandbox.core"
 local installation = require "sandbox.installation"
 local json = require "sandbox.json"
 local signal = require "sandbox.signal"
+local spec_fs = require "spec_fs"
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd))
-  local out = p:read("a")
-  local ok, _, code = p:close()
-  return (out:gsub("%s+$", "")), ok and 0 or code
-end
-
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local sh, q = spec_fs.run, spec_fs.q
 
 local SRC = "spec/fixtures/hostile/probe.c"
 local TAG = core.random_hex(4)
@@ -40,9 +34,7 @@ describe("drivers against real Docker", function()
     assert(uid ~= 0, "run the docker specs as the non-root service account (runuser -u sbx)")
     local _, rc = sh("docker info >/dev/null 2>&1")
     assert(rc == 0, "the Docker daemon does not answer")
-    root = sh("mktemp -d /tmp/sbx-spec-XXXXXX")
-    assert(root:match("^/tmp/sbx%-spec%-"))
-    root = core.realpath(root)
+    root = spec_fs.tmpdir("sbx-spec")
     run_dir, ws_dir = root .. "/run/turn-abc123", root .. "/work/ws"
     os.execute("mkdir -p " .. q(run_dir) .. " " .. q(ws_dir) .. " " .. q(root .. "/ctx"))
     local out, brc = sh("cc -static -O2 -o " .. q(root .. "/ctx/probe") .. " " .. q(SRC) .. " 2>&1")

@@ -8,6 +8,7 @@ local container = require "sandbox.container"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 local sandbox = require "sandbox"
+local spec_fs = require "spec_fs"
 
 local ENABLED = os.getenv("SANDBOX_DOCKER_TEST") == "1"
 local KEY = "integration-host-key"
@@ -16,22 +17,12 @@ local TEST_IMAGE = "pi-roundtable-sandbox:test"
 local HOSTILE_IMAGE = "pi-roundtable-sandbox:hostile-test"
 local SPEAKER = { id = "guest", name = "Guest", principalId = "p_guest" }
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local q = spec_fs.q
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd .. " 2>&1"))
-  local out = p:read("a")
-  local ok, _, code = p:close()
-  return (out:gsub("%s+$", "")), ok and 0 or code
-end
+-- Output (stderr too) and exit code.
+local function sh(cmd) return spec_fs.run(cmd .. " 2>&1") end
 
-local function read_all(path)
-  local f = io.open(path, "rb")
-  if not f then return "" end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local function read_all(path) return spec_fs.read(path) or "" end
 
 local function entries(dir)
   local out = sh("ls -A " .. q(dir))
@@ -76,10 +67,7 @@ describe("sealed turns on real Docker", function()
     local _, rc = sh("docker info")
     assert.equal(0, rc, "the Docker daemon does not answer (make deps starts it)")
     -- 63: a private root short enough for the socket budget.
-    root = sh("mktemp -d /tmp/sb-docker-XXXXXX")
-    assert.truthy(root:match("^/tmp/sb%-docker%-"))
-    os.execute("chmod 700 " .. q(root))
-    root = core.realpath(root)
+    root = spec_fs.tmpdir("sb-docker")
     -- 64: the fake Chat Completions server.
     calls, violations = 0, {}
     server = assert(core.http_server {
@@ -113,7 +101,7 @@ describe("sealed turns on real Docker", function()
     if server then server:close() end
     sh("docker ps -aq --filter ancestor=" .. HOSTILE_IMAGE .. " | xargs -r docker rm -f")
     sh("docker image rm " .. HOSTILE_IMAGE .. " " .. TEST_IMAGE)
-    if root and root:match("^/tmp/sb%-docker%-") then os.execute("rm -rf " .. q(root)) end
+    if root then spec_fs.rmdir(root, "sb-docker") end
   end)
 
   it("runs a turn whose only way out is the broker, which alone holds the key (items 66-68, broker.md 80)", function()

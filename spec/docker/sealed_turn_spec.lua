@@ -12,6 +12,7 @@ local async = require "sandbox.async"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 local sandbox = require "sandbox"
+local spec_fs = require "spec_fs"
 
 local ENABLED = os.getenv("SANDBOX_DOCKER_TEST") == "1"
 local KEY = "sealed-spec-key"
@@ -19,13 +20,9 @@ local TAG = core.random_hex(4)
 local MODES = { "net", "write", "fork", "oom" }
 local SPEAKER = { id = "guest", name = "Guest", principalId = "p_guest" }
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-local function sh(cmd)
-  local p = assert(io.popen(cmd .. " 2>&1"))
-  local out = p:read("a")
-  local ok, _, code = p:close()
-  return (out:gsub("%s+$", "")), ok and 0 or code
-end
+local q = spec_fs.q
+-- Output (stderr too) and exit code.
+local function sh(cmd) return spec_fs.run(cmd .. " 2>&1") end
 
 if not ENABLED then
   describe("sealed turn guarantees on real Docker", function()
@@ -73,10 +70,8 @@ describe("sealed turn guarantees on real Docker", function()
     assert.equal(0, rc, "the Docker daemon does not answer (make deps starts it)")
     out, rc = sh("docker image inspect pi-roundtable-sandbox:local")
     assert.equal(0, rc, "make image first")
-    root = sh("mktemp -d /tmp/sb-sealed-XXXXXX")
-    assert.truthy(root:match("^/tmp/sb%-sealed%-"))
-    os.execute("chmod 700 " .. q(root) .. " && mkdir -p " .. q(root .. "/ctx"))
-    root = core.realpath(root)
+    root = spec_fs.tmpdir("sb-sealed")
+    os.execute("mkdir -p " .. q(root .. "/ctx"))
     out, rc = sh("cc -static -O2 -o " .. q(root .. "/ctx/probe") .. " spec/fixtures/hostile/probe.c")
     assert.equal(0, rc, out)
     for _, mode in ipairs(MODES) do
@@ -126,7 +121,7 @@ describe("sealed turn guarantees on real Docker", function()
       sh("docker ps -aq --filter ancestor=" .. image .. " | xargs -r docker rm -f")
       sh("docker image rm " .. image)
     end
-    if root and root:match("^/tmp/sb%-sealed%-") then os.execute("rm -rf " .. q(root)) end
+    if root then spec_fs.rmdir(root, "sb-sealed") end
   end)
 
   local function turn(channel, text)

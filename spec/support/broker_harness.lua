@@ -4,6 +4,7 @@
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local sandbox = require "sandbox"
+local spec_fs = require "spec_fs"
 
 local H = {}
 
@@ -11,25 +12,12 @@ H.DUMMY = "Bearer sandbox-dummy-key"
 H.KEY = "real-model-key"
 H.MCP_KEY = "real-mcp-key"
 
-function H.sh(cmd)
-  local p = assert(io.popen(cmd))
-  local out = p:read("a")
-  p:close()
-  return (out:gsub("%s+$", ""))
-end
+H.sh = spec_fs.sh
 
 -- A fresh 0700 directory; removed by H.rmdir.
-function H.tmpdir()
-  local dir = H.sh("mktemp -d /tmp/sbx-spec-XXXXXX")
-  assert(dir:match("^/tmp/sbx%-spec%-"), "mktemp failed")
-  os.execute("chmod 700 '" .. dir .. "'")
-  return dir
-end
+function H.tmpdir() return spec_fs.tmpdir("sbx-spec") end
 
-function H.rmdir(dir)
-  assert(dir:match("^/tmp/sbx%-spec%-"))
-  os.execute("rm -rf '" .. dir .. "'")
-end
+function H.rmdir(dir) spec_fs.rmdir(dir, "sbx-spec") end
 
 -- Builds raw request bytes. headers: array of {name, value}; nil uses the
 -- worker's standard set. Content-Length is added unless opts.no_length.

@@ -17,6 +17,7 @@
 local B = package.cpath:match("(build%-asan)/") or "build"
 package.path = "worker/lua/?.lua;" .. package.path
 package.cpath = B .. "/worker/?.so;" .. package.cpath
+local spec_fs = require "spec_fs"
 
 local W = {}
 
@@ -35,38 +36,12 @@ function W.worker() return require "worker" end
 
 ---------------------------------------------------------------- files
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd))
-  local out = p:read("a")
-  p:close()
-  return (out:gsub("%s+$", ""))
-end
-W.sh = sh
+local sh = spec_fs.sh
+W.sh, W.read, W.write = spec_fs.sh, spec_fs.read, spec_fs.write
 
-function W.tmpdir()
-  local dir = sh("mktemp -d /tmp/sbx-worker-spec-XXXXXX")
-  assert(dir:match("^/tmp/sbx%-worker%-spec%-"), "mktemp failed")
-  return dir
-end
+function W.tmpdir() return spec_fs.tmpdir("sbx-worker-spec") end
 
-function W.rmdir(dir)
-  assert(dir:match("^/tmp/sbx%-worker%-spec%-"))
-  os.execute("rm -rf '" .. dir .. "'")
-end
-
-function W.read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local data = f:read("a")
-  f:close()
-  return data
-end
-
-function W.write(path, data)
-  local f = assert(io.open(path, "wb"))
-  f:write(data)
-  f:close()
-end
+function W.rmdir(dir) spec_fs.rmdir(dir, "sbx-worker-spec") end
 
 -- Every file under dir (relative names, sorted).
 function W.files(dir)
