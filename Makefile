@@ -121,3 +121,17 @@ build-asan/ffi_test: tests/ffi/ffi_test.c core/sbx_ffi.h build-asan/libsbx.so
 	$(CC) $(FFI_TEST_CFLAGS) -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
 	  -o $@ $< -Lbuild-asan -lsbx -Wl,-rpath,'$$ORIGIN'
 # ---- end FFI block ----
+
+# ---- safe fetch C API test (core/sbx_fetch.h) ----
+# build/fetch_test drives sbx_fetch_start on a libuv loop against a loopback
+# server it runs itself; build-asan/fetch_test is the sanitizer variant (make
+# check-asan first). check.sh runs both and counts their "ok"/"FAIL" lines.
+.PHONY: fetch-test
+FETCH_TEST_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Icore -g $(PKG_CFLAGS)
+fetch-test: build/fetch_test
+build/fetch_test: tests/fetch/fetch_test.c core/sbx_fetch.h build/libsbx.so
+	$(CC) $(FETCH_TEST_CFLAGS) -O2 -o $@ $< -Lbuild -lsbx -luv -lm -Wl,-rpath,'$$ORIGIN'
+build-asan/fetch_test: tests/fetch/fetch_test.c core/sbx_fetch.h build-asan/libsbx.so
+	$(CC) $(FETCH_TEST_CFLAGS) -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
+	  -o $@ $< -Lbuild-asan -lsbx -luv -lm -Wl,-rpath,'$$ORIGIN'
+# ---- end safe fetch block ----

@@ -11,6 +11,8 @@
 #   ffi          tests/ffi/ffi_test.c (embedding ABI) against build/; one test per case
 #   ffi-shim     the same through build/libsbx_ffi.so (the RTLD_DEEPBIND loader Bun uses)
 #   ffi-asan     the same against build-asan/ (ASan/UBSan, leaks checked)
+#   fetch        tests/fetch/fetch_test.c (safe fetch's C API, core/sbx_fetch.h) against build/
+#   fetch-asan   the same against build-asan/ (ASan/UBSan, leaks checked)
 #   fuzz         every fuzz/*_fuzz.c for FUZZ_SECONDS (default 10); one test each
 #   docker       (hook) spec/docker/*_spec.lua, real Docker; runs when present
 #   bun          (hook) `bun test` in bun/; runs when bun/package.json exists
@@ -402,6 +404,58 @@ elif [ "$asan_build_ok" -ne 1 ]; then
 else
   say check "suite ffi-asan: tests/ffi/ffi_test.c against build-asan/libsbx.so"
   run_ffi ffi-asan build-asan ffi_test
+fi
+
+# ---- suite: fetch / fetch-asan (tests/fetch/fetch_test.c, the safe-fetch C API) ----
+# The C driver of core/sbx_fetch.h against build/libsbx.so and the sanitizer
+# build (leaks checked at exit), counted like ffi: "ok   " lines pass,
+# "FAIL " lines fail, a run that dies before "fetch: N passed, M failed"
+# adds one failure. It starts its own loopback server; nothing leaves it.
+run_fetch_test() { # run_fetch_test SUITE BUILD_DIR
+  local suite="$1" bdir="$2" log="$LOGS/$1.log" start rc p f note=""
+  start="$(now_s)"
+  if ! make --no-print-directory "$bdir/fetch_test" >"$LOGS/$suite-build.log" 2>&1; then
+    record "$suite" 0 1 0 "could not run: make $bdir/fetch_test failed (build/check-logs/$suite-build.log)"
+    show_tail "$LOGS/$suite-build.log" 30
+    return
+  fi
+  if [ "$WORK" != "$SBX_ROOT" ]; then
+    cp "$bdir/fetch_test" "$WORK/$bdir/fetch_test" && { ! is_root || chown "$SBX_USER:" "$WORK/$bdir/fetch_test"; }
+  fi
+  (
+    cd / &&
+      "${RUN_AS[@]}" env "TMPDIR=$SPEC_TMP" \
+        "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1" "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1" \
+        timeout -k 10 "$SUITE_TIMEOUT" "$WORK/$bdir/fetch_test"
+  ) >"$log" 2>&1 </dev/null
+  rc=$?
+  p="$(grep -c '^ok   ' "$log")"
+  f="$(grep -c '^FAIL ' "$log")"
+  if ! grep -qE '^fetch: [0-9]+ passed, [0-9]+ failed$' "$log"; then
+    f=$((f + 1)); note="fetch_test died (exit $rc) before its summary; "
+  elif [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+    f=1; note="fetch_test exited $rc after reporting no failure (a leak?); "
+  fi
+  record "$suite" "$p" "$f" 0 "${note}$(elapsed "$start")s"
+  [ "$f" -ne 0 ] && show_tail "$log" 60
+}
+if [ "$runner_ok" -ne 1 ]; then
+  record fetch 0 1 0 "could not run: no user to run the tests as"
+elif [ "$build_ok" -ne 1 ]; then
+  record fetch 0 1 0 "could not run: make all failed (build/check-logs/build.log)"
+else
+  say check "suite fetch: tests/fetch/fetch_test.c against build/libsbx.so"
+  run_fetch_test fetch build
+fi
+if skipped_by_knob asan; then
+  say check "suite fetch-asan: left out (CHECK_SKIP)"
+elif [ "$runner_ok" -ne 1 ]; then
+  record fetch-asan 0 1 0 "could not run: no user to run the tests as"
+elif [ "$asan_build_ok" -ne 1 ]; then
+  record fetch-asan 0 1 0 "could not run: make check-asan failed (build/check-logs/build-asan.log)"
+else
+  say check "suite fetch-asan: tests/fetch/fetch_test.c against build-asan/libsbx.so"
+  run_fetch_test fetch-asan build-asan
 fi
 
 # ---- suite: fuzz ------------------------------------------------------------------
