@@ -5,11 +5,10 @@
  *
  * Design
  * - One curl multi handle per loop ("multi"), created on first use and kept
- *   in the Lua registry as a userdata whose __gc tears it down. curl tells us
- *   which sockets to watch (CURLMOPT_SOCKETFUNCTION -> one uv_poll_t per
- *   socket) and when to call back (CURLMOPT_TIMERFUNCTION -> one uv_timer_t);
- *   libuv events are fed back with curl_multi_socket_action and finished
- *   transfers are collected with curl_multi_info_read (CURLMSG_DONE).
+ *   in the Lua registry as a userdata whose __gc tears it down. It is the
+ *   broker's own: safe fetch never uses it (and this never uses safe
+ *   fetch's). curl_loop.c feeds it from libuv (one uv_poll_t per socket, one
+ *   uv_timer_t) and hands finished transfers to finish().
  * - Lua is only ever called from a libuv callback, after curl has returned
  *   (never from inside a curl callback), so a Lua callback may start or
  *   cancel any request, this one included.
@@ -34,7 +33,6 @@
  *
  * Nothing here logs a URL, header, body or curl error text.
  */
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +40,7 @@
 
 #include <curl/curl.h>
 
+#include "curl_loop.h"
 #include "sbx_internal.h"
 
 #define MULTI_KEY "sbx.upstream.multi"      /* registry field: the box */
@@ -65,25 +64,15 @@ enum { UP_OK = 1, UP_STATUS, UP_ENCODING, UP_TOO_LARGE, UP_TIMEOUT, UP_NETWORK }
 
 typedef struct up_multi up_multi_t;
 typedef struct up_req up_req_t;
-typedef struct up_sock up_sock_t;
 
 struct up_multi {
-  CURLM *multi;          /* NULL once torn down */
-  uv_timer_t timer;      /* curl's timeout; m is freed in its close callback */
+  sbx__curl_loop_t *cl;  /* the multi on the loop; NULL once torn down */
   sbx__loop_t *lp;
   up_req_t *reqs;        /* in-flight requests */
-  up_sock_t *socks;      /* watched sockets */
 };
 
 typedef struct { up_multi_t *m; } up_multi_box_t;
 typedef struct { up_req_t *r; } up_req_box_t;
-
-struct up_sock {
-  uv_poll_t poll;        /* freed in its close callback */
-  curl_socket_t fd;
-  up_multi_t *m;
-  up_sock_t *prev, *next;
-};
 
 struct up_req {
   up_req_t *prev, *next;
@@ -109,15 +98,6 @@ typedef struct {
   size_t len;
 } up_outcome_t;
 
-/* ---- curl global state ------------------------------------------------ */
-
-static pthread_once_t global_once = PTHREAD_ONCE_INIT;
-static CURLcode global_rc = CURLE_FAILED_INIT;
-
-static void global_init(void) {
-  global_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
-}
-
 /* ---- lists ------------------------------------------------------------ */
 
 static void req_link(up_multi_t *m, up_req_t *r) {
@@ -133,91 +113,6 @@ static void req_unlink(up_multi_t *m, up_req_t *r) {
   r->prev = r->next = NULL;
 }
 
-/* ---- sockets and timer ------------------------------------------------ */
-
-static void sock_closed(uv_handle_t *h) {
-  free(h->data);
-}
-
-/* Stops watching s and schedules its memory to be freed. */
-static void sock_close(up_multi_t *m, up_sock_t *s) {
-  if (s->prev != NULL) s->prev->next = s->next; else m->socks = s->next;
-  if (s->next != NULL) s->next->prev = s->prev;
-  s->prev = s->next = NULL;
-  uv_poll_stop(&s->poll);
-  uv_close((uv_handle_t *)&s->poll, sock_closed);
-}
-
-static void check_done(up_multi_t *m);
-
-static void on_poll(uv_poll_t *h, int status, int events) {
-  up_sock_t *s = h->data;
-  up_multi_t *m = s->m;
-  int flags = 0, running = 0;
-  if (status < 0) {
-    flags = CURL_CSELECT_ERR;
-  } else {
-    if (events & UV_READABLE) flags |= CURL_CSELECT_IN;
-    if (events & UV_WRITABLE) flags |= CURL_CSELECT_OUT;
-  }
-  /* s may be closed by curl's socket callback in here; not used after. */
-  curl_multi_socket_action(m->multi, s->fd, flags, &running);
-  check_done(m);
-}
-
-static void on_uv_timer(uv_timer_t *t) {
-  up_multi_t *m = t->data;
-  int running = 0;
-  if (m->multi == NULL) return;
-  curl_multi_socket_action(m->multi, CURL_SOCKET_TIMEOUT, 0, &running);
-  check_done(m);
-}
-
-/* CURLMOPT_SOCKETFUNCTION: watch, re-arm or forget one socket. */
-static int on_curl_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp) {
-  up_multi_t *m = userp;
-  up_sock_t *s = socketp;
-  int events = 0;
-  (void)easy;
-  if (what == CURL_POLL_REMOVE) {
-    if (s != NULL) {
-      sock_close(m, s);
-      curl_multi_assign(m->multi, fd, NULL);
-    }
-    return 0;
-  }
-  if (s == NULL) {
-    s = calloc(1, sizeof *s);
-    if (s == NULL) return -1;
-    if (uv_poll_init_socket(&m->lp->uv, &s->poll, fd) != 0) {
-      free(s);
-      return -1;
-    }
-    s->poll.data = s;
-    s->fd = fd;
-    s->m = m;
-    s->next = m->socks;
-    if (m->socks != NULL) m->socks->prev = s;
-    m->socks = s;
-    curl_multi_assign(m->multi, fd, s);
-  }
-  if (what == CURL_POLL_IN || what == CURL_POLL_INOUT) events |= UV_READABLE;
-  if (what == CURL_POLL_OUT || what == CURL_POLL_INOUT) events |= UV_WRITABLE;
-  if (uv_poll_start(&s->poll, events, on_poll) != 0) return -1;
-  return 0;
-}
-
-/* CURLMOPT_TIMERFUNCTION: -1 stops the timer; 0 means "as soon as you can",
- * which a 0 ms uv timer gives on the next loop turn (never re-entering curl
- * from inside this callback). */
-static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp) {
-  up_multi_t *m = userp;
-  (void)multi;
-  if (timeout_ms < 0) uv_timer_stop(&m->timer);
-  else uv_timer_start(&m->timer, on_uv_timer, (uint64_t)timeout_ms, 0);
-  return 0;
-}
-
 /* ---- request lifetime ------------------------------------------------- */
 
 /* Removes r from curl and frees it; its buffer is handed back when keep_buf
@@ -226,7 +121,7 @@ static void req_destroy(lua_State *L, up_req_t *r, char **keep_buf) {
   up_multi_t *m = r->m;
   req_unlink(m, r);
   if (r->easy != NULL) {
-    if (m->multi != NULL) curl_multi_remove_handle(m->multi, r->easy);
+    if (m->cl != NULL) sbx__curl_loop_remove(m->cl, r->easy);
     curl_easy_cleanup(r->easy);
   }
   curl_slist_free_all(r->headers);
@@ -296,19 +191,13 @@ static void finish(up_multi_t *m, up_req_t *r, CURLcode rc) {
   free(buf);
 }
 
-/* Collects finished transfers. One message at a time: a Lua callback may
- * remove other handles, which drops their pending messages. */
-static void check_done(up_multi_t *m) {
-  CURLMsg *msg;
-  int left = 0;
-  while (m->multi != NULL && (msg = curl_multi_info_read(m->multi, &left)) != NULL) {
-    CURL *easy = msg->easy_handle;
-    CURLcode rc = msg->data.result;
-    char *priv = NULL;
-    if (msg->msg != CURLMSG_DONE) continue;
-    curl_easy_getinfo(easy, CURLINFO_PRIVATE, &priv);
-    if (priv != NULL) finish(m, (up_req_t *)priv, rc);
-  }
+/* The curl loop's done function: one finished transfer (curl_loop.c calls
+ * it from a libuv callback, one message at a time, so a Lua callback may
+ * remove other handles). */
+static void up_curl_done(void *priv, CURL *easy, CURLcode rc) {
+  up_req_t *r = (up_req_t *)priv;
+  (void)easy;
+  finish(r->m, r, rc);
 }
 
 /* ---- curl easy callbacks (never call Lua) ----------------------------- */
@@ -399,10 +288,6 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
 
 /* ---- the multi, one per loop ------------------------------------------ */
 
-static void multi_freed(uv_handle_t *h) {
-  free(h->data);
-}
-
 /* Tears the multi down without calling Lua: in-flight requests are dropped
  * (their on_done never runs: the state is going away). */
 static int multi_gc(lua_State *L) {
@@ -411,11 +296,8 @@ static int multi_gc(lua_State *L) {
   if (m == NULL) return 0;
   b->m = NULL;
   while (m->reqs != NULL) req_destroy(L, m->reqs, NULL);
-  curl_multi_cleanup(m->multi);
-  m->multi = NULL;
-  while (m->socks != NULL) sock_close(m, m->socks);
-  uv_timer_stop(&m->timer);
-  uv_close((uv_handle_t *)&m->timer, multi_freed);
+  sbx__curl_loop_close(m->cl);       /* freed in its close callbacks */
+  free(m);
   return 0;
 }
 
@@ -429,8 +311,7 @@ static up_multi_t *get_multi(lua_State *L) {
     return b->m;
   }
   lua_pop(L, 1);
-  pthread_once(&global_once, global_init);
-  if (global_rc != CURLE_OK) return NULL;
+  if (sbx__curl_global() != 0) return NULL;
   lp = sbx__loop(L);
   /* The box first: a Lua allocation may raise, and nothing is owned yet. */
   b = lua_newuserdatauv(L, sizeof *b, 0);
@@ -443,14 +324,8 @@ static up_multi_t *get_multi(lua_State *L) {
   m = calloc(1, sizeof *m);
   if (m == NULL) { lua_pop(L, 1); return NULL; }
   m->lp = lp;
-  m->multi = curl_multi_init();
-  if (m->multi == NULL) { free(m); lua_pop(L, 1); return NULL; }
-  curl_multi_setopt(m->multi, CURLMOPT_SOCKETFUNCTION, on_curl_socket);
-  curl_multi_setopt(m->multi, CURLMOPT_SOCKETDATA, m);
-  curl_multi_setopt(m->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
-  curl_multi_setopt(m->multi, CURLMOPT_TIMERDATA, m);
-  uv_timer_init(&lp->uv, &m->timer);
-  m->timer.data = m;
+  m->cl = sbx__curl_loop_new(&lp->uv, up_curl_done);
+  if (m->cl == NULL) { free(m); lua_pop(L, 1); return NULL; }
   b->m = m;
   /* May raise (the registry grows); m is owned by b by then, whose __gc
    * frees it. */
@@ -689,7 +564,7 @@ static int l_http_post(lua_State *L) {
   check_lists(L);
 
   m = get_multi(L);
-  if (m == NULL || m->multi == NULL) return fail(L, NULL, "upstream client unavailable");
+  if (m == NULL || m->cl == NULL) return fail(L, NULL, "upstream client unavailable");
   /* Lua allocations (which may raise) before any C allocation. */
   b = lua_newuserdatauv(L, sizeof *b, 0);
   b->r = NULL;
@@ -712,7 +587,7 @@ static int l_http_post(lua_State *L) {
   if (r->easy == NULL) return fail(L, r, "out of memory");
   if (setup_easy(r, url, body_len, (long)timeout_ms, allow_http, cainfo) != 0)
     return fail(L, r, "upstream client setup failed");
-  if (curl_multi_add_handle(m->multi, r->easy) != CURLM_OK)
+  if (sbx__curl_loop_add(m->cl, r->easy) != 0)
     return fail(L, r, "upstream client setup failed");
   req_link(m, r);
   r->box = b;
