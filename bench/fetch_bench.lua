@@ -11,6 +11,10 @@
 -- PREREQFUNCTION, header and body bounds. The transport seam only sends the
 -- vetted address to 127.0.0.1:<fixture port>. Nothing leaves loopback.
 --
+-- A third series drops the transport seam: the C hop loop's own pinned
+-- attempt, sent to the fixture by the trusted testConnectTo option (what
+-- production runs, minus the DNS answer).
+--
 -- Run: build/sbx lua bench/fetch_bench.lua [ROUNDS [BYTES]]
 -- (or lua5.4 with LUA_PATH/LUA_CPATH pointing at lua/ and build/lua/).
 local async = require "sandbox.async"
@@ -46,9 +50,17 @@ local safe_opts = {
   end,
 }
 
-local function safe()
+-- The same call with no transport seam: the C core's own pinned attempt
+-- (the production path), sent to the fixture by the trusted testConnectTo.
+local direct_opts = {
+  maxBytes = BYTES,
+  resolve = safe_opts.resolve,
+  testConnectTo = { address = "127.0.0.1", port = port },
+}
+
+local function safe(opts)
   local t0 = core.hrtime()
-  local res = fetch.safe_fetch(("http://bench.example:%d%s"):format(port, path), safe_opts)
+  local res = fetch.safe_fetch(("http://bench.example:%d%s"):format(port, path), opts or safe_opts)
   assert(res.status == 200 and #res.data == BYTES, "safe fetch failed")
   return core.hrtime() - t0
 end
@@ -60,20 +72,23 @@ end
 local function ms(ns) return ns / 1e6 end
 
 async.run(function()
-  for _ = 1, 10 do plain(); safe() end        -- warm-up
-  local a, b = {}, {}
+  for _ = 1, 10 do plain(); safe(); safe(direct_opts) end        -- warm-up
+  local a, b, c = {}, {}, {}
   for i = 1, ROUNDS do
-    if i % 2 == 0 then a[#a + 1] = plain(); b[#b + 1] = safe()
-    else b[#b + 1] = safe(); a[#a + 1] = plain() end
+    if i % 2 == 0 then a[#a + 1] = plain(); b[#b + 1] = safe(); c[#c + 1] = safe(direct_opts)
+    else c[#c + 1] = safe(direct_opts); b[#b + 1] = safe(); a[#a + 1] = plain() end
   end
   table.sort(a)
   table.sort(b)
-  local pa, pb = percentile(a, 0.5), percentile(b, 0.5)
-  local qa, qb = percentile(a, 0.95), percentile(b, 0.95)
+  table.sort(c)
+  local pa, pb, pc = percentile(a, 0.5), percentile(b, 0.5), percentile(c, 0.5)
+  local qa, qb, qc = percentile(a, 0.95), percentile(b, 0.95), percentile(c, 0.95)
   print(("rounds %d, body %d bytes"):format(ROUNDS, BYTES))
   print(("plain libcurl (core.http_post)   p50 %.3f ms  p95 %.3f ms"):format(ms(pa), ms(qa)))
   print(("safe_fetch (vetted, pinned)      p50 %.3f ms  p95 %.3f ms"):format(ms(pb), ms(qb)))
   print(("ratio                            p50 %.2fx    p95 %.2fx"):format(pb / pa, qb / qa))
+  print(("safe_fetch, C transport (no seam) p50 %.3f ms  p95 %.3f ms"):format(ms(pc), ms(qc)))
+  print(("ratio                            p50 %.2fx    p95 %.2fx"):format(pc / pa, qc / qa))
 end)
 
 os.execute("kill " .. pid .. " >/dev/null 2>&1")
