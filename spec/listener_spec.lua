@@ -7,6 +7,7 @@
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local lfs = require "lfs"
+local spec_fs = require "spec_fs"
 
 local BODY = '{"messages":[]}'
 local DUMMY = "Bearer sandbox-dummy-key"
@@ -52,14 +53,7 @@ local function request(o)
   return line .. "\r\n" .. table.concat(lines, "\r\n") .. (#lines > 0 and "\r\n" or "") .. "\r\n" .. body
 end
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd))
-  local out = p:read("a")
-  p:close()
-  return (out:gsub("%s+$", ""))
-end
-
-local function mode_of(path) return sh("stat -c %a '" .. path .. "'") end
+local sh, mode_of = spec_fs.sh, spec_fs.mode
 
 -- Inside a task: one exchange; returns the result table of core.unix_request.
 local function exchange(path, bytes, opts)
