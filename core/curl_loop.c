@@ -85,7 +85,12 @@ static void drive(sbx__curl_loop_t *cl, curl_socket_t fd, int flags) {
 static void on_poll(uv_poll_t *h, int status, int events) {
   cl_sock_t *s = h->data;
   int flags = 0;
-  if (status < 0) flags = CURL_CSELECT_ERR;
+  /* On a poll error (POLLERR: a reset, a refused connect) curl is told the
+   * socket is readable and writable, so it does the I/O itself and gets the
+   * real errno (ECONNRESET, ...) for CURLINFO_OS_ERRNO and the fallback
+   * rule; CURL_CSELECT_ERR alone makes it fail with "select/poll returned
+   * error" and no errno. */
+  if (status < 0) flags = CURL_CSELECT_IN | CURL_CSELECT_OUT;
   else {
     if (events & UV_READABLE) flags |= CURL_CSELECT_IN;
     if (events & UV_WRITABLE) flags |= CURL_CSELECT_OUT;

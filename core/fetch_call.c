@@ -916,7 +916,13 @@ static void reply_process(sbx_fetch_t *f, sbx_fetch_reply_t *r) {
       sbx_fetch_result_t *res = r->res;
       if (r->failed) {
         const char *e = r->errno_name[0] ? r->errno_name : NULL;
-        if (e != NULL && !r->after_response && errno_is_fallback(e)) { f->ci++; attempt_next(f); return; }
+        if (e != NULL && !r->after_response && errno_is_fallback(e)) {
+          /* a connect deadline clipped to the time left ends the call */
+          if (deadline_passed(f)) { fail(f, f->check ? SBX_FETCH_E_CHECK_TIMEOUT : SBX_FETCH_E_TIMEOUT); return; }
+          f->ci++;
+          attempt_next(f);
+          return;
+        }
         fail_full(f, SBX_FETCH_E_TRANSPORT, r->message != NULL ? r->message : "transport failure", e,
                   r->after_response, 1);
         return;

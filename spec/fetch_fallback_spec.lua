@@ -262,12 +262,9 @@ describe("safe fetch connection fallback and deadlines (1.10)", function()
       assert.are.equal(1, stats().http)
     end)
 
-    -- Pending: the reset arrives as EPOLLERR, libuv reports it to on_poll
-    -- (core/safefetch.c) as a negative status, which is handed to curl as
-    -- CURL_CSELECT_ERR alone; curl then fails with "select/poll returned
-    -- error" and no OS errno, so the attempt carries no code and does not
-    -- fall back. Turn this into `it` once a reset reaches curl as a read.
-    pending("a reset before any response byte (ECONNRESET) falls back to the next address", function()
+    -- The reset arrives as EPOLLERR; core/curl_loop.c hands it to curl as
+    -- readable+writable so curl reads the real errno (ECONNRESET).
+    it("a reset before any response byte (ECONNRESET) falls back to the next address", function()
       local opts, log = seams { answers = { A, B }, ports = { [A] = srv.early_port, [B] = srv.http_port },
         stats = true }
       local ok, res = run(function() return fetch.safe_fetch(http_url("/page"), opts) end)
