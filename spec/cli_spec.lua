@@ -97,7 +97,7 @@ describe("sbx --help", function()
     it("`sbx " .. name .. " --help` prints its usage and exits 0", function()
       local r = sbx({ name, "--help" })
       assert.equal(0, r.code)
-      assert.matches("^usage: sbx " .. name, r.out)
+      assert.matches("^usage: sbx " .. name:gsub("%-", "%%-"), r.out)
       assert.equal("", r.err)
     end)
   end
@@ -107,6 +107,48 @@ describe("sbx --help", function()
     local r = sbx({ "frobnicate" })
     assert.equal(2, r.code)
     assert.matches("unknown command 'frobnicate'", r.err, 1, true)
+  end)
+end)
+
+-- Only literal addresses: no lookup, no traffic (safe fetch refuses loopback,
+-- so nothing here connects anywhere).
+describe("sbx fetch and sbx check-url", function()
+  it("check-url prints the canonical URL of a public literal without connecting", function()
+    local r = sbx({ "check-url", "HTTP://93.184.216.34:80/a/../b?q#frag" })
+    assert.equal(0, r.code)
+    assert.equal("http://93.184.216.34/b?q\n", r.out)
+    assert.equal("", r.err)
+  end)
+
+  it("refusals print the catalogue's name and message and exit 1", function()
+    local cases = {
+      { { "check-url", "http://127.0.0.1/" }, "UnsafeUrlError: URL resolves to a non-public address" },
+      { { "check-url", "http://[::ffff:169.254.169.254]/" }, "UnsafeUrlError: URL resolves to a non-public address" },
+      { { "check-url", "file:///etc/passwd" }, "UnsafeUrlError: Only credential-free HTTP(S) URLs are allowed" },
+      { { "check-url", "http://93.184.216.34/", "--timeout-ms", "0" }, "UnsafeUrlError: Invalid fetch bounds" },
+      { { "fetch", "http://10.0.0.1/" }, "UnsafeUrlError: URL resolves to a non-public address" },
+      { { "fetch", "http://u:p@93.184.216.34/" }, "UnsafeUrlError: Only credential-free HTTP(S) URLs are allowed" },
+      { { "fetch", "http://93.184.216.34:0/" }, "UnsafeUrlError: Port 0 is not allowed" },
+      { { "fetch", "http://93.184.216.34/", "--max-bytes", "1.5" }, "UnsafeUrlError: Invalid fetch bounds" },
+      { { "fetch", "http://93.184.216.34/", "--max-redirects", "11" }, "UnsafeUrlError: Invalid fetch bounds" },
+      { { "fetch", "http://93.184.216.34/", "--header", "Host: evil" }, "UnsafeUrlError: Invalid fetch headers" },
+      { { "fetch", "http://0x7f000001/" }, "UnsafeUrlError: URL resolves to a non-public address" },
+    }
+    for _, c in ipairs(cases) do
+      local r = sbx(c[1])
+      assert.equal(1, r.code, table.concat(c[1], " "))
+      assert.equal(c[2] .. "\n", r.err, table.concat(c[1], " "))
+      assert.equal("", r.out)
+    end
+  end)
+
+  it("usage errors exit 2 with the command's usage", function()
+    for _, args in ipairs { { "fetch" }, { "fetch", "a", "b" }, { "fetch", "x", "--header", "nocolon" },
+      { "check-url", "x", "--no-follow" }, { "check-url" } } do
+      local r = sbx(args)
+      assert.equal(2, r.code, table.concat(args, " "))
+      assert.matches("usage: sbx " .. args[1], r.err, 1, true)
+    end
   end)
 end)
 

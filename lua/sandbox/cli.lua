@@ -3,7 +3,7 @@
 -- and exports help (a string) and run(args) -> exit status.
 local M = {}
 
-M.COMMANDS = { "broker", "lua", "run", "chat", "doctor", "cleanup", "demo" }
+M.COMMANDS = { "broker", "lua", "run", "chat", "doctor", "cleanup", "demo", "fetch", "check-url" }
 
 local SUMMARY = {
   broker = "serve one bound turn's broker on a Unix socket",
@@ -13,12 +13,14 @@ local SUMMARY = {
   doctor = "check docker, image, uid and directories; print what to fix",
   cleanup = "list (and with --force remove) stale sandbox containers",
   demo = "run two turns against a built-in scripted model",
+  fetch = "safe fetch of one URL (vetted, pinned, bounded) to stdout",
+  ["check-url"] = "admit and vet a URL without connecting; print its canonical form",
 }
 
 local function usage()
   local lines = { "usage: sbx <command> [options]", "", "commands:" }
   for _, name in ipairs(M.COMMANDS) do
-    lines[#lines + 1] = string.format("  %-8s %s", name, SUMMARY[name])
+    lines[#lines + 1] = string.format("  %-9s %s", name, SUMMARY[name])
   end
   lines[#lines + 1] = ""
   lines[#lines + 1] = "`sbx <command> --help` explains each command's flags."
