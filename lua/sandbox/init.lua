@@ -77,6 +77,7 @@ M.runtime = require "sandbox.runtime"
 -- Scoped delegation and diagnostics for host tools (fetch-and-delegation.md 2-3).
 M.delegator = require "sandbox.delegator"
 M.scoped_delegator = M.delegator.new
+M.research_worker = require("sandbox.research").new
 M.scrub_diagnostic = require("sandbox.scrub").scrub_diagnostic
 -- Safe fetch of model-supplied URLs (fetch-and-delegation.md 1).
 M.fetch = require "sandbox.fetch"
