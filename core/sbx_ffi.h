@@ -82,7 +82,8 @@
  *     {"type":"callback.request","request":0,"id":K,"owner":O,"fn":F,"args":[...]}
  *        the engine calls a host function registered under owner O (a safe
  *        fetch's test seam: fn resolve|localAddresses|transport; a scoped
- *        delegator's run|deliver). Answer with a submitted
+ *        delegator's run|deliver; a research worker's findModel|complete|
+ *        search|...). Answer with a submitted
  *        {"type":"callback.result","id":K,"ok":true,"value":V} or
  *        {"type":"callback.result","id":K,"ok":false,"error":{"name":..,"message":..,"code":..}}.
  *        id 0: one-way (fn "logger.error"), no answer. When the engine
@@ -149,6 +150,9 @@
  *   {"type":"delegator.start","owner":O,"request":{..},"keys":[member names]}
  *       value: the job record (or errorInfo name DelegationError)
  *   {"type":"delegator.runningChannels"|"delegator.idle"|"delegator.dispose","owner":O}
+ *   {"type":"research.check"|"research.run",...}  the research worker, its model
+ *       runtime, search, fetch and extensions as host calls
+ *       (lua/sandbox/embed_research.lua documents the shapes)
  * An unknown type, malformed JSON, a missing member or a Lua error gives an
  * ok=false result, never a crash. Requests are at most
  * SBX_FFI_MAX_REQUEST_BYTES.

@@ -172,7 +172,7 @@ export type Output =
   | { type: "result"; request: number; ok: false; error: string; errorInfo?: ErrorInfo }
   | { type: "apiKey.request"; request: 0; id: number; provider?: string; scope?: unknown }
   | { type: "callback.request"; request: 0; id: number; owner: string; fn: string; args: unknown[] }
-  | { type: "callback.abort"; request: 0; id: number; owner: string; reason: string }
+  | { type: "callback.abort"; request: 0; id: number; owner: string; reason: string; abandoned?: boolean }
   | { type: "event"; request: number; name: string; [key: string]: unknown };
 
 /** A structured Lua error (safe fetch's catalogue, DelegationError). */
@@ -268,7 +268,7 @@ export class Engine {
   private keyWaits = new Set<() => void>();
   /** Host-call handlers by owner name, and the host calls still running. */
   private owners = new Map<string, HostCallHandler>();
-  private calls = new Map<number, AbortController>();
+  private calls = new Map<number, { ac: AbortController; release: () => void }>();
 
   constructor(init: EngineInit) {
     this.lib = loadLibrary(init.library);
@@ -301,6 +301,11 @@ export class Engine {
   /** The engine's eventfd (readable while outputs are queued); -1 once freed. */
   fd(): number {
     return this.handle ? this.lib.sbx_engine_fd(this.handle) : -1;
+  }
+
+  /** Host calls (callback.request) still waiting for this process's answer. */
+  get hostCalls(): number {
+    return this.calls.size;
   }
 
   /** Number of requests still waiting for their result. */
@@ -418,7 +423,10 @@ export class Engine {
     } else if (out.type === "callback.request") {
       this.answerCall(out);
     } else if (out.type === "callback.abort") {
-      this.calls.get(out.id)?.abort(out.reason);
+      const c = this.calls.get(out.id);
+      c?.ac.abort(out.reason);
+      // Abandoned: the work it served is over; its answer is not wanted.
+      if (out.abandoned) c?.release();
     } else if (out.type === "event") {
       const p = this.pending.get(out.request);
       try {
@@ -444,7 +452,15 @@ export class Engine {
       return;
     }
     const ac = new AbortController();
-    this.calls.set(req.id, ac);
+    let released = false;
+    const release = () => {
+      if (released) return;
+      released = true;
+      this.calls.delete(req.id);
+      this.keysInFlight--;
+      this.disarm();
+    };
+    this.calls.set(req.id, { ac, release });
     this.keysInFlight++;
     this.arm();
     let answer: Promise<unknown>;
@@ -460,17 +476,13 @@ export class Engine {
         (err: unknown) => ({ type: "callback.result", id: req.id, ok: false, error: callError(err) }),
       )
       .then((msg) => {
-        this.calls.delete(req.id);
-        if (!this.handle) return;
+        if (released || !this.handle) return;
         return this.submit(msg).then(
           () => undefined,
           () => undefined,
         );
       })
-      .finally(() => {
-        this.keysInFlight--;
-        this.disarm();
-      });
+      .finally(release);
   }
 
   private answerKey(req: Output & { type: "apiKey.request" }): void {
@@ -526,8 +538,10 @@ export class Engine {
     for (const [, p] of this.pending) p.reject(new Error("engine stopped"));
     this.pending.clear();
     for (const giveUp of [...this.keyWaits]) giveUp();
-    for (const ac of this.calls.values()) ac.abort(new Error("engine stopped"));
-    this.calls.clear();
+    for (const c of [...this.calls.values()]) {
+      c.ac.abort(new Error("engine stopped"));
+      c.release();
+    }
     if (this.timer !== null) {
       clearTimeout(this.timer);
       this.timer = null;

@@ -73,6 +73,16 @@ export type {
   DelegationRequest,
   ScopedSandboxDelegatorOptions,
 } from "./delegator.ts";
+export { ConfigError, ResearchError, SandboxResearchWorker } from "./research.ts";
+export type {
+  AssistantMessage,
+  ResearchExtensionApi,
+  ResearchModelRuntime,
+  ResearchRequest,
+  ResearchToolSpec,
+  SandboxResearchWorkerOptions,
+  ThinkingLevel,
+} from "./research.ts";
 export { disposeUtilityEngine } from "./utility.ts";
 
 /** The claim's name and priority (the core agent-server claim is 100). */

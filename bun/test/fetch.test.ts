@@ -20,6 +20,7 @@ import {
   TransportError,
   UnsafeUrlError,
 } from "../src/index.ts";
+import { utilityEngine } from "../src/utility.ts";
 
 interface Seen {
   path: string;
@@ -290,6 +291,11 @@ describe("safeFetch", () => {
     expect(e.name).toBe("TimeoutError");
     expect(e.message).toBe("Fetch deadline exceeded");
     expect(performance.now() - t0).toBeLessThan(5000);
+    // The seams that never settle were abandoned with their calls: nothing
+    // keeps the bridge polling (or the process alive) for them.
+    await Bun.sleep(20);
+    expect(utilityEngine().hostCalls).toBe(0);
+    expect(utilityEngine().inFlight).toBe(0);
   });
 
   test("a resolver failure is a ResolveError with the resolver's text", async () => {

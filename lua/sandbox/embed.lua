@@ -297,7 +297,11 @@ end
 -- `owner` is the name the host gave the object (the fetch or delegator) when
 -- it made the request; when `signal` aborts, the host is told with
 --   {"type":"callback.abort","request":0,"id":K,"owner":O,"reason":"..."}
--- and the call still waits for the answer (the host's function decides). A
+-- and the call still waits for the answer (the host's function decides).
+-- `scope` (optional) is the signal of the work the call serves (a fetch or a
+-- research run request): when it aborts, the call is abandoned at once
+-- ("abandoned":true in callback.abort; a later answer is ignored), so a host
+-- function that ignores its signal holds nothing once that work is over. A
 -- stopping engine fails every waiting call with "engine stopped".
 local CallError = { __tostring = function(e) return e.message end }
 
@@ -309,28 +313,35 @@ local function call_error(e)
   return setmetatable(out, CallError)
 end
 
-function Engine:host_call(owner, fn, args, signal)
+function Engine:host_call(owner, fn, args, signal, scope)
   if self.stopping then error(call_error("engine stopped"), 0) end
   self.next_call = self.next_call + 1
   local id = self.next_call
-  local unhook
+  local unhooks = {}
+  local function tell_abort(reason, abandoned)
+    if self.calls[id] == nil then return end
+    self:emit(0, object({ "type", "request", "id", "owner", "reason", "abandoned" }, {
+      type = "callback.abort", request = 0, id = id, owner = owner, reason = tostring(reason),
+      abandoned = abandoned or nil,
+    }), false)
+  end
   local ok, value = async.await(function(resume)
     self.calls[id] = resume
     self:emit(0, object({ "type", "request", "id", "owner", "fn", "args" }, {
       type = "callback.request", request = 0, id = id, owner = owner, fn = fn,
       args = setmetatable(M.array(args), array_mt),
     }), false)
-    if signal then
-      unhook = signal:on_abort(function(reason)
-        if self.calls[id] == nil then return end
-        self:emit(0, object({ "type", "request", "id", "owner", "reason" }, {
-          type = "callback.abort", request = 0, id = id, owner = owner, reason = tostring(reason),
-        }), false)
+    if signal then unhooks[#unhooks + 1] = signal:on_abort(function(reason) tell_abort(reason) end) end
+    if scope then
+      unhooks[#unhooks + 1] = scope:on_abort(function(reason)
+        tell_abort(reason, true)
+        local k = self.calls[id]
+        if k then self.calls[id] = nil k(false, "abandoned: " .. tostring(reason)) end
       end)
     end
   end)
   self.calls[id] = nil
-  if unhook then unhook() end
+  for _, u in ipairs(unhooks) do u() end
   if not ok then error(call_error(value), 0) end
   return value
 end

@@ -14,6 +14,7 @@
 --   {"type":"delegator.new","owner":O,"options":{...},"callbacks":{"run":true,...}}
 --   {"type":"delegator.start","owner":O,"request":{...},"keys":[...]}
 --   {"type":"delegator.runningChannels"|"delegator.idle"|"delegator.dispose","owner":O}
+--   {"type":"research.check"|"research.run",...}   (embed_research.lua)
 --
 -- Bytes cross JSON as base64 ("dataBase64"). A seam or callback named in
 -- "seams"/"callbacks" becomes a host call (embed.lua Engine:host_call) to
@@ -50,6 +51,19 @@ local function request_signal(self, rid)
   return sig
 end
 
+-- Wraps a request handler: fn(self, rid, req, fin) gets `fin`, a signal
+-- aborted when the handler returns or raises; host calls made for the
+-- request pass it as their scope, so they are abandoned with it.
+local function finishing(fn)
+  return function(self, rid, req)
+    local fin = signals.new()
+    local ok, res = pcall(fn, self, rid, req, fin)
+    fin:abort("request finished")
+    if not ok then error(res, 0) end
+    return res
+  end
+end
+
 ---------------------------------------------------------------- safe fetch
 
 local FETCH_OPTIONS = { "maxBytes", "timeoutMs", "idleTimeoutMs", "maxRedirects", "followRedirects", "headers" }
@@ -75,7 +89,7 @@ local function seam_result(r)
   return { url = r.url, status = r.status, statusText = r.statusText, headers = r.headers or {}, data = data }
 end
 
-local function fetch_options(self, rid, req, names)
+local function fetch_options(self, rid, req, names, fin)
   local o = req.options
   if o ~= nil and type(o) ~= "table" then error(fetch.new_error("UnsafeUrlError", "Invalid fetch bounds"), 0) end
   local opts = {}
@@ -87,14 +101,14 @@ local function fetch_options(self, rid, req, names)
   if seams.resolve or seams.localAddresses or seams.transport then
     local owner = need_owner(req)
     if seams.resolve then
-      opts.resolve = function(hostname) return self:host_call(owner, "resolve", { hostname }) end
+      opts.resolve = function(hostname) return self:host_call(owner, "resolve", { hostname }, nil, fin) end
     end
     if seams.localAddresses then
-      opts.localAddresses = function() return self:host_call(owner, "localAddresses", {}) end
+      opts.localAddresses = function() return self:host_call(owner, "localAddresses", {}, nil, fin) end
     end
     if seams.transport then
       opts.transport = function(url, address, signal, max_bytes, headers)
-        return seam_result(self:host_call(owner, "transport", { url, address, max_bytes, headers }, signal))
+        return seam_result(self:host_call(owner, "transport", { url, address, max_bytes, headers }, signal, fin))
       end
     end
   end
@@ -102,15 +116,15 @@ local function fetch_options(self, rid, req, names)
 end
 
 local function register_fetch(H, U)
-  function H.fetch(self, rid, req)
-    local opts = fetch_options(self, rid, req, FETCH_OPTIONS)
+  H.fetch = finishing(function(self, rid, req, fin)
+    local opts = fetch_options(self, rid, req, FETCH_OPTIONS, fin)
     return result_json(fetch.safe_fetch(req.url, opts))
-  end
+  end)
 
-  H.assertPublicUrl = function(self, rid, req)
-    local opts = fetch_options(self, rid, req, { "timeoutMs" })
+  H.assertPublicUrl = finishing(function(self, rid, req, fin)
+    local opts = fetch_options(self, rid, req, { "timeoutMs" }, fin)
     return fetch.assert_public_url(req.url, opts)
-  end
+  end)
 
   function H.pinnedTransport(self, rid, req)
     local sig = request_signal(self, rid)
@@ -214,6 +228,7 @@ end
 function M.register(H, U)
   register_fetch(H, U)
   register_delegator(H, U)
+  require("sandbox.embed_research").register(H, U, request_signal, finishing)
 end
 
 return M
