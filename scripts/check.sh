@@ -350,13 +350,17 @@ else
   BUSTED_ENV=()
 fi
 
-# ---- suite: ffi / ffi-asan (tests/ffi/ffi_test.c, the embedding ABI) -------------
-# The C driver of core/sbx_ffi.h against build/libsbx.so and against the
-# sanitizer build (leaks checked at exit). One test per C test case: "ok   "
-# lines pass, "FAIL " lines fail; a run that dies before its summary line
-# (sanitizer report, timeout) adds one failure. Runs as the spec user.
-run_ffi() { # run_ffi SUITE BUILD_DIR BINARY
-  local suite="$1" bdir="$2" bin="$3" log="$LOGS/$1.log" start rc p f note=""
+# ---- suites: ffi / ffi-asan / fetch / fetch-asan (the C drivers) -----------------
+# tests/ffi/ffi_test.c drives the embedding ABI (core/sbx_ffi.h),
+# tests/fetch/fetch_test.c the safe-fetch C API (core/sbx_fetch.h, against a
+# loopback server it starts itself), each against build/ and the sanitizer
+# build (leaks checked at exit). One test per C test case: "ok   " lines
+# pass, "FAIL " lines fail; a run that dies before its summary line
+# "NAME: N passed, M failed" (sanitizer report, timeout) adds one failure.
+# Runs as the spec user.
+run_c_driver() { # run_c_driver SUITE BUILD_DIR BINARY NAME [ARGS...]
+  local suite="$1" bdir="$2" bin="$3" name="$4" log="$LOGS/$1.log" start rc p f note=""
+  shift 4
   start="$(now_s)"
   if ! make --no-print-directory "$bdir/$bin" >"$LOGS/$suite-build.log" 2>&1; then
     record "$suite" 0 1 0 "could not run: make $bdir/$bin failed (build/check-logs/$suite-build.log)"
@@ -372,19 +376,21 @@ run_ffi() { # run_ffi SUITE BUILD_DIR BINARY
     cd / &&
       "${RUN_AS[@]}" env "TMPDIR=$SPEC_TMP" \
         "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1" "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1" \
-        timeout -k 10 "$SUITE_TIMEOUT" "$WORK/$bdir/$bin" "$WORK/tests/ffi"
+        timeout -k 10 "$SUITE_TIMEOUT" "$WORK/$bdir/$bin" "$@"
   ) >"$log" 2>&1 </dev/null
   rc=$?
   p="$(grep -c '^ok   ' "$log")"
   f="$(grep -c '^FAIL ' "$log")"
-  if ! grep -qE '^ffi: [0-9]+ passed, [0-9]+ failed$' "$log"; then
-    f=$((f + 1)); note="ffi_test died (exit $rc) before its summary; "
+  if ! grep -qE "^$name: [0-9]+ passed, [0-9]+ failed\$" "$log"; then
+    f=$((f + 1)); note="$bin died (exit $rc) before its summary; "
   elif [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-    f=1; note="ffi_test exited $rc after reporting no failure (a leak?); "
+    f=1; note="$bin exited $rc after reporting no failure (a leak?); "
   fi
   record "$suite" "$p" "$f" 0 "${note}$(elapsed "$start")s"
   [ "$f" -ne 0 ] && show_tail "$log" 60
 }
+run_ffi() { run_c_driver "$1" "$2" "$3" ffi "$WORK/tests/ffi"; }
+run_fetch_test() { run_c_driver "$1" "$2" fetch_test fetch; }
 if [ "$runner_ok" -ne 1 ]; then
   record ffi 0 1 0 "could not run: no user to run the tests as"
 elif [ "$build_ok" -ne 1 ]; then
@@ -406,39 +412,6 @@ else
   run_ffi ffi-asan build-asan ffi_test
 fi
 
-# ---- suite: fetch / fetch-asan (tests/fetch/fetch_test.c, the safe-fetch C API) ----
-# The C driver of core/sbx_fetch.h against build/libsbx.so and the sanitizer
-# build (leaks checked at exit), counted like ffi: "ok   " lines pass,
-# "FAIL " lines fail, a run that dies before "fetch: N passed, M failed"
-# adds one failure. It starts its own loopback server; nothing leaves it.
-run_fetch_test() { # run_fetch_test SUITE BUILD_DIR
-  local suite="$1" bdir="$2" log="$LOGS/$1.log" start rc p f note=""
-  start="$(now_s)"
-  if ! make --no-print-directory "$bdir/fetch_test" >"$LOGS/$suite-build.log" 2>&1; then
-    record "$suite" 0 1 0 "could not run: make $bdir/fetch_test failed (build/check-logs/$suite-build.log)"
-    show_tail "$LOGS/$suite-build.log" 30
-    return
-  fi
-  if [ "$WORK" != "$SBX_ROOT" ]; then
-    cp "$bdir/fetch_test" "$WORK/$bdir/fetch_test" && { ! is_root || chown "$SBX_USER:" "$WORK/$bdir/fetch_test"; }
-  fi
-  (
-    cd / &&
-      "${RUN_AS[@]}" env "TMPDIR=$SPEC_TMP" \
-        "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1" "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1" \
-        timeout -k 10 "$SUITE_TIMEOUT" "$WORK/$bdir/fetch_test"
-  ) >"$log" 2>&1 </dev/null
-  rc=$?
-  p="$(grep -c '^ok   ' "$log")"
-  f="$(grep -c '^FAIL ' "$log")"
-  if ! grep -qE '^fetch: [0-9]+ passed, [0-9]+ failed$' "$log"; then
-    f=$((f + 1)); note="fetch_test died (exit $rc) before its summary; "
-  elif [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-    f=1; note="fetch_test exited $rc after reporting no failure (a leak?); "
-  fi
-  record "$suite" "$p" "$f" 0 "${note}$(elapsed "$start")s"
-  [ "$f" -ne 0 ] && show_tail "$log" 60
-}
 if [ "$runner_ok" -ne 1 ]; then
   record fetch 0 1 0 "could not run: no user to run the tests as"
 elif [ "$build_ok" -ne 1 ]; then

@@ -202,34 +202,43 @@ function Fake:reset()
   return self:control("/__reset")
 end
 
--- Kills the process (by its pid) and reaps it. Idempotent; no task needed.
-function Fake:stop()
+-- Kills a fixture process (self.pid, self.pipe) and reaps it. Idempotent; no
+-- task needed. Shared with the other node fixtures' helpers (stall_server).
+function M.stop_process(self)
   if self.pipe then
     os.execute(string.format("kill -TERM %d 2>/dev/null", self.pid))
     self.pipe:close()
     self.pipe = nil
   end
 end
+Fake.stop = M.stop_process
 
 -- A fake forgotten by a failing spec is killed when collected (before its
 -- pipe, whose close would otherwise wait for the process forever).
 Fake.__gc = Fake.stop
 
--- fake.start({tls = {cert=, key=, ca=}}) -> fake
-function M.start(opts)
-  opts = opts or {}
-  -- env -u LD_PRELOAD: a sanitizer run preloads libasan for the core; the
-  -- fixture is not under test and must not inherit it.
-  local cmd = string.format("exec env -u LD_PRELOAD node %s --parent %d", FIXTURE, core.getpid())
-  if opts.tls then
+-- Starts a node fixture with `--parent <our pid>` (and `--tls CERT KEY` when
+-- opts.tls) and returns its stdout pipe and first line (a JSON object with
+-- at least "pid"). env -u LD_PRELOAD: a sanitizer run preloads libasan for
+-- the core; the fixture is not under test and must not inherit it.
+function M.spawn(fixture, opts, who)
+  local cmd = string.format("exec env -u LD_PRELOAD node %s --parent %d", fixture, core.getpid())
+  if opts and opts.tls then
     cmd = cmd .. string.format(" --tls '%s' '%s'", opts.tls.cert, opts.tls.key)
   end
   local pipe = assert(io.popen(cmd, "r"))
   local line = pipe:read("l")
   if not line then
     pipe:close()
-    error("fake_upstream: the node process printed nothing", 2)
+    error(who .. ": the node process printed nothing (see its stderr)", 3)
   end
+  return pipe, line
+end
+
+-- fake.start({tls = {cert=, key=, ca=}}) -> fake
+function M.start(opts)
+  opts = opts or {}
+  local pipe, line = M.spawn(FIXTURE, opts, "fake_upstream")
   local port = tonumber(line:match('"port":(%d+)'))
   local pid = tonumber(line:match('"pid":(%d+)'))
   assert(port and pid, "fake_upstream: unexpected first line")

@@ -14,7 +14,6 @@
 -- spawned with io.popen; it exits by itself once this Lua process is gone.
 local fake = require "fake_upstream"
 
-local core = require "sandbox.core"
 
 local M = {}
 
@@ -39,30 +38,13 @@ end
 function Stall:stats() return self:control("/stats") end
 function Stall:reset() return self:control("/reset") end
 
--- Kills the process (by its pid) and reaps it. Idempotent; no task needed.
-function Stall:stop()
-  if self.pipe then
-    os.execute(string.format("kill -TERM %d 2>/dev/null", self.pid))
-    self.pipe:close()
-    self.pipe = nil
-  end
-end
-
+Stall.stop = fake.stop_process
 Stall.__gc = Stall.stop
 
 -- stall.start({ tls = { cert =, key = } }) -> server
 function M.start(opts)
   opts = opts or {}
-  -- env -u LD_PRELOAD: a sanitizer run preloads libasan for the core; the
-  -- fixture is not under test and must not inherit it.
-  local cmd = string.format("exec env -u LD_PRELOAD node %s --parent %d", FIXTURE, core.getpid())
-  if opts.tls then cmd = cmd .. string.format(" --tls '%s' '%s'", opts.tls.cert, opts.tls.key) end
-  local pipe = assert(io.popen(cmd, "r"))
-  local line = pipe:read("l")
-  if not line then
-    pipe:close()
-    error("stall_server: the node process printed nothing (see its stderr)", 2)
-  end
+  local pipe, line = fake.spawn(FIXTURE, opts, "stall_server")
   local s = setmetatable({ pipe = pipe, pid = tonumber(line:match('"pid":(%d+)')),
     fillers = tonumber(line:match('"fillers":(%d+)')) }, Stall)
   for _, name in ipairs(PORTS) do s[name] = tonumber(line:match('"' .. name .. '":(%d+)')) end
