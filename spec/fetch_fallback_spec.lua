@@ -33,13 +33,7 @@ local function note(what, ms)
   if os.getenv("SBX_SPEC_TIMES") then io.stderr:write(string.format("  [%s: %d ms]\n", what, ms)) end
 end
 
--- A port nothing listens on: bound by a loopback server, then closed.
-local function closed_port()
-  local s = assert(core.http_server { on_request = function(req) req:reply(200, "") end })
-  local port = s:port()
-  s:close()
-  return port
-end
+local closed_port = fake.closed_port
 
 -- Runs fn inside a task; returns ok, result-or-error.
 local function run(fn)

@@ -32,13 +32,7 @@ local function url(path, host)
   return string.format("http://%s:%d%s", host or "never-resolve.invalid", server.port, path)
 end
 
--- A port nothing listens on: bound by a loopback server, then closed.
-local function closed_port()
-  local s = assert(core.http_server { on_request = function(req) req:reply(200, "") end })
-  local port = s:port()
-  s:close()
-  return port
-end
+local closed_port = require("fake_upstream").closed_port
 
 -- Trusted seams: resolve answers `answers` (or the next list of `answers`
 -- per call when it is a list of lists) and counts calls; the transport runs

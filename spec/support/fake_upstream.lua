@@ -245,6 +245,14 @@ function M.start(opts)
   return setmetatable({ port = port, pid = pid, pipe = pipe, tls = opts.tls }, Fake)
 end
 
+-- A loopback port nothing listens on: bound by a server, then closed.
+function M.closed_port()
+  local s = assert(core.http_server { on_request = function(req) req:reply(200, "") end })
+  local port = s:port()
+  s:close()
+  return port
+end
+
 -- fake.make_ca(dir) -> {cert=, key=, ca=}: a self-signed certificate for
 -- models.example (CA:TRUE, so it is also the trust anchor the specs pass
 -- as cainfo). dir must exist.

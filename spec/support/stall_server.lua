@@ -14,7 +14,6 @@
 -- spawned with io.popen; it exits by itself once this Lua process is gone.
 local fake = require "fake_upstream"
 
-
 local M = {}
 
 local FIXTURE = "spec/fixtures/stall_server.mjs"
