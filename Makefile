@@ -129,9 +129,9 @@ build-asan/ffi_test: tests/ffi/ffi_test.c core/sbx_ffi.h build-asan/libsbx.so
 .PHONY: fetch-test
 FETCH_TEST_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Icore -g $(PKG_CFLAGS)
 fetch-test: build/fetch_test
-build/fetch_test: tests/fetch/fetch_test.c core/sbx_fetch.h build/libsbx.so
+build/fetch_test: tests/fetch/fetch_test.c core/sbx_fetch.h core/fetch_internal.h build/libsbx.so
 	$(CC) $(FETCH_TEST_CFLAGS) -O2 -o $@ $< -Lbuild -lsbx -luv -lm -Wl,-rpath,'$$ORIGIN'
-build-asan/fetch_test: tests/fetch/fetch_test.c core/sbx_fetch.h build-asan/libsbx.so
+build-asan/fetch_test: tests/fetch/fetch_test.c core/sbx_fetch.h core/fetch_internal.h build-asan/libsbx.so
 	$(CC) $(FETCH_TEST_CFLAGS) -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
 	  -o $@ $< -Lbuild-asan -lsbx -luv -lm -Wl,-rpath,'$$ORIGIN'
 # ---- end safe fetch block ----

@@ -76,6 +76,24 @@ void sbx__attempt_cancel(sbx__attempt_t *a);
 int sbx__attempt_fields(const sbx__attempt_out_t *o, sbx_fetch_header_t *out, size_t max,
                         char **mem);
 
+/* The address an attempt is pinned to (1.8), and the two checks libcurl's
+ * callbacks make with it. Pure functions, so tests/fetch checks them with
+ * mismatches a real attempt cannot produce. */
+typedef struct sbx__pin {
+  int family;                        /* AF_INET / AF_INET6 */
+  unsigned char addr[16];            /* network order */
+  int port;
+} sbx__pin_t;
+
+struct sockaddr;
+/* CURLOPT_OPENSOCKETFUNCTION: 1 only for an IP-connection socket (purpose
+ * is_ipcxn non-zero) of the pinned family, address and port (no IPv6 scope
+ * id); anything else, AF_UNIX included, is 0. */
+int sbx__pin_socket_ok(const sbx__pin_t *pin, int is_ipcxn, int family, const struct sockaddr *sa,
+                       size_t len);
+/* CURLOPT_PREREQFUNCTION: 1 when curl's primary IP text and port are the pin. */
+int sbx__pin_peer_ok(const sbx__pin_t *pin, const char *primary_ip, int primary_port);
+
 /* A strict "Name: value" line (token name, no control byte but tab). */
 int sbx__header_line_ok(const char *s, size_t n);
 

@@ -293,34 +293,54 @@ static void idle_kick(sf_req_t *r) {
 
 /* ---- pinning callbacks ------------------------------------------------ */
 
+int sbx__pin_socket_ok(const sbx__pin_t *pin, int is_ipcxn, int family, const struct sockaddr *sa,
+                       size_t len) {
+  if (!is_ipcxn || sa == NULL || family != pin->family) return 0;
+  if (family == AF_INET) {
+    const struct sockaddr_in *sin = (const struct sockaddr_in *)sa;
+    return len == sizeof *sin && sin->sin_family == AF_INET && memcmp(&sin->sin_addr, pin->addr, 4) == 0 &&
+           ntohs(sin->sin_port) == pin->port;
+  }
+  if (family == AF_INET6) {
+    const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)sa;
+    return len == sizeof *s6 && s6->sin6_family == AF_INET6 && memcmp(&s6->sin6_addr, pin->addr, 16) == 0 &&
+           ntohs(s6->sin6_port) == pin->port && s6->sin6_scope_id == 0;
+  }
+  return 0;
+}
+
+int sbx__pin_peer_ok(const sbx__pin_t *pin, const char *primary_ip, int primary_port) {
+  unsigned char got[16];
+  if (primary_ip == NULL || primary_port != pin->port) return 0;
+  if (pin->family != AF_INET && pin->family != AF_INET6) return 0;
+  if (inet_pton(pin->family, primary_ip, got) != 1) return 0;
+  return memcmp(got, pin->addr, pin->family == AF_INET ? 4 : 16) == 0;
+}
+
+static sbx__pin_t pin_of(const sf_req_t *r) {
+  sbx__pin_t p;
+  p.family = r->family;
+  memcpy(p.addr, r->addr, sizeof p.addr);
+  p.port = r->port;
+  return p;
+}
+
 static curl_socket_t on_opensocket(void *ud, curlsocktype purpose, struct curl_sockaddr *a) {
   sf_req_t *r = ud;
+  sbx__pin_t pin = pin_of(r);
   int fd;
-  if (purpose != CURLSOCKTYPE_IPCXN || a->family != r->family) return CURL_SOCKET_BAD;
-  if (a->family == AF_INET) {
-    const struct sockaddr_in *sin = (const struct sockaddr_in *)&a->addr;
-    if (a->addrlen != sizeof *sin || memcmp(&sin->sin_addr, r->addr, 4) != 0 ||
-        ntohs(sin->sin_port) != r->port)
-      return CURL_SOCKET_BAD;
-  } else if (a->family == AF_INET6) {
-    const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)&a->addr;
-    if (a->addrlen != sizeof *s6 || memcmp(&s6->sin6_addr, r->addr, 16) != 0 ||
-        ntohs(s6->sin6_port) != r->port || s6->sin6_scope_id != 0)
-      return CURL_SOCKET_BAD;
-  } else {
+  if (!sbx__pin_socket_ok(&pin, purpose == CURLSOCKTYPE_IPCXN, a->family, (const struct sockaddr *)&a->addr,
+                          a->addrlen))
     return CURL_SOCKET_BAD;
-  }
   fd = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
   return fd < 0 ? CURL_SOCKET_BAD : fd;
 }
 
 static int on_prereq(void *ud, char *primary_ip, char *local_ip, int primary_port, int local_port) {
   sf_req_t *r = ud;
-  unsigned char got[16];
+  sbx__pin_t pin = pin_of(r);
   (void)local_ip; (void)local_port;
-  if (primary_ip == NULL || primary_port != r->port ||
-      inet_pton(r->family, primary_ip, got) != 1 ||
-      memcmp(got, r->addr, r->family == AF_INET ? 4 : 16) != 0) {
+  if (!sbx__pin_peer_ok(&pin, primary_ip, primary_port)) {
     r->kind = SF_PIN;
     return CURL_PREREQFUNC_ABORT;
   }

@@ -20,6 +20,11 @@
 #include <string.h>
 #include <uv.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/un.h>
+
+#include "fetch_internal.h"
 #include "sbx_fetch.h"
 
 static uv_loop_t loop;
@@ -446,6 +451,48 @@ static int t_assert_public_url(void) {
   return 0;
 }
 
+/* The pin checks of 1.8 (libcurl's OPENSOCKET and PREREQ callbacks) with
+ * mismatches a real attempt, whose CONNECT_TO comes from the same pin, never
+ * produces: another address, port, family, scope id, purpose, AF_UNIX. */
+static int t_pin_checks(void) {
+  sbx__pin_t v4 = {AF_INET, {0}, 8443}, v6 = {AF_INET6, {0}, 443};
+  struct sockaddr_in sin;
+  struct sockaddr_in6 s6;
+  struct sockaddr_un sun;
+  inet_pton(AF_INET, "93.184.216.34", v4.addr);
+  inet_pton(AF_INET6, "2606:2800:220:1::1", v6.addr);
+  memset(&sin, 0, sizeof sin);
+  sin.sin_family = AF_INET;
+  sin.sin_port = htons(8443);
+  inet_pton(AF_INET, "93.184.216.34", &sin.sin_addr);
+  CHECK(sbx__pin_socket_ok(&v4, 1, AF_INET, (struct sockaddr *)&sin, sizeof sin) == 1, "the pinned v4 refused");
+  CHECK(sbx__pin_socket_ok(&v4, 0, AF_INET, (struct sockaddr *)&sin, sizeof sin) == 0, "a non-IP purpose allowed");
+  CHECK(sbx__pin_socket_ok(&v4, 1, AF_INET, (struct sockaddr *)&sin, sizeof sin - 1) == 0, "a short length allowed");
+  sin.sin_port = htons(8444);
+  CHECK(sbx__pin_socket_ok(&v4, 1, AF_INET, (struct sockaddr *)&sin, sizeof sin) == 0, "another port allowed");
+  sin.sin_port = htons(8443);
+  inet_pton(AF_INET, "127.0.0.1", &sin.sin_addr);
+  CHECK(sbx__pin_socket_ok(&v4, 1, AF_INET, (struct sockaddr *)&sin, sizeof sin) == 0, "another address allowed");
+  memset(&s6, 0, sizeof s6);
+  s6.sin6_family = AF_INET6;
+  s6.sin6_port = htons(443);
+  inet_pton(AF_INET6, "2606:2800:220:1::1", &s6.sin6_addr);
+  CHECK(sbx__pin_socket_ok(&v6, 1, AF_INET6, (struct sockaddr *)&s6, sizeof s6) == 1, "the pinned v6 refused");
+  CHECK(sbx__pin_socket_ok(&v4, 1, AF_INET6, (struct sockaddr *)&s6, sizeof s6) == 0, "another family allowed");
+  s6.sin6_scope_id = 2;
+  CHECK(sbx__pin_socket_ok(&v6, 1, AF_INET6, (struct sockaddr *)&s6, sizeof s6) == 0, "a scope id allowed");
+  memset(&sun, 0, sizeof sun);
+  sun.sun_family = AF_UNIX;
+  CHECK(sbx__pin_socket_ok(&v4, 1, AF_UNIX, (struct sockaddr *)&sun, sizeof sun) == 0, "AF_UNIX allowed");
+  CHECK(sbx__pin_peer_ok(&v4, "93.184.216.34", 8443) == 1, "the pinned peer refused");
+  CHECK(sbx__pin_peer_ok(&v4, "93.184.216.35", 8443) == 0, "another peer allowed");
+  CHECK(sbx__pin_peer_ok(&v4, "93.184.216.34", 443) == 0, "another peer port allowed");
+  CHECK(sbx__pin_peer_ok(&v4, NULL, 8443) == 0, "no peer allowed");
+  CHECK(sbx__pin_peer_ok(&v4, "::ffff:93.184.216.34", 8443) == 0, "a v6 text for a v4 pin allowed");
+  CHECK(sbx__pin_peer_ok(&v6, "2606:2800:220:1:0:0:0:1", 443) == 1, "an equal v6 text refused");
+  return 0;
+}
+
 static void run_case(const char *name, int (*fn)(void)) {
   why[0] = '\0';
   if (fn() == 0) { printf("ok   %s\n", name); passed++; }
@@ -464,6 +511,7 @@ int main(void) {
   run_case("a resolver that never answers ends with the whole-call deadline", t_deadline);
   run_case("a transport seam's ECONNREFUSED falls back to the next address", t_transport_seam_fallback);
   run_case("assert_public_url refuses a non-public literal and canonicalises a public URL", t_assert_public_url);
+  run_case("the pin checks refuse another address, port, family, scope id, purpose or AF_UNIX", t_pin_checks);
   uv_close((uv_handle_t *)&server, NULL);
   uv_walk(&loop, close_walk, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
