@@ -151,7 +151,15 @@ static int signal_gc(lua_State *L) {
 
 /* core.run([mode]) runs the loop until nothing is active ("default") or
  * once ("once", blocks for one event) or without blocking ("nowait").
- * Callbacks run on the calling thread. Returns true when handles remain. */
+ * Callbacks run on the calling thread. Returns true when handles remain.
+ *
+ * Raises when called while the loop is already running, i.e. from a callback
+ * or from a task (tasks are resumed from callbacks). uv_run is not reentrant:
+ * a nested run runs close callbacks, which free handles (pipe_client.c's
+ * req_t, listener.c's conn_t) that the outer libuv frame still reads once the
+ * callback returns (uv__stream_io after a read callback). That freed a
+ * unix_request block under the broker bench whenever its handle had been
+ * collected before the nested run: a crash, or a lost wake-up (timeout). */
 static int l_run(lua_State *L) {
   static const char *const modes[] = {"default", "once", "nowait", NULL};
   static const uv_run_mode uvm[] = {UV_RUN_DEFAULT, UV_RUN_ONCE, UV_RUN_NOWAIT};
@@ -159,9 +167,14 @@ static int l_run(lua_State *L) {
   sbx__loop_t *lp = sbx__loop(L);
   lua_State *saved = lp->L;
   int alive;
+  if (lp->running)
+    return luaL_error(L, "core.run: the loop is already running (called from a callback "
+                         "or a task); inside a task use async.sleep(0) to let it turn");
   lp->uv.data = lp;
   lp->L = L;
+  lp->running = 1;
   alive = uv_run(&lp->uv, uvm[m]);
+  lp->running = 0;
   lp->L = saved;
   lua_pushboolean(L, alive != 0);
   return 1;

@@ -25,6 +25,7 @@ typedef struct sbx__loop {
   uv_loop_t uv;
   lua_State *L;       /* thread that runs callbacks: the caller of core.run() */
   int owned;          /* uv loop initialised by us; closed on __gc */
+  int running;        /* inside core.run()'s uv_run: a nested run is refused */
 } sbx__loop_t;
 
 /* The loop bound to this Lua state (created on first use). Never NULL. */

@@ -807,6 +807,31 @@ describe("core.broker_listen", function()
       end)
     end)
 
+    -- Regression (bench/broker_bench.lua under the generational collector):
+    -- a task that stopped its listener and called core.run("nowait") re-entered
+    -- uv_run from the last reply's read callback; the nested run freed that
+    -- request's block (its handle already collected) under libuv's outer frame,
+    -- and the next request crashed or never got its reply.
+    it("answers every request across listener restarts while each handle is collected at once", function()
+      async.run(function()
+        for _ = 1, 4 do
+          listener = assert(core.broker_listen { path = path, routes = ROUTES, echo = true })
+          for _ = 1, 5 do
+            local res = async.await(function(resume)
+              core.unix_request(path, request(), { timeout_ms = 5000 }, resume)
+              collectgarbage()                   -- the handle is gone before the reply
+            end)
+            assert.are.same({ ok = true, data = reply(200, BODY) }, res)
+          end
+          listener:stop()
+          local ok, err = pcall(core.run, "nowait")   -- still inside the reply's callback
+          assert.is_false(ok)
+          assert.matches("already running", err)
+          async.sleep(0)                         -- the way a task lets the loop turn
+        end
+      end)
+    end)
+
     it("half-closes after the bytes unless told not to, and can shut down later", function()
       listener = assert(core.broker_listen { path = path, routes = ROUTES, echo = true })
       async.run(function()

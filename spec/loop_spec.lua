@@ -60,6 +60,28 @@ describe("core.on_signal", function()
   end)
 end)
 
+describe("core.run", function()
+  -- uv_run is not reentrant: a nested run runs close callbacks that free
+  -- handles the outer libuv frame still reads when the callback returns.
+  it("refuses to re-enter the running loop from a callback or a task", function()
+    local from_cb, from_task
+    async.run(function()
+      async.await(function(resume)
+        core.timer(0, function()
+          from_cb = table.pack(pcall(core.run, "nowait"))
+          resume()
+        end)
+      end)
+      from_task = table.pack(pcall(core.run, "nowait"))   -- resumed from that callback
+    end)
+    assert.is_false(from_cb[1])
+    assert.matches("already running", from_cb[2])
+    assert.is_false(from_task[1])
+    assert.matches("already running", from_task[2])
+    assert.is_boolean(core.run("nowait"))                 -- outside the loop it runs again
+  end)
+end)
+
 describe("async", function()
   it("run returns the task's results and raises its error", function()
     assert.same({ 1, 2 }, { async.run(function() async.sleep(1); return 1, 2 end) })

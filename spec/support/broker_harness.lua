@@ -91,7 +91,10 @@ end
 function H.finish(b, dir)
   b:end_turn()
   b:stop()
-  core.run("nowait")
+  -- Let the loop turn once so close callbacks run. Inside a task the loop is
+  -- already running and core.run refuses to re-enter it: yield to it instead.
+  local _, is_main = coroutine.running()
+  if is_main then core.run("nowait") else async.sleep(0) end
   H.rmdir(dir)
 end
 
