@@ -415,7 +415,9 @@ static void engine_main(void *arg) {
     while (!e->done) {
       lp->uv.data = lp;
       lp->L = e->L;
+      lp->running = 1;       /* core.run from engine Lua would re-enter uv_run */
       uv_run(&lp->uv, UV_RUN_DEFAULT);
+      lp->running = 0;
       if (!e->done && e->state != ST_READY && e->state != ST_STARTING) break;
     }
     /* embed ended without reporting: treat as a failed construction. */
