@@ -110,6 +110,19 @@ describe("sbx --help", function()
   end)
 end)
 
+describe("the sbx process", function()
+  it("runs Lua's generational collector (cli.GC_MODE)", function()
+    local dir = spec_fs.tmpdir("sbx-gc")
+    local script = dir .. "/mode.lua"
+    write(script, 'io.stdout:write(collectgarbage("generational")) return 0\n')
+    local r = sbx({ "lua", script })
+    spec_fs.rmdir(dir)
+    assert.equal(0, r.code, r.err)
+    assert.equal("generational", r.out)
+    assert.equal("generational", cli.GC_MODE)
+  end)
+end)
+
 -- Only literal addresses: no lookup, no traffic (safe fetch refuses loopback,
 -- so nothing here connects anywhere).
 describe("sbx fetch and sbx check-url", function()
