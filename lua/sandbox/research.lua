@@ -274,49 +274,42 @@ end
 
 ---------------------------------------------------------------- built-in tools (4.3)
 
+-- A built-in tool with one string argument `arg` of 1 .. max code points;
+-- run(value, signal) gives the text.
+local function string_tool(api, name, description, arg, max, arg_description, run)
+  api.register_tool {
+    name = name,
+    description = description,
+    parameters = {
+      type = "object",
+      properties = {
+        [arg] = { type = "string", minLength = 1, maxLength = max, description = arg_description },
+      },
+      required = { arg },
+      additionalProperties = false,
+    },
+    execute = function(args, sig)
+      if not chars_between(args[arg], 1, max) then
+        error(("%s must be a string of 1 to %d characters"):format(arg, max), 0)
+      end
+      return run(args[arg], sig)
+    end,
+  }
+end
+
 local function builtin_factory(self)
   return function(api)
-    api.register_tool {
-      name = "web_search",
-      description = "Search the public web. Returns an answer with the sources it is based on.",
-      parameters = {
-        type = "object",
-        properties = {
-          query = { type = "string", minLength = 1, maxLength = M.MAX_QUERY_CHARS,
-                    description = "What to search for." },
-        },
-        required = { "query" },
-        additionalProperties = false,
-      },
-      execute = function(args, sig)
-        if not chars_between(args.query, 1, M.MAX_QUERY_CHARS) then
-          error(("query must be a string of 1 to %d characters"):format(M.MAX_QUERY_CHARS), 0)
-        end
-        return self._search(args.query, sig)
-      end,
-    }
-    api.register_tool {
-      name = "fetch_content",
-      description = "Fetch one public web page or document by URL and return its text.",
-      parameters = {
-        type = "object",
-        properties = {
-          url = { type = "string", minLength = 1, maxLength = M.MAX_URL_CHARS,
-                  description = "The http or https URL to read." },
-        },
-        required = { "url" },
-        additionalProperties = false,
-      },
-      execute = function(args, sig)
-        if not chars_between(args.url, 1, M.MAX_URL_CHARS) then
-          error(("url must be a string of 1 to %d characters"):format(M.MAX_URL_CHARS), 0)
-        end
-        if self._fetch_content then return self._fetch_content(args.url, sig) end
+    string_tool(api, "web_search", "Search the public web. Returns an answer with the sources it is based on.",
+      "query", M.MAX_QUERY_CHARS, "What to search for.",
+      function(query, sig) return self._search(query, sig) end)
+    string_tool(api, "fetch_content", "Fetch one public web page or document by URL and return its text.",
+      "url", M.MAX_URL_CHARS, "The http or https URL to read.",
+      function(url, sig)
+        if self._fetch_content then return self._fetch_content(url, sig) end
         -- default bounds: 60 s, 5 MiB, 5 redirects, idle 30 s, following redirects
-        local result = fetch.safe_fetch(args.url, { signal = sig })
+        local result = fetch.safe_fetch(url, { signal = sig })
         return self._extract(result, sig)
-      end,
-    }
+      end)
   end
 end
 
