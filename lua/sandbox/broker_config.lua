@@ -12,6 +12,7 @@ M.E_BUDGET = "invalid broker call or output-token budget"
 M.E_TOOL = "invalid or duplicate host tool"
 M.E_MCP = "invalid or duplicate MCP server/tool"
 M.E_MODEL = "model is required"
+M.E_UNKNOWN = "unknown sandbox option: "
 
 M.DEFAULT_MAX_CALLS = 48
 M.DEFAULT_MAX_OUTPUT_TOKENS = 4096
@@ -21,6 +22,18 @@ local function fail(msg) error(msg, 0) end
 local function whole_in(v, lo, hi)
   return math.type(v) == "integer" and v >= lo and v <= hi
     or (math.type(v) == "float" and v == math.floor(v) and v >= lo and v <= hi)
+end
+
+-- Raises "unknown sandbox option: <name>" for the first (sorted) key of opts
+-- that `allowed` (name -> true) lacks: sandbox{} and sandbox.runtime{} each
+-- check their own option set this way.
+function M.check_option_names(opts, allowed)
+  local unknown = {}
+  for k in pairs(opts) do
+    if not allowed[k] then unknown[#unknown + 1] = tostring(k) end
+  end
+  table.sort(unknown)
+  if unknown[1] then fail(M.E_UNKNOWN .. unknown[1]) end
 end
 
 -- Unicode White_Space code points.

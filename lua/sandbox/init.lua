@@ -30,12 +30,7 @@ local function fail(msg) error(msg, 0) end
 -- sandbox. Raises the spec's error string.
 function M.new(opts)
   if type(opts) ~= "table" then fail("sandbox options must be a table") end
-  local unknown = {}
-  for k in pairs(opts) do
-    if not M.OPTIONS[k] then unknown[#unknown + 1] = tostring(k) end
-  end
-  table.sort(unknown)
-  if unknown[1] then fail("unknown sandbox option: " .. unknown[1]) end
+  broker_config.check_option_names(opts, M.OPTIONS)
   if type(opts.model) ~= "string" or broker_config.is_blank(opts.model) then fail(broker_config.E_MODEL) end
   if opts.apiKey ~= nil and type(opts.apiKey) ~= "function" then fail("apiKey must be a function") end
   if opts.prompt ~= nil and (type(opts.prompt) ~= "string" or not utf8.len(opts.prompt)) then

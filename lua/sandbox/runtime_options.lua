@@ -12,7 +12,7 @@ local core = require "sandbox.core"
 
 local M = {}
 
-M.E_UNKNOWN = "unknown sandbox option: "
+M.E_UNKNOWN = broker_config.E_UNKNOWN
 M.E_LINUX = "Docker sandbox execution requires a native Linux host"
 M.E_APIKEY = "apiKey must be a function"
 M.E_PROMPT = "invalid prompt"
@@ -160,12 +160,7 @@ end
 function M.resolve(opts)
   if type(opts) ~= "table" then fail("sandbox options must be a table") end
   -- 1
-  local unknown = {}
-  for k in pairs(opts) do
-    if not M.OPTIONS[k] then unknown[#unknown + 1] = tostring(k) end
-  end
-  table.sort(unknown)
-  if unknown[1] then fail(M.E_UNKNOWN .. unknown[1]) end
+  broker_config.check_option_names(opts, M.OPTIONS)
   -- 2
   if opts.driver == nil and not M.is_linux() then fail(M.E_LINUX) end
   -- 3
