@@ -19,7 +19,6 @@
  * callback is held in the registry until "end" or close). Lua enforces any
  * size cap (it sees every chunk and closes the stream). Nothing here logs.
  */
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/un.h>
@@ -249,13 +248,6 @@ static int l_gc(lua_State *L) {
 void sbx__open_unix_stream(lua_State *L) {
   static const luaL_Reg methods[] = {
     {"write", l_write}, {"shutdown", l_shutdown}, {"close", l_close}, {NULL, NULL}};
-  struct sigaction sa;
-  if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = SIG_IGN;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGPIPE, &sa, NULL);
-  }
   if (luaL_newmetatable(L, STREAM_MT)) {
     luaL_newlib(L, methods);
     lua_setfield(L, -2, "__index");
