@@ -163,7 +163,8 @@ function toError(err: unknown, thrown: Error[]): unknown {
 
 // ---- conversions --------------------------------------------------------------
 
-interface WireResult {
+/** A safe fetch result as it crosses the bridge (bytes as base64). */
+export interface WireResult {
   url: string;
   status: number;
   statusText?: string;
@@ -171,7 +172,8 @@ interface WireResult {
   dataBase64?: string;
 }
 
-function fromWire(v: WireResult): SafeFetchResult {
+/** The bridge's form of a result -> SafeFetchResult (bytes decoded). */
+export function fromWire(v: WireResult): SafeFetchResult {
   const out: SafeFetchResult = {
     url: v.url,
     status: v.status,

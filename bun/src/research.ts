@@ -21,7 +21,7 @@
 // Extension factories get `api.registerTool({ name, description, parameters,
 // execute(args, signal) })` and `api.on("tool_call", (event) => ({ block, reason }))`.
 import { EngineError } from "./ffi.ts";
-import { type SafeFetchResult } from "./fetch.ts";
+import { fromWire, type SafeFetchResult, type WireResult } from "./fetch.ts";
 import { ownerName, utilityEngine } from "./utility.ts";
 
 export type ThinkingLevel = "low" | "medium" | "high" | "xhigh";
@@ -225,17 +225,8 @@ export class SandboxResearchWorker {
           return await o.search!(String(args[0]), callSignal);
         case "fetchContent":
           return await o.fetchContent!(String(args[0]), callSignal);
-        case "extractFetched": {
-          const r = (args[0] ?? {}) as { url: string; status: number; statusText?: string; headers?: Record<string, string>; dataBase64?: string };
-          const result: SafeFetchResult = {
-            url: r.url,
-            status: r.status,
-            headers: { ...(r.headers ?? {}) },
-            data: new Uint8Array(Buffer.from(r.dataBase64 ?? "", "base64")),
-          };
-          if (typeof r.statusText === "string") result.statusText = r.statusText;
-          return await o.extractFetched!(result, callSignal);
-        }
+        case "extractFetched":
+          return await o.extractFetched!(fromWire((args[0] ?? {}) as WireResult), callSignal);
         case "extension.load": {
           const factory = o.tools?.extensionFactories?.[Number(args[0]) - 1];
           if (typeof factory !== "function") throw new Error("no such extension factory");

@@ -27,17 +27,13 @@
 --   extension.load [i]             -> {"load":L,"tools":[{name,description,parameters}],"guard":b}
 --   extension.execute [L, name, args] -> text (signal)
 --   extension.toolCall [L, event]  -> {"block":b,"reason":...} or null
-local core = require "sandbox.core"
 local research = require "sandbox.research"
 
 local M = {}
 
-local function result_json(res)
-  return {
-    url = res.url, status = res.status, statusText = res.statusText, headers = res.headers or {},
-    dataBase64 = core.base64(type(res.data) == "string" and res.data or ""),
-  }
-end
+-- embed_utilities.lua's helpers, given to register(): request_signal,
+-- finishing, result_json.
+local util
 
 local function proxy_factory(self, owner, i, fin)
   return function(api)
@@ -88,7 +84,7 @@ local function options(self, owner, req, fin)
   end
   if f.extractFetched == true then
     opts.extractFetched = function(result, signal)
-      return self:host_call(owner, "extractFetched", { result_json(result) }, signal, fin)
+      return self:host_call(owner, "extractFetched", { util.result_json(result) }, signal, fin)
     end
   else
     opts.extractFetched = f.extractFetched
@@ -117,7 +113,9 @@ local function options(self, owner, req, fin)
   return opts
 end
 
-function M.register(H, U, request_signal, finishing)
+function M.register(H, U, helpers)
+  util = helpers
+  local request_signal, finishing = helpers.request_signal, helpers.finishing
   H["research.check"] = function(self, _, req)
     research.new(options(self, "check", req, nil))
     return true

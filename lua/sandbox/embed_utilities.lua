@@ -228,7 +228,8 @@ end
 function M.register(H, U)
   register_fetch(H, U)
   register_delegator(H, U)
-  require("sandbox.embed_research").register(H, U, request_signal, finishing)
+  require("sandbox.embed_research").register(H, U,
+    { request_signal = request_signal, finishing = finishing, result_json = result_json })
 end
 
 return M
