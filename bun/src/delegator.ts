@@ -9,7 +9,7 @@
 //   const d = new ScopedSandboxDelegator({ target: "research", run, deliver, logger });
 //   const job = d.start({ channel, target: "research", author, title, task }); // throws DelegationError
 //   await d.dispose();
-import { EngineError } from "./ffi.ts";
+import { rethrowAs } from "./ffi.ts";
 import { ownerName, utilityEngine, wireNumber } from "./utility.ts";
 
 export interface DelegationAuthor {
@@ -68,11 +68,7 @@ export class DelegationError extends Error {
   override name = "DelegationError";
 }
 
-function rethrow(err: unknown): never {
-  if (err instanceof EngineError && err.info?.name === "DelegationError") throw new DelegationError(err.message);
-  if (err instanceof EngineError) throw new Error(err.message);
-  throw err;
-}
+const rethrow = (err: unknown): never => rethrowAs(err, { DelegationError });
 
 export class ScopedSandboxDelegator {
   private readonly owner: string;

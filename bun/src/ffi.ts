@@ -194,6 +194,19 @@ export class EngineError extends Error {
 }
 
 /**
+ * Rethrows an engine error as the class registered for its errorInfo name
+ * (DelegationError, ResearchError, ...), any other engine error as a plain
+ * Error with the Lua message, and anything else unchanged.
+ */
+export function rethrowAs(err: unknown, classes: Record<string, new (message: string) => Error>): never {
+  if (err instanceof EngineError) {
+    const cls = err.info?.name !== undefined ? classes[err.info.name] : undefined;
+    throw cls ? new cls(err.message) : new Error(err.message);
+  }
+  throw err;
+}
+
+/**
  * The host functions of one owner (a safe fetch's seams, a delegator's
  * callbacks), called by callback.request events. args are the JSON
  * arguments; signal aborts on callback.abort. A one-way call (a logger

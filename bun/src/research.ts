@@ -20,7 +20,7 @@
 //                { type: "toolCall", id, name, arguments }], stopReason, errorMessage? }
 // Extension factories get `api.registerTool({ name, description, parameters,
 // execute(args, signal) })` and `api.on("tool_call", (event) => ({ block, reason }))`.
-import { EngineError } from "./ffi.ts";
+import { EngineError, rethrowAs } from "./ffi.ts";
 import { fromWire, type SafeFetchResult, type WireResult } from "./fetch.ts";
 import { ownerName, utilityEngine } from "./utility.ts";
 
@@ -106,14 +106,7 @@ function fnFlag(v: unknown): unknown {
   return typeof v === "function" ? true : v === null ? false : typeof v === "object" ? "not a function" : v;
 }
 
-function rethrow(err: unknown): never {
-  if (err instanceof EngineError) {
-    if (err.info?.name === "ResearchError") throw new ResearchError(err.message);
-    if (err.info?.name === "ConfigError") throw new ConfigError(err.message);
-    throw new Error(err.message);
-  }
-  throw err;
-}
+const rethrow = (err: unknown): never => rethrowAs(err, { ResearchError, ConfigError });
 
 interface Load {
   tools: Map<string, (args: Record<string, unknown>, signal: AbortSignal) => unknown>;

@@ -32,7 +32,7 @@ local research = require "sandbox.research"
 local M = {}
 
 -- embed_utilities.lua's helpers, given to register(): request_signal,
--- finishing, result_json.
+-- finishing, result_json, need_owner.
 local util
 
 local function proxy_factory(self, owner, i, fin)
@@ -122,10 +122,7 @@ function M.register(H, U, helpers)
   end
 
   H["research.run"] = finishing(function(self, rid, req, fin)
-    if type(req.owner) ~= "string" or req.owner == "" then
-      error("invalid request: owner must be a non-empty string", 0)
-    end
-    local worker = research.new(options(self, req.owner, req, fin))
+    local worker = research.new(options(self, util.need_owner(req), req, fin))
     return worker:run(req.task, request_signal(self, rid))
   end)
 

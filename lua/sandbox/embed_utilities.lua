@@ -229,7 +229,7 @@ function M.register(H, U)
   register_fetch(H, U)
   register_delegator(H, U)
   require("sandbox.embed_research").register(H, U,
-    { request_signal = request_signal, finishing = finishing, result_json = result_json })
+    { request_signal = request_signal, finishing = finishing, result_json = result_json, need_owner = need_owner })
 end
 
 return M
