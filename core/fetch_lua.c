@@ -261,14 +261,22 @@ static int anchor_reply(lua_State *L) {
   return luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
+/* Pushes seam `which`'s Lua function and its reply object (anchored in the
+ * registry; *anchor is the ref), ready for the seam's own arguments. */
+static lf_reply_t *seam_begin(lf_call_t *c, int which, sbx_fetch_reply_t *r, int *anchor) {
+  lua_State *L = c->lp->L;
+  lf_reply_t *rb;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, c->seam_ref[which]);
+  rb = push_reply(L, r);
+  *anchor = anchor_reply(L);
+  return rb;
+}
+
 static void seam_resolve(void *ud, const char *host, size_t len, sbx_fetch_reply_t *r) {
   lf_call_t *c = ud;
   lua_State *L = c->lp->L;
-  lf_reply_t *rb;
   int anchor;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, c->seam_ref[SEAM_RESOLVE]);
-  rb = push_reply(L, r);
-  anchor = anchor_reply(L);
+  lf_reply_t *rb = seam_begin(c, SEAM_RESOLVE, r, &anchor);
   lua_pushlstring(L, host, len);
   seam_call(L, rb, anchor, 1);
 }
@@ -276,22 +284,16 @@ static void seam_resolve(void *ud, const char *host, size_t len, sbx_fetch_reply
 static void seam_local(void *ud, sbx_fetch_reply_t *r) {
   lf_call_t *c = ud;
   lua_State *L = c->lp->L;
-  lf_reply_t *rb;
   int anchor;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, c->seam_ref[SEAM_LOCAL]);
-  rb = push_reply(L, r);
-  anchor = anchor_reply(L);
+  lf_reply_t *rb = seam_begin(c, SEAM_LOCAL, r, &anchor);
   seam_call(L, rb, anchor, 0);
 }
 
 static void seam_transport(void *ud, const sbx_fetch_attempt_info *in, sbx_fetch_reply_t *r) {
   lf_call_t *c = ud;
   lua_State *L = c->lp->L;
-  lf_reply_t *rb;
   int anchor;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, c->seam_ref[SEAM_TRANSPORT]);
-  rb = push_reply(L, r);
-  anchor = anchor_reply(L);
+  lf_reply_t *rb = seam_begin(c, SEAM_TRANSPORT, r, &anchor);
   lua_pushlstring(L, in->url, in->url_len);
   lua_createtable(L, 0, 2);
   lua_pushlstring(L, in->address, in->address_len);
