@@ -527,20 +527,8 @@ void sbx__open_fetch_call(lua_State *L) {
   static const luaL_Reg reply_methods[] = {
     {"answers", reply_answers}, {"locals", reply_locals}, {"result", reply_result},
     {"fail", reply_fail}, {NULL, NULL}};
-  if (luaL_newmetatable(L, CALL_MT)) {
-    luaL_newlib(L, call_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, call_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
-  if (luaL_newmetatable(L, REPLY_MT)) {
-    luaL_newlib(L, reply_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, reply_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
+  sbx__class(L, CALL_MT, call_methods, call_gc);
+  sbx__class(L, REPLY_MT, reply_methods, reply_gc);
   lua_pushcfunction(L, l_fetch_start);
   lua_setfield(L, -2, "fetch_start");
   lua_pushcfunction(L, l_assert_url_start);

@@ -776,13 +776,7 @@ void sbx__open_http_server(lua_State *L) {
   static const luaL_Reg req_methods[] = {
     {"reply", req_reply}, {"is_open", req_is_open}, {NULL, NULL}};
   static const luaL_Reg lines_methods[] = {{"stop", lines_stop_l}, {NULL, NULL}};
-  if (luaL_newmetatable(L, SERVER_MT)) {
-    luaL_newlib(L, srv_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, srv_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
+  sbx__class(L, SERVER_MT, srv_methods, srv_gc);
   if (luaL_newmetatable(L, REQ_MT)) {
     luaL_newlib(L, req_methods);
     lua_setfield(L, -2, "methods");
@@ -790,13 +784,7 @@ void sbx__open_http_server(lua_State *L) {
     lua_setfield(L, -2, "__index");
   }
   lua_pop(L, 1);
-  if (luaL_newmetatable(L, LINES_MT)) {
-    luaL_newlib(L, lines_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, lines_stop_l);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
+  sbx__class(L, LINES_MT, lines_methods, lines_stop_l);
   lua_pushcfunction(L, l_http_server);
   lua_setfield(L, -2, "http_server");
   lua_pushcfunction(L, l_read_lines);

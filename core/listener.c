@@ -932,20 +932,8 @@ void sbx__open_listener(lua_State *L) {
   static const luaL_Reg call_methods[] = {
     {"route", l_call_route}, {"body", l_call_body}, {"reply", l_call_reply},
     {"on_close", l_call_on_close}, {"is_open", l_call_is_open}, {NULL, NULL}};
-  if (luaL_newmetatable(L, LISTENER_MT)) {
-    luaL_newlib(L, lst_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, l_lst_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
-  if (luaL_newmetatable(L, CALL_MT)) {
-    luaL_newlib(L, call_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, l_call_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
+  sbx__class(L, LISTENER_MT, lst_methods, l_lst_gc);
+  sbx__class(L, CALL_MT, call_methods, l_call_gc);
   lua_pushcfunction(L, l_broker_listen);
   lua_setfield(L, -2, "broker_listen");
   sbx__open_pipe_client(L);

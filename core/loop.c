@@ -226,20 +226,8 @@ void sbx__open_loop(lua_State *L) {
     {"timer", l_timer}, {"on_signal", l_on_signal}, {"log", l_log},
     {"getuid", l_getuid}, {"getpid", l_getpid}, {NULL, NULL}};
   sbx__loop(L)->uv.data = sbx__loop(L);
-  if (luaL_newmetatable(L, TIMER_MT)) {
-    luaL_newlib(L, watch_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, timer_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
-  if (luaL_newmetatable(L, SIGNAL_MT)) {
-    luaL_newlib(L, watch_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, signal_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
+  sbx__class(L, TIMER_MT, watch_methods, timer_gc);
+  sbx__class(L, SIGNAL_MT, watch_methods, signal_gc);
   luaL_setfuncs(L, fns, 0);
   lua_pushinteger(L, SIGINT);
   lua_setfield(L, -2, "SIGINT");

@@ -331,13 +331,7 @@ void sbx__open_pipe_client(lua_State *L) {
   static const luaL_Reg methods[] = {
     {"write", l_req_write}, {"shutdown", l_req_shutdown}, {"close", l_req_close},
     {NULL, NULL}};
-  if (luaL_newmetatable(L, CLIENT_MT)) {
-    luaL_newlib(L, methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, l_req_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
+  sbx__class(L, CLIENT_MT, methods, l_req_gc);
   lua_pushcfunction(L, l_unix_request);
   lua_setfield(L, -2, "unix_request");
 }

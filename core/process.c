@@ -526,13 +526,7 @@ void sbx__open_process(lua_State *L) {
     {"release", lock_release}, {"held", lock_held}, {NULL, NULL}};
   static const luaL_Reg fns[] = {
     {"spawn", l_spawn}, {"lock_dir", l_lock_dir}, {NULL, NULL}};
-  if (luaL_newmetatable(L, PROC_MT)) {
-    luaL_newlib(L, proc_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, proc_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
+  sbx__class(L, PROC_MT, proc_methods, proc_gc);
   if (luaL_newmetatable(L, LOCK_MT)) {
     luaL_newlib(L, lock_methods);
     lua_setfield(L, -2, "__index");

@@ -494,13 +494,7 @@ static int l_reflect_hit_value(lua_State *L) {
 void sbx__open_reflect(lua_State *L) {
   static const luaL_Reg methods[] = {
     {"hit", l_reflect_hit}, {"hit_value", l_reflect_hit_value}, {NULL, NULL}};
-  if (luaL_newmetatable(L, REFLECT_MT)) {
-    luaL_newlib(L, methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, l_reflect_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
+  sbx__class(L, REFLECT_MT, methods, l_reflect_gc);
   lua_pushcfunction(L, l_reflect_filter);
   lua_setfield(L, -2, "reflect_filter");
 }

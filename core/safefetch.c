@@ -1136,20 +1136,8 @@ static int l_local_addresses(lua_State *L) {
 void sbx__open_safefetch(lua_State *L) {
   static const luaL_Reg methods[] = {{"cancel", req_cancel}, {NULL, NULL}};
   static const luaL_Reg lmethods[] = {{"cancel", lookup_cancel}, {NULL, NULL}};
-  if (luaL_newmetatable(L, REQ_MT)) {
-    luaL_newlib(L, methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, req_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
-  if (luaL_newmetatable(L, RES_MT)) {
-    luaL_newlib(L, lmethods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, lookup_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
+  sbx__class(L, REQ_MT, methods, req_gc);
+  sbx__class(L, RES_MT, lmethods, lookup_gc);
   lua_pushcfunction(L, l_fetch_attempt);
   lua_setfield(L, -2, "fetch_attempt");
   lua_pushcfunction(L, l_fetch_resolve);

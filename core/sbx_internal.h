@@ -51,6 +51,22 @@ void sbx__log(const char *level, const char *fmt, ...)
  * sandbox.core is opened. */
 void sbx__ignore_sigpipe(void);
 
+/* Registers metatable `name` (once): __index = a table of `methods`, __gc =
+ * gc. Leaves the stack as it was. The usual userdata class of the core.
+ * Inline because the worker compiles some core files (reflect.c) without
+ * core.c. */
+static inline void sbx__class(lua_State *L, const char *name, const luaL_Reg *methods,
+                              lua_CFunction gc) {
+  if (luaL_newmetatable(L, name)) {
+    lua_newtable(L);
+    luaL_setfuncs(L, methods, 0);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+}
+
 /* Module openers, one per file. Each adds fields to the table at -1. */
 void sbx__open_loop(lua_State *L);
 void sbx__open_crypto(lua_State *L);

@@ -248,13 +248,7 @@ static int l_gc(lua_State *L) {
 void sbx__open_unix_stream(lua_State *L) {
   static const luaL_Reg methods[] = {
     {"write", l_write}, {"shutdown", l_shutdown}, {"close", l_close}, {NULL, NULL}};
-  if (luaL_newmetatable(L, STREAM_MT)) {
-    luaL_newlib(L, methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, l_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
+  sbx__class(L, STREAM_MT, methods, l_gc);
   lua_pushcfunction(L, l_unix_stream);
   lua_setfield(L, -2, "unix_stream");
 }

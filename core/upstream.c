@@ -615,13 +615,7 @@ static int req_gc(lua_State *L) {
 
 void sbx__open_upstream(lua_State *L) {
   static const luaL_Reg methods[] = {{"cancel", req_cancel}, {NULL, NULL}};
-  if (luaL_newmetatable(L, REQ_MT)) {
-    luaL_newlib(L, methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, req_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
+  sbx__class(L, REQ_MT, methods, req_gc);
   lua_pushcfunction(L, l_http_post);
   lua_setfield(L, -2, "http_post");
 }
