@@ -72,7 +72,7 @@ demo:
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory image
 	@if [ "$$(id -u)" = 0 ]; then \
-	  if ! runuser -u sbx -- test -r "$(CURDIR)/lua/sandbox/cli.lua"; then \
+	  if ! runuser -u sbx -- test -r "$(CURDIR)/lua/sandbox/cli/init.lua"; then \
 	    echo "make demo: the sbx account cannot read $(CURDIR); make the checkout world-readable or clone it where sbx can read it" >&2; exit 1; \
 	  fi; \
 	  cd / && runuser -u sbx -- env -u TMPDIR HOME="$$(getent passwd sbx | cut -d: -f6)" \

@@ -9,7 +9,7 @@
 --     channels run turns at once.
 -- Run as the sbx account: build/sbx lua bench/turn_bench.lua [TURNS]
 local async = require "sandbox.async"
-local container = require "sandbox.container"
+local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 local sandbox = require "sandbox"

@@ -19,9 +19,9 @@ package.cpath = "build/lua/?.so;" .. package.cpath
 local async = require "sandbox.async"
 local cli = require "sandbox.drivers.cli"
 local engine = require "sandbox.drivers.engine"
-local container = require "sandbox.container"
+local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
-local installation = require "sandbox.installation"
+local installation = require "sandbox.runtime.installation"
 local signal = require "sandbox.signal"
 
 local N = tonumber(arg[1] or "20")

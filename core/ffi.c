@@ -4,7 +4,7 @@
  * One engine = one thread that owns one Lua state and its libuv loop. The
  * thread makes the state like `sbx` does (standard libraries, sandbox.core
  * preloaded, package.path at the Lua tree), hands the config path and the
- * options to lua/sandbox/embed.lua and runs the loop until embed says it is
+ * options to lua/sandbox/embed/init.lua and runs the loop until embed says it is
  * done. All Lua runs on that thread.
  *
  * Crossing threads:
@@ -125,7 +125,7 @@ static int on_engine_thread(sbx_engine *e) {
 
 static int dir_has_tree(const char *dir) {
   char probe[PATH_MAX];
-  if ((size_t)snprintf(probe, sizeof probe, "%s/sandbox/embed.lua", dir) >= sizeof probe) return 0;
+  if ((size_t)snprintf(probe, sizeof probe, "%s/sandbox/init.lua", dir) >= sizeof probe) return 0;
   return access(probe, R_OK) == 0;
 }
 

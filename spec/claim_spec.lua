@@ -1,7 +1,7 @@
 -- claim_spec.lua: the claim's pure parts (spec/runtime.md 9.1-9.3: identity
 -- and precedence, admission, composing the turn text, splitting the reply).
 -- The same rules run end to end through the app in app_spec.lua (item 56).
-local claim = require "sandbox.claim"
+local claim = require "sandbox.channels.claim"
 
 local function owns_only(...)
   local set = {}

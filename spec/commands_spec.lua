@@ -6,7 +6,7 @@
 -- The runtime refuses uid 0: as root the app cases are pending.
 local spec_fs = require "spec_fs"
 local async = require "sandbox.async"
-local commands = require "sandbox.commands"
+local commands = require "sandbox.channels.commands"
 local core = require "sandbox.core"
 local sandbox = require "sandbox"
 local fake = require "fake_driver"

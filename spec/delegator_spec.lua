@@ -1,4 +1,4 @@
--- delegator_spec.lua: the scoped delegator (lua/sandbox/delegator.lua;
+-- delegator_spec.lua: the scoped delegator (lua/sandbox/delegator/init.lua;
 -- spec fetch-and-delegation.md section 3; "Behaviours the specs must cover"
 -- 34-43, item numbers in the `it` names as F<n>). Jobs run on the real loop
 -- through async.run; the specs wait for state (a delivery, a settled job),

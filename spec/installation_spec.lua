@@ -3,9 +3,9 @@
 -- Lua fake drivers.
 local async = require "sandbox.async"
 local cleanup = require "sandbox.cli.cleanup"
-local container = require "sandbox.container"
+local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
-local installation = require "sandbox.installation"
+local installation = require "sandbox.runtime.installation"
 local spec_fs = require "spec_fs"
 
 local CLEANUP = "sandbox container cleanup failed; inspect this installation's containers"

@@ -1,4 +1,4 @@
--- research_spec.lua: the research worker (lua/sandbox/research.lua; spec
+-- research_spec.lua: the research worker (lua/sandbox/delegator/research.lua; spec
 -- fetch-and-delegation.md section 4; "Behaviours the specs must cover"
 -- 44-46, item numbers in the `it` names as F<n>). The model runtime is a
 -- scripted offline table; runs happen on the real loop through async.run.
@@ -7,7 +7,7 @@
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local delegator = require "sandbox.delegator"
-local research = require "sandbox.research"
+local research = require "sandbox.delegator.research"
 local sandbox = require "sandbox"
 local signal = require "sandbox.signal"
 

@@ -12,7 +12,7 @@ local core = require "sandbox.core"
 local json = require "sandbox.json"
 local sandbox = require "sandbox"
 local runtime = require "sandbox.runtime"
-local options = require "sandbox.runtime_options"
+local options = require "sandbox.runtime.options"
 local fake = require "fake_driver"
 local fake_upstream = require "fake_upstream"
 local spec_fs = require "spec_fs"
@@ -241,9 +241,9 @@ describe("runtime construction (spec/runtime.md 3.1)", function()
 
   it("R10: a second runtime on the same roots is refused until the first is disposed", function()
     service_account()
-    local ok, inst = pcall(require, "sandbox.installation")
+    local ok, inst = pcall(require, "sandbox.runtime.installation")
     if not ok or type(inst) ~= "table" or not inst.lock then
-      pending("the installation lock lives in lua/sandbox/installation.lua, not landed yet")
+      pending("the installation lock lives in lua/sandbox/runtime/installation.lua, not landed yet")
     end
     local root = tmproot()
     local a = runtime.new(options_for(root))
@@ -722,8 +722,8 @@ describe("one turn (spec/runtime.md 5)", function()
   end)
 
   it("the turn object encodes the same through the container module's turn_json", function()
-    local ok, container = pcall(require, "sandbox.container")
-    if not ok or not container.turn_json then pending("lua/sandbox/container.lua not landed") end
+    local ok, container = pcall(require, "sandbox.runtime.container")
+    if not ok or not container.turn_json then pending("lua/sandbox/runtime/container.lua not landed") end
     local driver = fake.new(fake.reply(true, "ok"))
     new_runtime {
       driver = driver,
@@ -831,7 +831,7 @@ end)
 
 ---------------------------------------------------------------------------
 describe("the per-channel FIFO in front of the runtime (spec/runtime.md 5.1)", function()
-  local turn_queue = require "sandbox.turn_queue"
+  local turn_queue = require "sandbox.channels.queue"
 
   it("runs one channel's messages in order without hitting 'channel is busy'; channels run in parallel", function()
     service_account()

@@ -1,6 +1,6 @@
 // delegator.ts: ScopedSandboxDelegator for Bun hosts (shared/spec/
 // fetch-and-delegation.md section 3). The delegator itself runs in the
-// engine (lua/sandbox/delegator.lua: option checks, the order of start()'s
+// engine (lua/sandbox/delegator/init.lua: option checks, the order of start()'s
 // refusals, per-channel slots, deadlines, scrubbed failure reasons); its
 // run, deliver and logger are this host's JavaScript functions, which the
 // engine calls back (callback.request) with the job's signal mirrored into

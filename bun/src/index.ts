@@ -92,7 +92,7 @@ export const SERVICE_ID = "sandbox.channels";
 export const LIFECYCLE_NAME = "sandbox-runtime";
 export const DEFAULT_ROOT_COMMAND = "roundtable";
 
-/** The texts of the `sandbox` group (lua/sandbox/commands.lua). */
+/** The texts of the `sandbox` group (lua/sandbox/channels/commands.lua). */
 const GROUP_DESCRIPTION = "Manage this channel's sealed guest agent";
 const SUBCOMMANDS = [
   { name: "on", description: "Route mentions and replies into a sealed container" },

@@ -1,7 +1,7 @@
 // research.ts: SandboxResearchWorker for Bun hosts (shared/spec/
 // fetch-and-delegation.md section 4). The worker (the session, its agent
 // loop, tool restriction, bounds and outcome rules) runs in the engine
-// (lua/sandbox/research.lua through lua/sandbox/embed_research.lua); the
+// (lua/sandbox/delegator/research.lua through lua/sandbox/embed/research.lua); the
 // model runtime, search, extractFetched, fetchContent and extension
 // factories are this host's functions, called back per run. Meant as a
 // ScopedSandboxDelegator's run:
@@ -77,7 +77,7 @@ export interface SandboxResearchWorkerOptions {
   /** Host-owned fetch-and-extract (then refusing private targets and bounding time and size is the host's job). */
   fetchContent?: (url: string, signal: AbortSignal) => string | Promise<string>;
   tools?: {
-    /** Trusted Lua extension files, each returning a factory (lua/sandbox/research.lua). */
+    /** Trusted Lua extension files, each returning a factory (lua/sandbox/delegator/research.lua). */
     extensionPaths?: string[];
     extensionFactories?: ((api: ResearchExtensionApi) => void)[];
     toolNames: string[];

@@ -1,5 +1,5 @@
 -- app.lua: the chat-bot-facing sandbox (spec/runtime.md 2.1, 3.2, 5.6, 7, 9,
--- 10). This is what an embedding host (lua/sandbox/embed.lua over the C ABI,
+-- 10). This is what an embedding host (lua/sandbox/embed/init.lua over the C ABI,
 -- the Bun bridge) drives. Trusted host code only: nothing here is reachable
 -- by a guest except through app:claim/app:handle/app:command with the host's
 -- own event and admission result.
@@ -111,11 +111,11 @@
 -- claim=false for messages, handle returns nil, owns/background/status
 -- answer; command, stop and start_fresh raise `sandbox is not started`.
 local channels = require "sandbox.channels"
-local claim = require "sandbox.claim"
-local commands = require "sandbox.commands"
+local claim = require "sandbox.channels.claim"
+local commands = require "sandbox.channels.commands"
 local json = require "sandbox.json"
 local runtime = require "sandbox.runtime"
-local turn_queue = require "sandbox.turn_queue"
+local turn_queue = require "sandbox.channels.queue"
 
 local M = {}
 

@@ -7,7 +7,7 @@
 -- an embedding host starts with `app:start(host)` (see app.lua's header).
 local app = require "sandbox.app"
 local broker = require "sandbox.broker"
-local broker_config = require "sandbox.broker_config"
+local broker_config = require "sandbox.broker.config"
 
 local M = {}
 
@@ -72,7 +72,7 @@ M.runtime = require "sandbox.runtime"
 -- Scoped delegation and diagnostics for host tools (fetch-and-delegation.md 2-3).
 M.delegator = require "sandbox.delegator"
 M.scoped_delegator = M.delegator.new
-M.research_worker = require("sandbox.research").new
+M.research_worker = require("sandbox.delegator.research").new
 M.scrub_diagnostic = require("sandbox.scrub").scrub_diagnostic
 -- Safe fetch of model-supplied URLs (fetch-and-delegation.md 1).
 M.fetch = require "sandbox.fetch"

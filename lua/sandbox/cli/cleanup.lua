@@ -4,9 +4,9 @@
 -- one whose owner is a live host.
 local args_mod = require "sandbox.cli.args"
 local async = require "sandbox.async"
-local container = require "sandbox.container"
+local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
-local installation = require "sandbox.installation"
+local installation = require "sandbox.runtime.installation"
 
 local M = {}
 
@@ -28,7 +28,7 @@ local function err(msg) io.stderr:write("sbx cleanup: ", msg, "\n") end
 -- resolved canonical roots and the driver.
 local function resolve(cfg)
   local o = cfg.options
-  local ok, ro = pcall(require, "sandbox.runtime_options")
+  local ok, ro = pcall(require, "sandbox.runtime.options")
   if ok and type(ro) == "table" and ro.resolve then
     local opts = {}
     for k, v in pairs(o) do

@@ -1,10 +1,10 @@
 -- cli/demo.lua: `sbx demo`: two sealed turns against the built-in scripted
--- model (sandbox.demo_model on 127.0.0.1), in a temporary channel, so the
+-- model (sandbox.cli.demo_model on 127.0.0.1), in a temporary channel, so the
 -- second turn shows the memory the first one saved. Everything it creates
 -- (the endpoint, the roots, the containers) is gone when it returns.
 local async = require "sandbox.async"
 local core = require "sandbox.core"
-local demo_model = require "sandbox.demo_model"
+local demo_model = require "sandbox.cli.demo_model"
 local run = require "sandbox.cli.run"
 
 local M = {}

@@ -90,7 +90,7 @@ local function with_interrupt(fn)
   end)
 end
 
--- check_only: `sbx check-url` (cli/check-url.lua).
+-- check_only: `sbx check-url` (cli/check_url.lua).
 function M.run(args, check_only)
   local rest, headers = take_headers(args)
   if rest == nil then return usage(headers, check_only) end

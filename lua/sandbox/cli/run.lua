@@ -215,7 +215,7 @@ function M.parse_turn_args(args, extra_flags)
   local f = parsed.flags
   if not parsed.positional[1] then return nil, "CONFIG.lua is required" end
   if not f.channel then return nil, "--channel KEY is required (e.g. --channel demo:1)" end
-  if not require("sandbox.channel_key").valid(f.channel) then
+  if not require("sandbox.channels.key").valid(f.channel) then
     return nil, "invalid --channel '" .. f.channel .. "': use a key like discord:1234 (^[a-z][a-z0-9_-]*:.+, at most 256 characters)"
   end
   local speaker, serr = args_lib.speaker(f.speaker)

@@ -17,7 +17,7 @@
 -- they arrive. An abort closes every connection of the run at once.
 local async = require "sandbox.async"
 local cli = require "sandbox.drivers.cli"
-local container = require "sandbox.container"
+local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 

@@ -1,4 +1,4 @@
--- delegator.lua: the scoped delegator (spec fetch-and-delegation.md section 3).
+-- delegator/init.lua: the scoped delegator (spec fetch-and-delegation.md section 3).
 --
 -- A host tool lets a guest hand work to one fixed background target. The
 -- delegator runs that work on the host's loop and reports back only to the

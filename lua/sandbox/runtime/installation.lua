@@ -1,4 +1,4 @@
--- installation.lua: who owns a pair of sandbox roots, and the stale
+-- runtime/installation.lua: who owns a pair of sandbox roots, and the stale
 -- containers a crashed owner left behind (spec/runtime.md 6).
 --
 --   installation.lock(run_root)        -> lock, or raises E_LOCKED (6.1)
@@ -13,7 +13,7 @@
 -- close-on-exec (core.lock_dir): no file is created, the kernel drops it
 -- when the process dies, and no docker child inherits it.
 local core = require "sandbox.core"
-local container = require "sandbox.container"
+local container = require "sandbox.runtime.container"
 
 local M = {}
 

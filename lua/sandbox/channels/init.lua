@@ -1,4 +1,4 @@
--- channels.lua: the channel store, i.e. which channel keys are in sandbox
+-- channels/init.lua: the channel store, i.e. which channel keys are in sandbox
 -- mode (spec/runtime.md 3.2 steps 4-6, 3.3, 7.1-7.3). Host-only routing
 -- state: the file is never mounted into a container.
 --
@@ -16,7 +16,7 @@
 -- be saved`. A corrupt or unreadable file stops startup: the state is never
 -- treated as empty. Turning a channel off touches no workspace file: its
 -- memory stays for when it is turned on again.
-local channel_key = require "sandbox.channel_key"
+local channel_key = require "sandbox.channels.key"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 

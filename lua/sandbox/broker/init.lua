@@ -1,4 +1,4 @@
--- broker.lua: one sealed turn's broker (spec/broker.md). The C listener
+-- broker/init.lua: one sealed turn's broker (spec/broker.md). The C listener
 -- (core.broker_listen) owns steps 0-12: framing, routes, header policy,
 -- budget, in-flight, body and strict JSON. This file owns step 13: the three
 -- route handlers, the apiKey hooks, the upstream call and the reply, and
@@ -8,13 +8,13 @@
 -- now; later changes to the caller's table do not reach it) and one turn
 -- signal. It is never reused: one broker, one budget, one turn.
 local async = require "sandbox.async"
-local broker_config = require "sandbox.broker_config"
+local broker_config = require "sandbox.broker.config"
 local core = require "sandbox.core"
-local credential = require "sandbox.credential"
+local credential = require "sandbox.broker.credential"
 local json = require "sandbox.json"
-local model_payload = require "sandbox.model_payload"
+local model_payload = require "sandbox.broker.model_payload"
 local signal = require "sandbox.signal"
-local upstream = require "sandbox.upstream"
+local upstream = require "sandbox.broker.upstream"
 
 local M = {}
 

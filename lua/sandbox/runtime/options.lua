@@ -1,4 +1,4 @@
--- runtime_options.lua: the construction checks of spec/runtime.md 3.1, steps
+-- runtime/options.lua: the construction checks of spec/runtime.md 3.1, steps
 -- 1-14, in that exact order, with the exact error strings (raised with no
 -- position prefix). `M.resolve(opts)` returns the resolved options; it has
 -- side effects only where the spec has them (step 8 creates the roots), so
@@ -6,8 +6,8 @@
 --
 -- Steps 15-16 (installation lock, ids, stale sweep) are the runtime's.
 local broker = require "sandbox.broker"
-local broker_config = require "sandbox.broker_config"
-local container = require "sandbox.container"
+local broker_config = require "sandbox.broker.config"
+local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
 
 local M = {}
@@ -25,7 +25,7 @@ M.E_USER = "run the host as a non-root user; worker uid/gid must match it"
 M.E_SOCKET = broker.SOCKET_TOO_LONG
 M.E_REMOTE = "remote Docker daemons are unsupported"
 -- The argument builder's errors (spec/runtime.md 4.2), raised by the dry run
--- of step 12 (lua/sandbox/container.lua owns them).
+-- of step 12 (lua/sandbox/runtime/container.lua owns them).
 M.E_NAME_IMAGE = container.E_NAME_IMAGE
 M.E_NON_ROOT = container.E_NON_ROOT
 M.E_MOUNT_PATH = container.E_MOUNT_PATH

@@ -1,4 +1,4 @@
--- runtime.lua: the sealed runtime (spec/runtime.md sections 3.1, 5, 6.3, 7.4,
+-- runtime/init.lua: the sealed runtime (spec/runtime.md sections 3.1, 5, 6.3, 7.4,
 -- 7.5, 8.2). `sandbox.runtime{...}` checks its options and returns a runtime
 -- that runs one turn per channel at a time:
 --
@@ -19,11 +19,11 @@
 -- Nothing here logs a payload, a credential, a URL or an exception text.
 local async = require "sandbox.async"
 local broker = require "sandbox.broker"
-local broker_config = require "sandbox.broker_config"
-local channel_key = require "sandbox.channel_key"
+local broker_config = require "sandbox.broker.config"
+local channel_key = require "sandbox.channels.key"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
-local options = require "sandbox.runtime_options"
+local options = require "sandbox.runtime.options"
 local signal = require "sandbox.signal"
 
 local M = {}
@@ -108,16 +108,16 @@ function M.owner_id()
   return boot .. ":" .. pid .. ":" .. (fields[20] or "0")
 end
 
--- lua/sandbox/installation.lua (lock, ids, sweep), when it is there.
+-- lua/sandbox/runtime/installation.lua (lock, ids, sweep), when it is there.
 local function installation_module()
-  local ok, mod = pcall(require, "sandbox.installation")
+  local ok, mod = pcall(require, "sandbox.runtime.installation")
   if ok and type(mod) == "table" then return mod end
   return nil
 end
 
 local function take_lock(inst, run_root)
   if not (inst and inst.lock) then
-    -- TODO(installation): without lua/sandbox/installation.lua no flock
+    -- TODO(installation): without lua/sandbox/runtime/installation.lua no flock
     -- (spec/runtime.md 6.1) is taken.
     return nil
   end
@@ -178,7 +178,7 @@ function Runtime:_sweep_once()
       run_root = self.options.runRoot, active = self.run_dirs, log = M.log,
     }
   end
-  -- Fallback while lua/sandbox/installation.lua is absent: the same steps.
+  -- Fallback while lua/sandbox/runtime/installation.lua is absent: the same steps.
   local d, count, failed = self.driver, 0, false
   local ok, list = pcall(d.list, d, self.installation)
   if not ok or type(list) ~= "table" then

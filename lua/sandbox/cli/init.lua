@@ -1,4 +1,4 @@
--- cli.lua: the `sbx` command's dispatcher. core/main.c calls main(argv) and
+-- cli/init.lua: the `sbx` command's dispatcher. core/main.c calls main(argv) and
 -- exits with its return value. Each subcommand lives in sandbox/cli/<name>.lua
 -- and exports help (a string) and run(args) -> exit status.
 local M = {}
@@ -45,7 +45,7 @@ function M.main(argv)
     io.stderr:write("sbx: unknown command '", name, "'\n\n", usage())
     return 2
   end
-  local cmd = require("sandbox.cli." .. name)
+  local cmd = require("sandbox.cli." .. name:gsub("-", "_"))
   local args = table.move(argv, 2, #argv, 1, {})
   for _, a in ipairs(args) do
     if a == "--help" or a == "-h" then

@@ -1,4 +1,4 @@
--- embed_research.lua: the research worker (lua/sandbox/research.lua) for an
+-- embed/research.lua: the research worker (lua/sandbox/delegator/research.lua) for an
 -- embedding host (the Bun bridge's SandboxResearchWorker). The worker runs
 -- here; every host function it needs (the model runtime, search,
 -- extractFetched, fetchContent, extension factories and their tools and
@@ -27,7 +27,7 @@
 --   extension.load [i]             -> {"load":L,"tools":[{name,description,parameters}],"guard":b}
 --   extension.execute [L, name, args] -> text (signal)
 --   extension.toolCall [L, event]  -> {"block":b,"reason":...} or null
-local research = require "sandbox.research"
+local research = require "sandbox.delegator.research"
 
 local M = {}
 

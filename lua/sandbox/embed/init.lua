@@ -1,4 +1,4 @@
--- embed.lua: the Lua side of the embedding ABI (core/sbx_ffi.h, core/ffi.c).
+-- embed/init.lua: the Lua side of the embedding ABI (core/sbx_ffi.h, core/ffi.c).
 -- It runs on the engine thread: loads the operator's config script, starts
 -- the app (lua/sandbox/app.lua) with a host table whose callbacks reach the
 -- embedding process as JSON events, and runs every submitted JSON request as
@@ -485,7 +485,7 @@ end
 -- Requests a utility engine (no config) serves: ping, status and the host
 -- facilities of embed_utilities.lua.
 local UTILITY = { ping = true, status = true }
-require("sandbox.embed_utilities").register(HANDLERS, UTILITY)
+require("sandbox.embed.utilities").register(HANDLERS, UTILITY)
 
 function Engine:dispatch(rid, text)
   self.pending[rid] = true

@@ -1,4 +1,4 @@
--- container.lua: what one sealed container is, as data (spec/runtime.md
+-- runtime/container.lua: what one sealed container is, as data (spec/runtime.md
 -- 4.2-4.4). Pure: no daemon, no process; the only system calls are realpath
 -- on the two mount sources and the OS random source for names.
 --
