@@ -21,7 +21,7 @@ local cli = require "sandbox.drivers.cli"
 local engine = require "sandbox.drivers.engine"
 local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
-local installation = require "sandbox.runtime.installation"
+local installation = require "sandbox.runtime._installation"
 local signal = require "sandbox.signal"
 
 local N = tonumber(arg[1] or "20")

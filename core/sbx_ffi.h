@@ -133,7 +133,7 @@
  *   {"type":"cancel","target":R,"reason":"..."}
  *       aborts the signal of request R (fetch, assertPublicUrl,
  *       pinnedTransport); value: true if R was running
- *   Host facilities (lua/sandbox/embed/utilities.lua; also served by an
+ *   Host facilities (lua/sandbox/embed/_utilities.lua; also served by an
  *   engine made without a config, see sbx_engine_new); bytes travel as
  *   base64 in "dataBase64", non-finite numbers as "Infinity"/"-Infinity"/"NaN":
  *   {"type":"fetch","url":U,"options":{maxBytes,timeoutMs,idleTimeoutMs,
@@ -152,7 +152,7 @@
  *   {"type":"delegator.runningChannels"|"delegator.idle"|"delegator.dispose","owner":O}
  *   {"type":"research.check"|"research.run",...}  the research worker, its model
  *       runtime, search, fetch and extensions as host calls
- *       (lua/sandbox/embed/research.lua documents the shapes)
+ *       (lua/sandbox/embed/_research.lua documents the shapes)
  * An unknown type, malformed JSON, a missing member or a Lua error gives an
  * ok=false result, never a crash. Requests are at most
  * SBX_FFI_MAX_REQUEST_BYTES.

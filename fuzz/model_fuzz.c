@@ -1,6 +1,6 @@
 /*
  * model_fuzz.c: libFuzzer harness for the /model validator
- * (lua/sandbox/broker/model_payload.lua, spec/broker.md 9.1-9.5), run in a real Lua
+ * (lua/sandbox/broker/_model_payload.lua, spec/broker.md 9.1-9.5), run in a real Lua
  * state with the strict JSON decoder in front of it, as the broker does.
  *
  * Invariants checked on every input that decodes to an object:

@@ -451,7 +451,7 @@ describe("with real Docker (SANDBOX_DOCKER_TEST=1)", function()
     local dir = tmpdir()
     local path = config(dir, "", "")
     write(path, string.format([[
-local m = assert(require("sandbox.cli.demo_model").start { key = "spec-host-key" })
+local m = assert(require("sandbox.cli._demo_model").start { key = "spec-host-key" })
 return require("sandbox") {
   image = "pi-roundtable-sandbox:local", runRoot = %q, workspaceRoot = %q, stateFile = %q,
   model = "demo-model", modelUrl = m.url, allowHttp = true,

@@ -1,11 +1,11 @@
 -- demo_model_spec.lua: the scripted Chat Completions endpoint of `sbx demo`
--- (lua/sandbox/cli/demo_model.lua) over real loopback HTTP (core.http_server),
+-- (lua/sandbox/cli/_demo_model.lua) over real loopback HTTP (core.http_server),
 -- driven with the engine's own upstream client (core.http_post) and, for
 -- raw responses, curl run through core.spawn so the loop keeps serving.
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
-local demo_model = require "sandbox.cli.demo_model"
+local demo_model = require "sandbox.cli._demo_model"
 
 local KEY = "demo-spec-key-0123456789"
 

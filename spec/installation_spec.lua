@@ -5,7 +5,7 @@ local async = require "sandbox.async"
 local cleanup = require "sandbox.cli.cleanup"
 local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
-local installation = require "sandbox.runtime.installation"
+local installation = require "sandbox.runtime._installation"
 local spec_fs = require "spec_fs"
 
 local CLEANUP = "sandbox container cleanup failed; inspect this installation's containers"

@@ -12,7 +12,7 @@ local core = require "sandbox.core"
 local json = require "sandbox.json"
 local sandbox = require "sandbox"
 local runtime = require "sandbox.runtime"
-local options = require "sandbox.runtime.options"
+local options = require "sandbox.runtime._options"
 local fake = require "fake_driver"
 local fake_upstream = require "fake_upstream"
 local spec_fs = require "spec_fs"
@@ -241,9 +241,9 @@ describe("runtime construction (spec/runtime.md 3.1)", function()
 
   it("R10: a second runtime on the same roots is refused until the first is disposed", function()
     service_account()
-    local ok, inst = pcall(require, "sandbox.runtime.installation")
+    local ok, inst = pcall(require, "sandbox.runtime._installation")
     if not ok or type(inst) ~= "table" or not inst.lock then
-      pending("the installation lock lives in lua/sandbox/runtime/installation.lua, not landed yet")
+      pending("the installation lock lives in lua/sandbox/runtime/_installation.lua, not landed yet")
     end
     local root = tmproot()
     local a = runtime.new(options_for(root))
@@ -831,7 +831,7 @@ end)
 
 ---------------------------------------------------------------------------
 describe("the per-channel FIFO in front of the runtime (spec/runtime.md 5.1)", function()
-  local turn_queue = require "sandbox.channels.queue"
+  local turn_queue = require "sandbox.channels._queue"
 
   it("runs one channel's messages in order without hitting 'channel is busy'; channels run in parallel", function()
     service_account()

@@ -1,7 +1,7 @@
 // research.ts: SandboxResearchWorker for Bun hosts (shared/spec/
 // fetch-and-delegation.md section 4). The worker (the session, its agent
 // loop, tool restriction, bounds and outcome rules) runs in the engine
-// (lua/sandbox/delegator/research.lua through lua/sandbox/embed/research.lua); the
+// (lua/sandbox/delegator/research.lua through lua/sandbox/embed/_research.lua); the
 // model runtime, search, extractFetched, fetchContent and extension
 // factories are this host's functions, called back per run. Meant as a
 // ScopedSandboxDelegator's run:

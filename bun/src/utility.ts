@@ -1,7 +1,7 @@
 // utility.ts: the engine behind the standalone host facilities (safeFetch,
 // assertPublicUrl, pinnedTransport, ScopedSandboxDelegator): one engine per
 // library path made without a config script (a "utility engine": no app,
-// only the requests of lua/sandbox/embed/utilities.lua), created on first
+// only the requests of lua/sandbox/embed/_utilities.lua), created on first
 // use and stopped at process exit or by disposeUtilityEngine(). It costs a
 // thread and an idle libuv loop; with nothing in flight it keeps neither the
 // CPU nor the process's event loop busy.

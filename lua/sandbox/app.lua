@@ -115,7 +115,7 @@ local claim = require "sandbox.channels.claim"
 local commands = require "sandbox.channels.commands"
 local json = require "sandbox.json"
 local runtime = require "sandbox.runtime"
-local turn_queue = require "sandbox.channels.queue"
+local turn_queue = require "sandbox.channels._queue"
 
 local M = {}
 

@@ -7,7 +7,7 @@
 -- an embedding host starts with `app:start(host)` (see app.lua's header).
 local app = require "sandbox.app"
 local broker = require "sandbox.broker"
-local broker_config = require "sandbox.broker.config"
+local broker_config = require "sandbox.broker._config"
 
 local M = {}
 

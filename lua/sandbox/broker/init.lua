@@ -8,13 +8,13 @@
 -- now; later changes to the caller's table do not reach it) and one turn
 -- signal. It is never reused: one broker, one budget, one turn.
 local async = require "sandbox.async"
-local broker_config = require "sandbox.broker.config"
+local broker_config = require "sandbox.broker._config"
 local core = require "sandbox.core"
-local credential = require "sandbox.broker.credential"
+local credential = require "sandbox.broker._credential"
 local json = require "sandbox.json"
-local model_payload = require "sandbox.broker.model_payload"
+local model_payload = require "sandbox.broker._model_payload"
 local signal = require "sandbox.signal"
-local upstream = require "sandbox.broker.upstream"
+local upstream = require "sandbox.broker._upstream"
 
 local M = {}
 

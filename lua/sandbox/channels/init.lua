@@ -16,7 +16,7 @@
 -- be saved`. A corrupt or unreadable file stops startup: the state is never
 -- treated as empty. Turning a channel off touches no workspace file: its
 -- memory stays for when it is turned on again.
-local channel_key = require "sandbox.channels.key"
+local channel_key = require "sandbox.channels._key"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 

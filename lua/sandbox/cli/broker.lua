@@ -1,7 +1,7 @@
 -- cli/broker.lua: `sbx broker CONFIG.lua --socket PATH --channel KEY
 -- --speaker ID[:NAME[:PRINCIPAL]]`: serves exactly one bound turn's broker
 -- until SIGINT/SIGTERM or the turn deadline, then stops it with force.
-local args_lib = require "sandbox.cli.args"
+local args_lib = require "sandbox.cli._args"
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 

@@ -2,11 +2,11 @@
 -- Lists this installation's stale containers and, with --force, removes
 -- them. Never touches a container without this installation's label, nor
 -- one whose owner is a live host.
-local args_mod = require "sandbox.cli.args"
+local args_mod = require "sandbox.cli._args"
 local async = require "sandbox.async"
 local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
-local installation = require "sandbox.runtime.installation"
+local installation = require "sandbox.runtime._installation"
 
 local M = {}
 
@@ -28,7 +28,7 @@ local function err(msg) io.stderr:write("sbx cleanup: ", msg, "\n") end
 -- resolved canonical roots and the driver.
 local function resolve(cfg)
   local o = cfg.options
-  local ok, ro = pcall(require, "sandbox.runtime.options")
+  local ok, ro = pcall(require, "sandbox.runtime._options")
   if ok and type(ro) == "table" and ro.resolve then
     local opts = {}
     for k, v in pairs(o) do

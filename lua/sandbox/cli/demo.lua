@@ -1,10 +1,10 @@
 -- cli/demo.lua: `sbx demo`: two sealed turns against the built-in scripted
--- model (sandbox.cli.demo_model on 127.0.0.1), in a temporary channel, so the
+-- model (sandbox.cli._demo_model on 127.0.0.1), in a temporary channel, so the
 -- second turn shows the memory the first one saved. Everything it creates
 -- (the endpoint, the roots, the containers) is gone when it returns.
 local async = require "sandbox.async"
 local core = require "sandbox.core"
-local demo_model = require "sandbox.cli.demo_model"
+local demo_model = require "sandbox.cli._demo_model"
 local run = require "sandbox.cli.run"
 
 local M = {}
@@ -243,7 +243,7 @@ local function demo(opts)
 end
 
 function M.run(args)
-  local args_lib = require "sandbox.cli.args"
+  local args_lib = require "sandbox.cli._args"
   local parsed, err = args_lib.parse(args, { interleave = true, flags = {
     image = "value", ["no-build"] = "bool", timeout = "value" } })
   if not parsed then

@@ -2,7 +2,7 @@
 -- and prints one line per check, `ok` or `FAIL` with the exact command or
 -- change that fixes it (spec/runtime.md 3.4). It changes nothing: it never
 -- creates the roots, takes the lock or starts a container.
-local args_lib = require "sandbox.cli.args"
+local args_lib = require "sandbox.cli._args"
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local run = require "sandbox.cli.run"

@@ -4,7 +4,7 @@
 -- operator checking what a model-supplied URL would do. The body goes to
 -- stdout (or --output FILE), the status line and headers to stderr with
 -- --head; a refusal prints `<name>: <message>` and exits 1.
-local args_lib = require "sandbox.cli.args"
+local args_lib = require "sandbox.cli._args"
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local fetch = require "sandbox.fetch"

@@ -4,7 +4,7 @@
 -- Also the helpers `sbx chat` and `sbx demo` share: building a runtime from a
 -- loaded config (M.runtime_from_config), naming the fix for an operator error
 -- (M.fix_for), the guest-visible texts, running docker (M.docker).
-local args_lib = require "sandbox.cli.args"
+local args_lib = require "sandbox.cli._args"
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 
@@ -215,7 +215,7 @@ function M.parse_turn_args(args, extra_flags)
   local f = parsed.flags
   if not parsed.positional[1] then return nil, "CONFIG.lua is required" end
   if not f.channel then return nil, "--channel KEY is required (e.g. --channel demo:1)" end
-  if not require("sandbox.channels.key").valid(f.channel) then
+  if not require("sandbox.channels._key").valid(f.channel) then
     return nil, "invalid --channel '" .. f.channel .. "': use a key like discord:1234 (^[a-z][a-z0-9_-]*:.+, at most 256 characters)"
   end
   local speaker, serr = args_lib.speaker(f.speaker)

@@ -75,7 +75,7 @@
 --     cannot be stopped from Lua; whatever it returns later is dropped.
 local async = require "sandbox.async"
 local fetch = require "sandbox.fetch"
-local schema = require "sandbox.broker.schema"
+local schema = require "sandbox.broker._schema"
 local scrub = require "sandbox.scrub"
 local signals = require "sandbox.signal"
 

@@ -485,7 +485,7 @@ end
 -- Requests a utility engine (no config) serves: ping, status and the host
 -- facilities of embed_utilities.lua.
 local UTILITY = { ping = true, status = true }
-require("sandbox.embed.utilities").register(HANDLERS, UTILITY)
+require("sandbox.embed._utilities").register(HANDLERS, UTILITY)
 
 function Engine:dispatch(rid, text)
   self.pending[rid] = true

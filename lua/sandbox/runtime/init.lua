@@ -19,11 +19,11 @@
 -- Nothing here logs a payload, a credential, a URL or an exception text.
 local async = require "sandbox.async"
 local broker = require "sandbox.broker"
-local broker_config = require "sandbox.broker.config"
-local channel_key = require "sandbox.channels.key"
+local broker_config = require "sandbox.broker._config"
+local channel_key = require "sandbox.channels._key"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
-local options = require "sandbox.runtime.options"
+local options = require "sandbox.runtime._options"
 local signal = require "sandbox.signal"
 
 local M = {}
@@ -108,16 +108,16 @@ function M.owner_id()
   return boot .. ":" .. pid .. ":" .. (fields[20] or "0")
 end
 
--- lua/sandbox/runtime/installation.lua (lock, ids, sweep), when it is there.
+-- lua/sandbox/runtime/_installation.lua (lock, ids, sweep), when it is there.
 local function installation_module()
-  local ok, mod = pcall(require, "sandbox.runtime.installation")
+  local ok, mod = pcall(require, "sandbox.runtime._installation")
   if ok and type(mod) == "table" then return mod end
   return nil
 end
 
 local function take_lock(inst, run_root)
   if not (inst and inst.lock) then
-    -- TODO(installation): without lua/sandbox/runtime/installation.lua no flock
+    -- TODO(installation): without lua/sandbox/runtime/_installation.lua no flock
     -- (spec/runtime.md 6.1) is taken.
     return nil
   end
@@ -178,7 +178,7 @@ function Runtime:_sweep_once()
       run_root = self.options.runRoot, active = self.run_dirs, log = M.log,
     }
   end
-  -- Fallback while lua/sandbox/runtime/installation.lua is absent: the same steps.
+  -- Fallback while lua/sandbox/runtime/_installation.lua is absent: the same steps.
   local d, count, failed = self.driver, 0, false
   local ok, list = pcall(d.list, d, self.installation)
   if not ok or type(list) ~= "table" then

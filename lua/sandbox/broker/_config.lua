@@ -1,10 +1,10 @@
--- broker/config.lua: the broker configuration checks of spec/broker.md
+-- broker/_config.lua: the broker configuration checks of spec/broker.md
 -- section 4, run at startup (no socket) and by every broker constructor.
 -- Returns a normalized, immutable-by-convention copy: tool and server tables
 -- indexed by exact name in tables that hold only configured names.
 local json = require "sandbox.json"
-local names = require "sandbox.broker.names"
-local schema = require "sandbox.broker.schema"
+local names = require "sandbox.broker._names"
+local schema = require "sandbox.broker._schema"
 
 local M = {}
 

@@ -1,4 +1,4 @@
--- channels/key.lua: the channel key grammar of spec/runtime.md 7.1 and the
+-- channels/_key.lua: the channel key grammar of spec/runtime.md 7.1 and the
 -- workspace segment of 7.5. A key is `^[a-z][a-z0-9_-]*:.+$` over valid UTF-8,
 -- at most 256 characters, with no C0 control, DEL, U+2028 or U+2029 anywhere.
 -- The key is never interpreted as a path: the workspace is named by its hash.

@@ -1,4 +1,4 @@
--- broker/schema.lua: the schema locality walk of spec/broker.md section 9.4.
+-- broker/_schema.lua: the schema locality walk of spec/broker.md section 9.4.
 -- Tool parameter schemas travel to the provider in every /model request; a
 -- remote reference in one would make the provider fetch a URL of the guest's
 -- choosing, so only local references ("#...") are allowed, everywhere a

@@ -1,4 +1,4 @@
--- broker/names.lua: the anchored ASCII name rules of spec/broker.md section 1 and the
+-- broker/_names.lua: the anchored ASCII name rules of spec/broker.md section 1 and the
 -- endpoint URL rule of section 4. Patterns are full matches over bytes.
 local M = {}
 

@@ -1,4 +1,4 @@
--- runtime/installation.lua: who owns a pair of sandbox roots, and the stale
+-- runtime/_installation.lua: who owns a pair of sandbox roots, and the stale
 -- containers a crashed owner left behind (spec/runtime.md 6).
 --
 --   installation.lock(run_root)        -> lock, or raises E_LOCKED (6.1)

@@ -1,11 +1,11 @@
--- broker/model_payload.lua: /model request validation and rebuild (spec/broker.md
+-- broker/_model_payload.lua: /model request validation and rebuild (spec/broker.md
 -- sections 9.1-9.5). The guest's body is never forwarded: a new body is built
 -- from the members that passed, in a fixed order, with the configured model
 -- and the forced output-token cap. Anything unexpected refuses the whole
 -- request (400 before any credential or upstream contact).
 local json = require "sandbox.json"
-local names = require "sandbox.broker.names"
-local schema = require "sandbox.broker.schema"
+local names = require "sandbox.broker._names"
+local schema = require "sandbox.broker._schema"
 
 local M = {}
 

@@ -1,4 +1,4 @@
--- embed/research.lua: the research worker (lua/sandbox/delegator/research.lua) for an
+-- embed/_research.lua: the research worker (lua/sandbox/delegator/research.lua) for an
 -- embedding host (the Bun bridge's SandboxResearchWorker). The worker runs
 -- here; every host function it needs (the model runtime, search,
 -- extractFetched, fetchContent, extension factories and their tools and

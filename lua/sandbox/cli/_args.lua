@@ -1,4 +1,4 @@
--- cli/args.lua: flag parsing shared by the sbx subcommands.
+-- cli/_args.lua: flag parsing shared by the sbx subcommands.
 --   parse(args, spec) with spec = { flags = { socket = "value", force = "bool" } }
 -- returns { flags = {...}, positional = {...} } or nil, message.
 local M = {}

@@ -1,4 +1,4 @@
--- broker/upstream.lua: one upstream POST for the broker, as a yielding call bounded
+-- broker/_upstream.lua: one upstream POST for the broker, as a yielding call bounded
 -- by the call signal and the time left of the call deadline (spec/broker.md
 -- 7.2, 9.7, 9.8). The reply comes back as a decoded JSON value after the
 -- strict parse and, when a credential was used, the reflection filter.

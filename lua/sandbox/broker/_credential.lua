@@ -1,4 +1,4 @@
--- broker/credential.lua: calling the operator's apiKey hooks (spec/broker.md 9.6,
+-- broker/_credential.lua: calling the operator's apiKey hooks (spec/broker.md 9.6,
 -- 11.2). A hook runs as its own coroutine and may yield; the call waits for
 -- it or for the call signal, whichever comes first. The scope handed to the
 -- hook is a fresh table each time, so nothing the hook does reaches the

@@ -1,4 +1,4 @@
--- embed/utilities.lua: the host facilities of the embedding ABI that need
+-- embed/_utilities.lua: the host facilities of the embedding ABI that need
 -- no app (shared/spec/fetch-and-delegation.md sections 1 and 3, reached from
 -- the Bun bridge as safeFetch, assertPublicUrl, pinnedTransport and
 -- ScopedSandboxDelegator). embed.lua registers these request handlers; they
@@ -228,7 +228,7 @@ end
 function M.register(H, U)
   register_fetch(H, U)
   register_delegator(H, U)
-  require("sandbox.embed.research").register(H, U,
+  require("sandbox.embed._research").register(H, U,
     { request_signal = request_signal, finishing = finishing, result_json = result_json, need_owner = need_owner })
 end
 

@@ -1,11 +1,11 @@
--- channels/queue.lua: one FIFO per channel key (spec/runtime.md 5.1), for the
+-- channels/_queue.lua: one FIFO per channel key (spec/runtime.md 5.1), for the
 -- callers of the runtime (`sbx chat`, the claim). The runtime itself never
 -- queues: it refuses a second concurrent turn on a channel, so whatever
 -- feeds it messages orders them here first. Different channels run in
 -- parallel; there is no global limit. A job that fails does not stop the
 -- jobs queued behind it.
 --
---   local q = require("sandbox.channels.queue").new()
+--   local q = require("sandbox.channels._queue").new()
 --   local task = q:enqueue(channel, fn, ...)   -- starts when its turn comes
 --   q:run(channel, fn, ...)                    -- inside a task: wait, return fn's results
 --   q:size(channel)                            -- jobs queued or running there

@@ -1,8 +1,8 @@
--- cli/demo_model.lua: the scripted Chat Completions endpoint behind `sbx demo`
+-- cli/_demo_model.lua: the scripted Chat Completions endpoint behind `sbx demo`
 -- (and specs that want a real model on loopback). It is not a model: it
 -- follows a fixed script that exercises what a sealed turn can do.
 --
---   local demo_model = require "sandbox.cli.demo_model"
+--   local demo_model = require "sandbox.cli._demo_model"
 --   local m = assert(demo_model.start{ key = "k", model = "demo-model" })
 --   m.url      -- "http://127.0.0.1:<port>/v1/chat/completions"
 --   m.calls    -- one entry per request: {status=, authorized=, phase=, tools=}

@@ -1,4 +1,4 @@
--- runtime/options.lua: the construction checks of spec/runtime.md 3.1, steps
+-- runtime/_options.lua: the construction checks of spec/runtime.md 3.1, steps
 -- 1-14, in that exact order, with the exact error strings (raised with no
 -- position prefix). `M.resolve(opts)` returns the resolved options; it has
 -- side effects only where the spec has them (step 8 creates the roots), so
@@ -6,7 +6,7 @@
 --
 -- Steps 15-16 (installation lock, ids, stale sweep) are the runtime's.
 local broker = require "sandbox.broker"
-local broker_config = require "sandbox.broker.config"
+local broker_config = require "sandbox.broker._config"
 local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
 
