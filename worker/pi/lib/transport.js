@@ -1,0 +1,58 @@
+// transport.js: the worker loop over the broker socket (spec/rich-mode.md
+// 10.7 step 3), forever:
+//   POST /worker/ready (5 s) -> GET /worker/next (55 s; not 200: sleep 250 ms,
+//   back to ready) -> parse (96 MiB) and validate the turn -> run it ->
+//   POST /worker/result (60 s).
+// Any exception logs "broker poll failed" once until the next success, then
+// sleeps 250 ms and continues. The ready body declares no privacy
+// capabilities: privateTo projection and reader records are part 2, and an
+// image without them must not claim them (14.1).
+import * as broker from "./broker.js";
+import { validateTurn } from "./turn_input.js";
+import { runTurn } from "./turn.js";
+import { log, errorText } from "./log.js";
+import { safeName } from "./names.js";
+import { READY_TIMEOUT_MS, NEXT_TIMEOUT_MS, RESULT_TIMEOUT_MS, RETRY_SLEEP_MS, TURN_BODY_MAX } from "./limits.js";
+
+export const READY_BODY = { capabilities: {} };
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function postResult(turnId, result) {
+  const res = await broker.call("POST", "/worker/result", { body: { turnId, result }, timeoutMs: RESULT_TIMEOUT_MS });
+  if (res.status !== 200) throw new Error(`the broker answered ${res.status} for the result`);
+}
+
+// once(state, session): one ready/next/run/result round; false when no turn came.
+export async function once(state, session) {
+  const ready = await broker.call("POST", "/worker/ready", { body: READY_BODY, timeoutMs: READY_TIMEOUT_MS });
+  if (ready.status !== 200) throw new Error(`the broker answered ${ready.status} for ready`);
+  const next = await broker.call("GET", "/worker/next", { timeoutMs: NEXT_TIMEOUT_MS, max: TURN_BODY_MAX });
+  if (next.status !== 200) return false;
+  const raw = broker.json(next.bytes);
+  let turn;
+  try {
+    turn = validateTurn(raw);
+  } catch (err) {
+    if (raw && safeName(raw.turnId)) await postResult(raw.turnId, { ok: false, error: err.message });
+    return true;
+  }
+  const result = await runTurn(state, session, turn);
+  await postResult(turn.turnId, result);
+  return true;
+}
+
+export async function loop(state, session) {
+  let failing = false;
+  for (;;) {
+    try {
+      const served = await once(state, session);
+      failing = false;
+      if (!served) await sleep(RETRY_SLEEP_MS);
+    } catch (err) {
+      if (!failing) log("broker poll failed", { error: errorText(err) });
+      failing = true;
+      await sleep(RETRY_SLEEP_MS);
+    }
+  }
+}

@@ -1,0 +1,69 @@
+// turn.js: one turn in the worker (spec/rich-mode.md 17.5, part 1).
+//
+// 1. An unknown thinking level gives "unknown thinking level X".
+// 2. Set the turn context (author id, name, principalId).
+// 3. [Bridge refusal: part 2, with reader records.]
+// 4. Set memory and visibility, pin the active tools, set the thinking level.
+// 5. A 10-minute in-worker abort timer.
+// 6. Prompt with "[<name> (<id>)] <text>" plus the images. A throw, or a run
+//    whose last assistant message ended in an error, gives
+//    {ok:false, error:"prompt failed: <err>"}.
+// The reply text is trimmed and must be 1-100,000 characters, else the turn
+// output fails ("Worker output failed"). Reply files come with the part-2
+// outbox; this worker sends none.
+import { log, errorText, cut } from "./log.js";
+import { writeBridgePrompt } from "./session.js";
+import { codePoints } from "./names.js";
+import { THINKING_LEVELS, TURN_ABORT_MS, TEXT_MAX, RESULT_ERROR_MAX } from "./limits.js";
+
+function failure(error) { return { ok: false, error: cut(error, RESULT_ERROR_MAX) }; }
+
+function lastAssistant(session) {
+  const msgs = session.messages;
+  for (let i = msgs.length - 1; i >= 0; i--) if (msgs[i].role === "assistant") return msgs[i];
+  return undefined;
+}
+
+export async function runTurn(state, session, turn) {
+  if (!THINKING_LEVELS.includes(turn.thinking)) return failure(`unknown thinking level ${turn.thinking}`);
+  state.turn = turn;
+  let toolCalls = 0;
+  const unsubscribe = session.subscribe((event) => {
+    if (event.type === "tool_execution_end") toolCalls += 1;
+    else if (event.type === "auto_retry_start") log("model call retried", { attempt: event.attempt, error: cut(event.errorMessage ?? "", 2000) });
+  });
+  const timer = setTimeout(() => { void session.abort(); }, TURN_ABORT_MS);
+  try {
+    state.pinTools();
+    session.setThinkingLevel(turn.thinking);
+    writeBridgePrompt(state);
+    const before = session.messages.length;
+    const images = turn.images.map((i) => ({ type: "image", data: i.data, mimeType: i.mimeType }));
+    try {
+      await session.prompt(`[${turn.author.name} (${turn.author.id})] ${turn.text}`, {
+        expandPromptTemplates: false,
+        ...(images.length ? { images } : {}),
+      });
+    } catch (err) {
+      log("prompt failed", { turnId: turn.turnId, error: cut(errorText(err), 2000) });
+      return failure(`prompt failed: ${errorText(err)}`);
+    }
+    const reply = session.messages.length > before ? lastAssistant(session) : undefined;
+    if (!reply || reply.stopReason === "error" || reply.stopReason === "aborted") {
+      const why = reply?.errorMessage || (reply ? reply.stopReason : "no reply");
+      log("model call failed", { turnId: turn.turnId, error: cut(why, 2000) });
+      return failure(`prompt failed: ${why}`);
+    }
+    const text = (session.getLastAssistantText() ?? "").trim();
+    if (!text || codePoints(text) > TEXT_MAX) {
+      log("turn output failed", { turnId: turn.turnId, error: "Final text bounds exceeded" });
+      return failure("Worker output failed");
+    }
+    log("turn finished", { turnId: turn.turnId, thinking: turn.thinking, toolCalls });
+    return { ok: true, text, files: [] };
+  } finally {
+    clearTimeout(timer);
+    unsubscribe();
+    state.turn = undefined;
+  }
+}
