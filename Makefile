@@ -97,6 +97,7 @@ $(B)/bench/%: bench/%.c $(B)/libsbx.a $(HDRS)
 
 # The in-container worker and its image (worker/worker.mk owns these rules).
 -include worker/worker.mk
+-include worker/pi/pi.mk
 
 # ---- FFI embedding ABI (core/sbx_ffi.h): loader shim, C driver test, ASan variant ----
 # $(B)/libsbx_ffi.so: what a JavaScript runtime (Bun) loads. It forwards the
