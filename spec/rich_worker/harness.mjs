@@ -27,13 +27,15 @@ export function workerContent(profile) {
 }
 `;
 
-// startWorker({content, script, tools, servers, config, peerOptions, env})
+// startWorker({content, script, tools, servers, config, peerOptions, env, dir})
+// dir: reuse an earlier worker's directory (its workspace and content), as a
+// restarted container does.
 export async function startWorker(opts = {}) {
-  const dir = realpathSync(mkdtempSync(join(tmpdir(), "rich-worker-")));
+  const dir = opts.dir ?? realpathSync(mkdtempSync(join(tmpdir(), "rich-worker-")));
   const ws = join(dir, "workspace");
   for (const d of ["run", "workspace/attachments", "workspace/sessions", "home", "tmp"]) mkdirSync(join(dir, d), { recursive: true, mode: 0o700 });
   const contentPath = join(dir, "content.mjs");
-  writeFileSync(contentPath, opts.content ?? DEFAULT_CONTENT);
+  if (!opts.dir || opts.content) writeFileSync(contentPath, opts.content ?? DEFAULT_CONTENT);
   if (opts.files) for (const [p, body] of Object.entries(opts.files)) { mkdirSync(join(dir, p, ".."), { recursive: true }); writeFileSync(join(dir, p), body); }
   const upstream = opts.upstream ?? await startAnthropicUpstream({ script: opts.script ?? [] });
   const socketPath = join(dir, "run", "broker.sock");
@@ -79,14 +81,28 @@ export async function startWorker(opts = {}) {
   };
   return {
     dir, ws, port, peer, upstream, proc, exited, logs, waitLog, stderr, env,
-    async stop() {
+    // kill(): the worker and its peer go, the directory stays (a restart).
+    async kill() {
       proc.kill("SIGKILL");
       await exited;
       peer.stop();
+    },
+    async stop() {
+      await this.kill();
       if (!opts.upstream) upstream.stop();
-      rmSync(dir, { recursive: true, force: true });
+      if (!opts.dir) rmSync(dir, { recursive: true, force: true });
     },
   };
+}
+
+// until(pred, what): polls pred every 50 ms for up to 30 s (no timing assertion:
+// only a bound on how long a spec waits for something that must happen).
+export async function until(pred, what = "condition") {
+  const end = Date.now() + 30_000;
+  while (!pred()) {
+    if (Date.now() > end) throw new Error(`gave up waiting for ${what}`);
+    await Bun.sleep(50);
+  }
 }
 
 export const turn = (over = {}) => ({

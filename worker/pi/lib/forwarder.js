@@ -40,6 +40,9 @@ async function forward(req) {
     }
     const res = await fetch(`http://localhost${path}${url.search}`, {
       method: req.method, headers, body, unix: BROKER_SOCKET, signal: req.signal, timeout: false,
+      // Without decompress:false bun would add its own accept-encoding; the
+      // broker is asked for identity bodies only.
+      decompress: false,
     });
     if (res.status >= 400) log("broker call failed", { path, status: res.status, latencyMs: Date.now() - started });
     const out = new Headers();
