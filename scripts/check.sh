@@ -16,6 +16,8 @@
 #   fuzz         every fuzz/*_fuzz.c for FUZZ_SECONDS (default 10); one test each
 #   docker       (hook) spec/docker/*_spec.lua, real Docker; runs when present
 #   bun          (hook) `bun test` in bun/; runs when bun/package.json exists
+#   rich-worker  spec/rich_worker/ on bun (the rich worker, worker/pi/)
+#   rich-docker  spec/docker/*.test.mjs on bun against `make image-pi`, real Docker
 #
 # Counting: busted runs with an output handler written by this script (below)
 # that records passed / failed / skipped in a file of its own, apart from the
@@ -510,6 +512,52 @@ if [ -f bun/package.json ]; then
     if [ "$rc" -ne 0 ] && [ "$bf" -eq 0 ]; then bf=1; note="bun test exited $rc; "; fi
     record bun "$bp" "$bf" "$bs" "${note}$(elapsed "$start")s"
     [ "$bf" -ne 0 ] && show_tail "$blog" 60
+  fi
+fi
+
+# ---- suites: rich-worker, rich-docker (bun; spec/rich-mode.md 17) ------------------
+# The rich worker's specs run on bun against the real Pi packages pinned by
+# worker/pi/bun.lock (installed here when missing): spec/rich_worker/ always,
+# spec/docker/*.test.mjs against the images `make image-pi` builds, with real
+# Docker. As the spec user (Claude Code refuses root). Counted from bun's junit.
+if [ -f worker/pi/package.json ]; then
+  run_rich() { # run_rich SUITE ENV... -- FILES...
+    local suite="$1" env=() files=() start rc junit="$SPEC_TMP/$1-junit.xml" log="$LOGS/$1.log" top p f s
+    shift; while [ "$1" != -- ]; do env+=("$1"); shift; done; shift; files=("$@")
+    start="$(now_s)"; rm -f "$junit"
+    (cd "$WORK" && "${RUN_AS[@]}" env "TMPDIR=$SPEC_TMP" ${env[@]+"${env[@]}"} timeout -k 10 "$SUITE_TIMEOUT" \
+      bun test --reporter=junit --reporter-outfile="$junit" "${files[@]}") >"$log" 2>&1 </dev/null
+    rc=$?
+    top="$(grep -m1 -oE '<testsuites[^>]*>' "$junit" 2>/dev/null)"
+    n() { printf '%s' "$top" | grep -oE " $1=\"[0-9]+\"" | grep -oE '[0-9]+' || echo 0; }
+    f=$(( $(n failures) + $(n errors) )); s="$(n skipped)"; p=$(( $(n tests) - f - s ))
+    [ "$p" -lt 0 ] && p=0
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    record "$suite" "$p" "$f" "$s" "$(elapsed "$start")s"
+    [ "$f" -ne 0 ] && show_tail "$log" 60
+  }
+  if [ "$runner_ok" -ne 1 ] || ! have bun; then
+    record rich-worker 0 1 0 "could not run: no spec user or no bun (make deps)"
+  else
+    if [ ! -d worker/pi/node_modules ]; then
+      (cd worker/pi && bun install --frozen-lockfile) >"$LOGS/rich-install.log" 2>&1 ||
+        say check "bun install in worker/pi failed (build/check-logs/rich-install.log)"
+      if [ "$WORK" != "$SBX_ROOT" ]; then make_copy || true; fi
+    fi
+    say check "suite rich-worker: bun test spec/rich_worker/"
+    run_rich rich-worker -- ./spec/rich_worker/
+    shopt -s nullglob; RICH_DOCKER=(spec/docker/*.test.mjs); shopt -u nullglob
+    if [ ${#RICH_DOCKER[@]} -gt 0 ]; then
+      if [ "$docker_state" != ok ]; then
+        record rich-docker 0 1 0 "could not run: $docker_state"
+      elif ! make --no-print-directory image-pi >"$LOGS/image-pi.log" 2>&1; then
+        record rich-docker 0 1 0 "make image-pi failed (build/check-logs/image-pi.log)"
+        show_tail "$LOGS/image-pi.log" 40
+      else
+        say check "suite rich-docker: ${RICH_DOCKER[*]} against real Docker"
+        run_rich rich-docker SANDBOX_DOCKER_TEST=1 -- "${RICH_DOCKER[@]/#/./}"
+      fi
+    fi
   fi
 fi
 
