@@ -84,6 +84,15 @@ describe("one turn (17.5)", () => {
     expect(body).toContain("You are the spec persona for spec.");
   });
 
+  test("the turn's images reach the model as base64 image blocks", async () => {
+    const png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+    const w = await worker({ script: [textReply("a red dot")] });
+    await w.peer.whenReady();
+    expect((await w.peer.runTurn(turn({ images: [{ data: png, mimeType: "image/png" }] }))).text).toBe("a red dot");
+    const user = w.upstream.messageRequests().at(-1).body.messages[0];
+    expect(user.content.find((c) => c.type === "image").source).toEqual({ type: "base64", media_type: "image/png", data: png });
+  });
+
   test("an unknown thinking level fails the turn without a model call", async () => {
     const w = await worker();
     await w.peer.whenReady();
