@@ -105,7 +105,7 @@ M.catalogue = {
   { name = "TIMED_OUT", message = "sandbox turn timed out", reason = "deadline",
     fix = "raise turnTimeoutMs in the config (or --timeout) if turns need longer" },
   { name = "STOPPED", message = "sandbox turn stopped", reason = "stopped" },
-  { name = "BODY_TOO_LARGE", message = "body too large", reason = "worker_failed" },
+  { name = "BODY_TOO_LARGE", message = "body too large" },
   { name = "WORKER", message = "sandbox worker failed", reason = "worker_failed",
     fix = function(ctx) return string.format("check the image and the daemon with `sbx doctor %s`", config_of(ctx)) end },
   { name = "REPLY", message = "invalid sandbox reply", reason = "invalid_reply" },
