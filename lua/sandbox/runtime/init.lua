@@ -190,16 +190,6 @@ function Runtime:_workspace(channel)
   return dir
 end
 
--- The turn object of spec/runtime.md 8.2 and its stdin bytes (built once, by
--- runtime/container.lua).
-function Runtime:_turn_object(turn, text)
-  local o = self.options
-  return container.turn {
-    text = text, speaker = turn.speaker, model = o.model, prompt = o.prompt, timeZone = o.timeZone,
-    reset = turn.reset, tools = self.cfg.tool_list, mcp = self.mcp,
-  }
-end
-
 -- The ContainerSpec of spec/runtime.md 4.1.
 function Runtime:_container_spec(turn, run_dir, workspace_dir)
   local o = self.options
@@ -232,7 +222,12 @@ function Runtime:_in_run_dir(turn, text, workspace_dir)
     b = broker.bind(self.cfg, { apiKey = o.apiKey, channel = turn.channel, speaker = turn.speaker, signal = sig })
     local started, err = b:start(socket)
     if not started then fail(err == broker.SOCKET_TOO_LONG and err or errors.BROKER_START) end
-    local turn_obj, input = self:_turn_object(turn, text)
+    -- 5.3 step 7: the turn of 8.2 and its stdin bytes, built once
+    -- (runtime/container.lua); the limit applies to those bytes.
+    local turn_obj, input = container.turn {
+      text = text, speaker = turn.speaker, model = o.model, prompt = o.prompt, timeZone = o.timeZone,
+      reset = turn.reset, tools = self.cfg.tool_list, mcp = self.mcp,
+    }
     if #input > M.MAX_TURN_BYTES then fail(M.E_TOO_LARGE) end
     if sig.aborted then fail(sig.reason) end
     local reply = check_reply(self.driver:run(self:_container_spec(turn, run_dir, workspace_dir), turn_obj, sig))
