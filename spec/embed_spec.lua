@@ -2,14 +2,45 @@
 -- and the utility requests of embed/_utilities.lua, embed/_research.lua),
 -- driven in this process with the four closures core/ffi.c hands it, so
 -- request and result shapes are visible without the engine thread
--- (tests/ffi/ffi_test.c drives the same module through the C ABI, bun/test
--- through Bun). The app is tests/ffi/fake_app.lua, a duck-typed app.
+-- (the C driver of the ABI drives the same module through core/ffi.c,
+-- bun/test through Bun). The config returns a duck-typed app (the methods of
+-- lua/sandbox/app.lua, no runtime), so only the engine is under test.
 local async = require "sandbox.async"
 local embed = require "sandbox.embed"
 local json = require "sandbox.json"
 local spec_fs = require "spec_fs"
 
-local FAKE_APP = "tests/ffi/fake_app.lua"
+-- The duck-typed app: echoes, asks host.apiKey on "key", raises on "raise";
+-- typing is started and stopped around every answer.
+local APP = [[
+local app = { options = {}, services = {} }
+function app:start(host) self.host = host return self end
+function app:claim(event, admission)
+  if event.channelId ~= "1" then return { claim = false, priority = 200 } end
+  return { claim = true, priority = 200, action = admission and "answer" or "drop" }
+end
+function app:handle(event, admission)
+  local stop_typing = self.host.typing(event)
+  local text = event.text
+  if text == "raise" then stop_typing() error("fake turn exploded", 0) end
+  local reply = "echo: " .. text
+  if text == "key" then
+    reply = "key=" .. tostring(self.host.apiKey({ channel = "discord:" .. event.channelId,
+      speaker = { id = event.author.id, name = event.author.name, principalId = admission.principalId } }))
+  end
+  stop_typing()
+  return { replies = { reply } }
+end
+function app:command() return { replies = { "ok" }, ephemeral = true } end
+function app:status() return { started = true } end
+function app:dispose() end
+return app
+]]
+
+local dir = spec_fs.tmpdir("sbx-spec")
+local FAKE_APP = dir .. "/app.lua"
+spec_fs.write(FAKE_APP, APP)
+teardown(function() spec_fs.rmdir(dir, "sbx-spec") end)
 
 -- An engine whose outputs are collected in h.out ({rid, text, final, v}).
 local function engine(path, options_json)
