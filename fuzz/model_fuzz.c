@@ -27,7 +27,7 @@
 
 static const char *const CHECK =
   "local json = require 'sandbox.json'\n"
-  "local mp = require 'sandbox.model_payload'\n"
+  "local mp = require 'sandbox.broker._model_payload'\n"
   "return function(text)\n"
   "  local body = json.decode(text)\n"
   "  if json.kind(body) ~= 'object' then return true end\n"
