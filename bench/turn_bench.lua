@@ -74,7 +74,7 @@ local function bare_run()
     name = "roundtable-sandbox-" .. core.random_hex(8) .. "-" .. core.random_hex(4), image = NOOP_IMAGE,
     runDir = root .. "/base/run", workspaceDir = root .. "/base/ws", uid = uid, gid = gid,
     memoryMb = 512, cpus = 1, pids = 64,
-    labels = { ["roundtable.sandbox.installation"] = "bench", ["roundtable.sandbox.owner"] = "bench" },
+    labels = container.labels("bench", "bench"),
   }
   local t0 = core.hrtime()
   local res = async.await(function(resume)

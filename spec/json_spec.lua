@@ -452,3 +452,61 @@ describe("core.utf8_valid", function()
     assert.is_false(core.utf8_valid("\255"))
   end)
 end)
+
+-- lua/sandbox/json.lua: the Lua face every module uses (the engine included).
+describe("sandbox.json", function()
+  local sj = require "sandbox.json"
+
+  it("object keeps the order of names and leaves nil values out; array stays an array when empty", function()
+    assert.equal('{"b":1,"a":2}', sj.encode(sj.object({ "b", "x", "a" }, { a = 2, b = 1 })))
+    assert.equal("[]", sj.encode(sj.array()))
+    assert.equal("array", sj.kind(sj.array()))
+    assert.equal("object", sj.kind(sj.object({}, {})))
+  end)
+
+  it("kind, keys and count read decoded values and plain tables alike", function()
+    local v = sj.decode('{"z":1,"a":[],"m":null}')
+    assert.same({ "z", "a", "m" }, sj.keys(v))
+    assert.equal(3, sj.count(v))
+    assert.equal("null", sj.kind(v.m))
+    assert.equal("array", sj.kind({ 1, 2 }))
+    assert.equal("object", sj.kind({ a = 1 }))
+    assert.is_nil(sj.kind(function() end))
+    assert.same({ "a", "b" }, sj.keys({ b = 1, a = 2 }))
+  end)
+
+  it("plain turns decoded JSON into plain tables, null members left out", function()
+    local p = sj.plain(sj.decode('{"a":null,"b":[1,null,{"c":null}],"d":"x"}'))
+    assert.is_nil(getmetatable(p))
+    assert.is_nil(p.a)
+    assert.equal("x", p.d)
+    assert.same({ 1, nil, {} }, p.b)
+    assert.is_nil(sj.plain(sj.null))
+  end)
+
+  it("jsonable makes any Lua value encodable: functions left out, nil and non-finite as null", function()
+    assert.equal('{"a":[1,null,"s"],"n":null}',
+      sj.encode(sj.jsonable({ a = { 1, 0 / 0, "s" }, f = print, n = math.huge, [3] = "int key dropped" })))
+    assert.is_nil(sj.jsonable(print))
+    assert.equal(sj.null, sj.jsonable(nil))
+    assert.equal(sj.null, sj.value(print))
+    assert.equal(sj.null, sj.value(nil))
+    assert.equal(7, sj.value(7))
+  end)
+
+  it("jsonable keeps an ordered object's order and puts its other members after, sorted", function()
+    local o = sj.object({ "z", "a" }, { z = 1, a = 2 })
+    o.m, o.b = 3, 4
+    assert.equal('{"z":1,"a":2,"b":4,"m":3}', sj.encode(sj.jsonable(o)))
+  end)
+
+  it("bounds the recursion at 64 levels, which also ends a cycle", function()
+    local t = {}
+    t.self = t
+    local j, depth = sj.jsonable(t), 0
+    while j.self do j, depth = j.self, depth + 1 end
+    assert.equal(64, depth)
+    local p = sj.decode(string.rep("[", 64) .. string.rep("]", 64))
+    assert.is_table(sj.plain(p))
+  end)
+end)

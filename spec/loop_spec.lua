@@ -98,4 +98,46 @@ describe("async", function()
   it("refuses a task that waits on nothing instead of hanging", function()
     assert.has_error(function() async.run(function() async.await(function() end) end) end)
   end)
+
+  describe("wait_or_abort (a task or the signal, whichever is first)", function()
+    local signal = require "sandbox.signal"
+
+    it("returns true once the task finished, and drops its abort hook", function()
+      local sig = signal.new()
+      local done = async.run(function()
+        local t = async.spawn(function() async.sleep(5) return "x" end)
+        return async.wait_or_abort(t, sig)
+      end)
+      assert.is_true(done)
+      for _, h in ipairs(sig._handlers) do assert.is_nil(h.fn) end   -- no live hook on a long-lived signal
+    end)
+
+    it("returns false when the signal aborts first; the task keeps running", function()
+      local sig = signal.new()
+      local finished = false
+      local done, still = async.run(function()
+        local t = async.spawn(function() async.sleep(50) finished = true end)
+        core.timer(5, function() sig:abort("stop") end)
+        local d = async.wait_or_abort(t, sig)
+        local running = not t.done
+        async.wait(t)
+        return d, running
+      end)
+      assert.is_false(done)
+      assert.is_true(still)
+      assert.is_true(finished)
+    end)
+
+    it("does not wait when the task is done or the signal already aborted", function()
+      local sig = signal.new()
+      assert.is_true(async.run(function() return async.wait_or_abort(async.spawn(function() end), sig) end))
+      sig:abort()
+      assert.is_false(async.run(function()
+        local t = async.spawn(function() async.sleep(5) end)
+        local d = async.wait_or_abort(t, sig)
+        async.wait(t)
+        return d
+      end))
+    end)
+  end)
 end)

@@ -131,14 +131,12 @@ describe("/mcp/<server>", function()
 end)
 
 describe("/mcp/<server> against the official MCP SDK server", function()
-  local ok_node, mcp_server = pcall(require, "mcp_server")
+  local mcp_server = require "mcp_server"
   local server
 
   setup(function()
-    if ok_node then
-      local ok, s = pcall(mcp_server.start, { require_key = H.MCP_KEY })
-      if ok then server = s end
-    end
+    local ok, s = pcall(mcp_server.start, { require_key = H.MCP_KEY })
+    if ok then server = s end
   end)
   teardown(function() if server then server:stop() end end)
 

@@ -13,7 +13,8 @@
 -- option values it can check without side effects, and returns an app that
 -- is NOT started yet: it creates no directory, takes no lock and starts no
 -- runtime, so config scripts stay loadable by `sbx run/chat/doctor/cleanup`
--- (which build their own runtime from `app.options`). The app is also a
+-- (`sbx run` and `sbx chat` build their runtime from
+-- `app:runtime_options(host)`, as app:start does). The app is also a
 -- config: `sandbox.is_config(app)` is true, `app.options` and
 -- `app:broker{...}` keep working. The embedding host then calls, inside a
 -- task (async.spawn/async.run; it may yield):
@@ -104,6 +105,10 @@
 --                     queued={key=n} }   (lists are json.array, queued a
 --                     json.object: json.encode keeps [] and {} apart)
 --   app:dispose()  (yields; idempotent) disposes the runtime.
+--   app:runtime_options(host) -> opts, checked: what app:start hands
+--     sandbox.runtime.new (3.2 steps 2-3: the options without stateFile,
+--     initialChannels and provider; apiKey resolved; the host's time zone)
+--     and the broker configuration sandbox{} already checked.
 --
 -- start, handle, command and dispose yield: call them inside a task
 -- (async.spawn / async.run). claim, owns, stop, start_fresh, background and
@@ -113,6 +118,7 @@
 local channels = require "sandbox.channels"
 local claim = require "sandbox.channels.claim"
 local commands = require "sandbox.channels.commands"
+local errors = require "sandbox.errors"
 local json = require "sandbox.json"
 local runtime = require "sandbox.runtime"
 local turn_queue = require "sandbox.channels._queue"
@@ -122,8 +128,8 @@ local M = {}
 M.SERVICE_ID = "sandbox.channels"
 M.LIFECYCLE = "sandbox-runtime"
 M.DEFAULT_TIME_ZONE = "UTC"
-M.E_API_KEY = "apiKey is required when no host login is available"
-M.E_NOT_STARTED = "sandbox is not started"
+M.E_API_KEY = errors.API_KEY_REQUIRED
+M.E_NOT_STARTED = errors.NOT_STARTED
 M.LOG_STATE = "routing state could not be opened"
 
 -- Options of `sandbox{}` that the runtime does not take (2.1).
@@ -144,7 +150,8 @@ function M.wrap(cfg, Config)
       return Config[k]
     end }
   end
-  return setmetatable({ options = cfg.options, started = false, services = {} }, M.mt)
+  return setmetatable({ options = cfg.options, broker_config = cfg.broker_config, started = false,
+    services = {} }, M.mt)
 end
 
 function M.is_app(v)
@@ -163,7 +170,7 @@ end
 -- §3.2 step 2: the apiKey the runtime gets.
 local function resolve_api_key(o, host)
   if o.apiKey ~= nil then
-    if type(o.apiKey) ~= "function" then fail("apiKey must be a function") end
+    if type(o.apiKey) ~= "function" then fail(errors.API_KEY_TYPE) end
     return o.apiKey
   end
   local login = host.hostLogin
@@ -174,12 +181,13 @@ local function resolve_api_key(o, host)
   return function() return login(provider) end
 end
 
--- spec/runtime.md 3.2 steps 2-9. Inside a task. Returns self.
-function App:start(host)
-  if self.started then return self end
-  if self.disposed then fail(runtime.E_BUSY) end
+-- §3.2 steps 2-3: the options of `sandbox.runtime{}` this app runs with
+-- for `host` (see the header), and the checked broker configuration to hand
+-- runtime.new with them. The one path from sandbox{} options to a runtime:
+-- app:start and `sbx run`/`sbx chat` both take it.
+function App:runtime_options(host)
   host = host or {}
-  if type(host) ~= "table" then fail("sandbox host must be a table") end
+  if type(host) ~= "table" then fail(errors.HOST_TABLE) end
   local o = self.options
   local opts = {}
   for k, v in pairs(o) do
@@ -187,7 +195,16 @@ function App:start(host)
   end
   opts.apiKey = resolve_api_key(o, host)                             -- step 2
   opts.timeZone = host.timeZone or M.DEFAULT_TIME_ZONE
-  local rt = runtime.new(opts)                                        -- step 3
+  return opts, self.broker_config
+end
+
+-- spec/runtime.md 3.2 steps 2-9. Inside a task. Returns self.
+function App:start(host)
+  if self.started then return self end
+  if self.disposed then fail(runtime.E_BUSY) end
+  host = host or {}
+  local o = self.options
+  local rt = runtime.new(self:runtime_options(host))                  -- steps 2-3
   local store_path
   local ok, store = pcall(function()
     store_path = channels.state_path(o.stateFile, rt.options.runRoot,   -- steps 4-6
@@ -197,9 +214,10 @@ function App:start(host)
     }
   end)
   if not ok then
-    if channels.FIXES[store] then
+    local fix = errors.fix(store)
+    if fix then
       self.host = host
-      self:_log("error", M.LOG_STATE, { file = store_path or o.stateFile, fix = channels.FIXES[store] })
+      self:_log("error", M.LOG_STATE, { file = store_path or o.stateFile, fix = fix })
       self.host = nil
     end
     rt:dispose()

@@ -8,6 +8,8 @@
 --                          resume(...) is called; returns its arguments
 --   async.sleep(ms)        inside a task
 --   async.wait(task)       inside a task: the task's ok, results...
+--   async.wait_or_abort(task, sig)  inside a task: until the task finishes
+--                          or sig aborts; true when the task finished
 --   async.run(fn, ...)     outside any task: spawn fn and drive the loop until
 --                          it finishes; returns its results or raises its error
 local core = require "sandbox.core"
@@ -75,6 +77,21 @@ function M.wait(task)
     M.await(function(resume) M.on_done(task, resume) end)
   end
   return unpack(task.results, 1, task.results.n)
+end
+
+-- Inside a task: waits until `task` has finished or `sig` has aborted,
+-- whichever comes first (the task keeps running after an abort; whoever
+-- spawned it decides what an abandoned result means). Returns task.done.
+function M.wait_or_abort(task, sig)
+  if not task.done and not sig.aborted then
+    local unhook
+    M.await(function(resume)
+      M.on_done(task, function() resume() end)
+      unhook = sig:on_abort(function() resume() end)
+    end)
+    if unhook then unhook() end
+  end
+  return task.done
 end
 
 -- Outside any task: runs fn as a task and drives the loop until it is done.

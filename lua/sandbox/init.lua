@@ -8,6 +8,8 @@
 local app = require "sandbox.app"
 local broker = require "sandbox.broker"
 local broker_config = require "sandbox.broker._config"
+local errors = require "sandbox.errors"
+local options = require "sandbox.runtime._options"
 
 local M = {}
 
@@ -18,7 +20,7 @@ M.OPTIONS = {
   allowHttp = true,
 }
 
-M.DEFAULT_TURN_TIMEOUT_MS = 120000
+M.DEFAULT_TURN_TIMEOUT_MS = options.DEFAULT_TURN_TIMEOUT_MS
 
 local Config = {}
 Config.__index = Config
@@ -27,38 +29,32 @@ local function fail(msg) error(msg, 0) end
 
 -- Validates opts and returns the app (lua/sandbox/app.lua): a config object
 -- (`options`, `broker`) that `app:start(host)` turns into the running
--- sandbox. Raises the spec's error string.
+-- sandbox. Raises the spec's error string. The broker configuration checked
+-- here is the one the runtime and every broker use (no second check).
 function M.new(opts)
-  if type(opts) ~= "table" then fail("sandbox options must be a table") end
+  if type(opts) ~= "table" then fail(errors.OPTIONS_TABLE) end
   broker_config.check_option_names(opts, M.OPTIONS)
-  if type(opts.model) ~= "string" or broker_config.is_blank(opts.model) then fail(broker_config.E_MODEL) end
-  if opts.apiKey ~= nil and type(opts.apiKey) ~= "function" then fail("apiKey must be a function") end
-  if opts.prompt ~= nil and (type(opts.prompt) ~= "string" or not utf8.len(opts.prompt)) then
-    fail("invalid prompt")
-  end
-  local timeout = opts.turnTimeoutMs
-  if timeout ~= nil and not (math.type(timeout) == "integer" and timeout >= 1000 and timeout <= 600000) then
-    fail("turnTimeoutMs must be 1000 to 600000")
-  end
+  options.check_model(opts.model)
+  if opts.apiKey ~= nil and type(opts.apiKey) ~= "function" then fail(errors.API_KEY_TYPE) end
+  options.check_prompt(opts.prompt)
+  local timeout = options.check_turn_timeout(opts.turnTimeoutMs)
   -- The throw-away broker check of spec/runtime.md 3.1 step 14: no socket.
-  broker_config.check(opts)
-  local options = {}
-  for k, v in pairs(opts) do options[k] = v end
-  options.turnTimeoutMs = timeout or M.DEFAULT_TURN_TIMEOUT_MS
-  options.provider = options.provider or "openai"
-  return app.wrap({ options = options }, Config)
+  local cfg = broker_config.check(opts)
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.turnTimeoutMs = timeout
+  o.provider = o.provider or "openai"
+  return app.wrap({ options = o, broker_config = cfg }, Config)
 end
 
 -- A broker bound to one turn: t = {channel=, speaker={id,name,principalId},
 -- signal=, audit=}.
 function Config:broker(t)
   local o = self.options
-  if type(o.apiKey) ~= "function" then fail("apiKey is required when no host login is available") end
-  return broker.new {
-    model = o.model, modelUrl = o.modelUrl, allowHttp = o.allowHttp, apiKey = o.apiKey,
-    tools = o.tools, mcp = o.mcp, channel = t.channel, speaker = t.speaker, signal = t.signal,
-    audit = t.audit,
-  }
+  if type(o.apiKey) ~= "function" then fail(errors.API_KEY_REQUIRED) end
+  return broker.bind(self.broker_config, {
+    apiKey = o.apiKey, channel = t.channel, speaker = t.speaker, signal = t.signal, audit = t.audit,
+  })
 end
 
 function M.is_config(v)

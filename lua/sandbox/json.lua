@@ -1,6 +1,14 @@
 -- json.lua: the Lua face of the core's strict JSON (spec/broker.md section 8).
 -- Decoded objects and arrays keep their kind (empty {} and [] stay apart),
 -- objects keep member order, and JSON null is json.null, never nil.
+--
+--   json.decode(s) / json.encode(v[, max]) / json.utf8_valid(s)   the core's
+--   json.object(names, values) / json.array(list)   values that encode in order
+--   json.kind(v) / json.is_object(v) / json.is_array(v) / json.keys(o) / json.count(v)
+--   json.plain(v)     decoded JSON -> plain Lua tables (null members left out)
+--   json.jsonable(v)  any Lua value -> what json.encode accepts (or nil: leave out)
+--   json.value(v)     json.jsonable(v), with a left-out value as json.null
+-- The last three bound their recursion at MAX_DEPTH (the spec's 64 levels).
 local core = require "sandbox.core"
 
 local M = {
@@ -10,7 +18,10 @@ local M = {
   utf8_valid = core.utf8_valid,
 }
 
+M.MAX_DEPTH = 64
+
 local object_mt, array_mt, order = core.json_object_mt, core.json_array_mt, core.json_order
+local null = M.null
 
 -- A new object whose members are encoded in the order of `names`.
 -- values[name] may be nil (the member is then left out).
@@ -85,6 +96,77 @@ function M.count(v)
   local n = 0
   for _ in pairs(v) do n = n + 1 end
   return n
+end
+
+local function plain(v, depth)
+  if v == null then return nil end
+  if type(v) ~= "table" or depth > M.MAX_DEPTH then return v end
+  local out = {}
+  if getmetatable(v) == array_mt then
+    for i = 1, #v do out[i] = plain(v[i], depth + 1) end
+  else
+    for k, x in pairs(v) do out[k] = plain(x, depth + 1) end
+  end
+  return out
+end
+
+-- Decoded JSON -> plain Lua tables, so `if x` reads a null member as absent.
+function M.plain(v) return plain(v, 0) end
+
+local jsonable
+
+local function array_of(v, n, depth)
+  local a = setmetatable({}, array_mt)
+  for i = 1, n do
+    local j = jsonable(v[i], depth + 1)
+    if j == nil then j = null end
+    a[i] = j
+  end
+  return a
+end
+
+function jsonable(v, depth)
+  local t = type(v)
+  if v == nil or v == null then return null end
+  if t == "string" or t == "boolean" then return v end
+  if t == "number" then
+    if v ~= v or v == math.huge or v == -math.huge then return null end
+    return v
+  end
+  if t ~= "table" or depth > M.MAX_DEPTH then return nil end
+  local mt = getmetatable(v)
+  if mt == array_mt then return array_of(v, #v, depth) end
+  local n, count = #v, 0
+  for _ in pairs(v) do count = count + 1 end
+  if n > 0 and count == n then return array_of(v, n, depth) end
+  local o = setmetatable({}, object_mt)
+  local names = {}
+  for k, x in pairs(v) do
+    if type(k) == "string" then
+      local j = jsonable(x, depth + 1)
+      if j ~= nil then o[k] = j names[#names + 1] = k end
+    end
+  end
+  local kept = mt == object_mt and order[v] or nil
+  if kept then
+    local seen, ordered = {}, {}
+    for _, k in ipairs(kept) do if o[k] ~= nil then ordered[#ordered + 1] = k seen[k] = true end end
+    table.sort(names)
+    for _, k in ipairs(names) do if not seen[k] then ordered[#ordered + 1] = k end end
+    order[o] = ordered
+  end
+  return o
+end
+
+-- Any Lua value -> something json.encode accepts: functions, threads and
+-- other userdata are left out (nil), nil becomes null, a non-finite number
+-- null, a sequence an array; an ordered object keeps its member order.
+function M.jsonable(v) return jsonable(v, 0) end
+
+function M.value(v)
+  local j = jsonable(v, 0)
+  if j == nil then return null end
+  return j
 end
 
 return M

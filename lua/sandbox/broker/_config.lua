@@ -1,18 +1,21 @@
 -- broker/_config.lua: the broker configuration checks of spec/broker.md
--- section 4, run at startup (no socket) and by every broker constructor.
+-- section 4, run once per configuration: by sandbox{} and runtime
+-- construction (3.1 step 14), or by broker.new for a broker made alone.
 -- Returns a normalized, immutable-by-convention copy: tool and server tables
--- indexed by exact name in tables that hold only configured names.
+-- indexed by exact name in tables that hold only configured names. The
+-- model apiKey is not part of it: broker.bind takes it with the turn.
+local errors = require "sandbox.errors"
 local json = require "sandbox.json"
 local names = require "sandbox.broker._names"
 local schema = require "sandbox.broker._schema"
 
 local M = {}
 
-M.E_BUDGET = "invalid broker call or output-token budget"
-M.E_TOOL = "invalid or duplicate host tool"
-M.E_MCP = "invalid or duplicate MCP server/tool"
-M.E_MODEL = "model is required"
-M.E_UNKNOWN = "unknown sandbox option: "
+M.E_BUDGET = errors.BUDGET
+M.E_TOOL = errors.TOOL
+M.E_MCP = errors.MCP
+M.E_MODEL = errors.MODEL
+M.E_UNKNOWN = errors.UNKNOWN_OPTION
 
 M.DEFAULT_MAX_CALLS = 48
 M.DEFAULT_MAX_OUTPUT_TOKENS = 4096
@@ -72,7 +75,7 @@ end
 -- Checks opts and returns the normalized configuration; raises the spec's
 -- error string on the first failure.
 function M.check(opts)
-  if type(opts) ~= "table" then fail("broker options must be a table") end
+  if type(opts) ~= "table" then fail(errors.BROKER_OPTIONS) end
   local allow_http = opts.allowHttp == true
   if type(opts.model) ~= "string" or M.is_blank(opts.model) then fail(M.E_MODEL) end
   check_endpoint(opts.modelUrl, allow_http)
@@ -119,7 +122,6 @@ function M.check(opts)
     model = opts.model,
     modelUrl = opts.modelUrl,
     allowHttp = allow_http,
-    apiKey = opts.apiKey,
     maxCalls = math.tointeger(max_calls),
     maxOutputTokens = math.tointeger(max_tokens),
     tools = tools, tool_list = tool_list,

@@ -23,13 +23,7 @@ end
 function M.call_hook(hook, scope, signal)
   if signal.aborted then return "error" end
   local task = async.spawn(hook, scope)
-  if not task.done then
-    async.await(function(resume)
-      async.on_done(task, resume)
-      signal:on_abort(function() resume() end)
-    end)
-  end
-  if signal.aborted or not task.done or not task.ok then return "error" end
+  if not async.wait_or_abort(task, signal) or signal.aborted or not task.ok then return "error" end
   return "ok", task.results[2]
 end
 

@@ -1,5 +1,7 @@
 -- broker/_names.lua: the anchored ASCII name rules of spec/broker.md section 1 and the
 -- endpoint URL rule of section 4. Patterns are full matches over bytes.
+local errors = require "sandbox.errors"
+
 local M = {}
 
 -- ^[a-z][a-z0-9_]{0,max-1}$
@@ -21,8 +23,8 @@ function M.call_id(s)
   return n ~= nil and n >= 1 and n <= 128
 end
 
-M.URL_INVALID = "invalid broker endpoint URL"
-M.URL_UNSAFE = "broker endpoints must be credential-free HTTPS URLs"
+M.URL_INVALID = errors.URL_INVALID
+M.URL_UNSAFE = errors.URL_UNSAFE
 
 local function valid_host(host)
   if host == "" then return false end

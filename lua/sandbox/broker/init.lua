@@ -11,6 +11,7 @@ local async = require "sandbox.async"
 local broker_config = require "sandbox.broker._config"
 local core = require "sandbox.core"
 local credential = require "sandbox.broker._credential"
+local errors = require "sandbox.errors"
 local json = require "sandbox.json"
 local model_payload = require "sandbox.broker._model_payload"
 local signal = require "sandbox.signal"
@@ -20,7 +21,7 @@ local M = {}
 
 M.FAILED = "broker call failed"
 M.MCP_REFUSED = "MCP method or tool refused"
-M.SOCKET_TOO_LONG = "broker socket path too long"
+M.SOCKET_TOO_LONG = errors.SOCKET_TOO_LONG
 M.CALL_DEADLINE_MS = 60000
 M.MAX_REPLY_BYTES = 1048576
 M.MAX_SOCKET_PATH = 100
@@ -39,19 +40,26 @@ local function copy_speaker(sp)
   return { id = field("id"), name = field("name"), principalId = field("principalId") }
 end
 
--- opts: the broker configuration (model, modelUrl, allowHttp, apiKey, tools,
--- mcp, maxCalls, maxOutputTokens, transport) plus channel, speaker and signal
--- (the turn signal; a fresh one when absent) and audit (optional function
--- receiving one payload-free record per settled call).
+-- opts: the broker configuration (model, modelUrl, allowHttp, tools, mcp,
+-- maxCalls, maxOutputTokens, transport) plus the binding: apiKey, channel,
+-- speaker and signal (the turn signal; a fresh one when absent) and audit
+-- (optional function receiving one payload-free record per settled call).
 function M.new(opts)
-  local cfg = broker_config.check(opts)
-  if type(opts.channel) ~= "string" then error("broker channel must be a string", 0) end
+  return M.bind(broker_config.check(opts), opts)
+end
+
+-- A broker over a configuration broker/_config.check already returned (the
+-- runtime checks it once at construction, not once per turn), bound to
+-- b = {apiKey, channel, speaker, signal, audit} as in M.new.
+function M.bind(cfg, b)
+  if type(b.channel) ~= "string" then error("broker channel must be a string", 0) end
   local self = setmetatable({
     cfg = cfg,
-    channel = opts.channel,
-    speaker = copy_speaker(opts.speaker),
-    turn_signal = opts.signal or signal.new(),
-    audit = opts.audit,
+    api_key = b.apiKey,
+    channel = b.channel,
+    speaker = copy_speaker(b.speaker),
+    turn_signal = b.signal or signal.new(),
+    audit = b.audit,
   }, Broker)
   self.turn_signal:on_abort(function()
     if self.listener then self.listener:end_turn() end
@@ -116,7 +124,7 @@ function Broker:_model(body, sig, deadline)
   local cfg = self.cfg
   local forced, refused = model_payload.rebuild(body, cfg.model, cfg.maxOutputTokens)
   if not forced then return 400, refused end
-  local key = credential.for_model(cfg.apiKey, self:_scope(), sig)
+  local key = credential.for_model(self.api_key, self:_scope(), sig)
   if not key then return 502 end
   local encoded = json.encode(forced)
   if not encoded then return 502 end

@@ -3,11 +3,12 @@
 -- at most 256 characters, with no C0 control, DEL, U+2028 or U+2029 anywhere.
 -- The key is never interpreted as a path: the workspace is named by its hash.
 local core = require "sandbox.core"
+local errors = require "sandbox.errors"
 
 local M = {}
 
 M.MAX_CHARS = 256
-M.E_INVALID = "invalid sandbox channel"
+M.E_INVALID = errors.CHANNEL
 
 function M.valid(key)
   if type(key) ~= "string" or not core.utf8_valid(key) then return false end

@@ -18,6 +18,7 @@
 -- memory stays for when it is turned on again.
 local channel_key = require "sandbox.channels._key"
 local core = require "sandbox.core"
+local errors = require "sandbox.errors"
 local json = require "sandbox.json"
 
 local M = {}
@@ -25,14 +26,14 @@ local M = {}
 M.MAX_FILE_BYTES = 1048576
 M.MAX_DEPTH = 64
 
-M.E_INVALID_STATE = "invalid sandbox channel state"
+M.E_INVALID_STATE = errors.STATE_INVALID
 M.E_CHANNEL = channel_key.E_INVALID
-M.E_SAVE = "routing state could not be saved"
-M.E_DIR = "routing state directory must be private and service-owned"
-M.E_FILE = "routing state must be a service-owned regular file"
-M.E_ABSOLUTE = "stateFile must be absolute"
-M.E_NAME = "stateFile must name a file"
-M.E_MOUNTS = "routing state must stay outside sandbox mounts"
+M.E_SAVE = errors.STATE_SAVE
+M.E_DIR = errors.STATE_DIR
+M.E_FILE = errors.STATE_FILE
+M.E_ABSOLUTE = errors.STATE_ABSOLUTE
+M.E_NAME = errors.STATE_NAME
+M.E_MOUNTS = errors.STATE_MOUNTS
 
 local ENOENT = 2
 local DIR_MODE = tonumber("700", 8)
@@ -40,19 +41,11 @@ local PRIVATE_BITS = tonumber("077", 8)
 
 local function fail(msg) error(msg, 0) end
 
--- The operator-facing form of a startup error: names the file and the fix
--- (the message itself stays the spec's exact string; `open` attaches this as
--- `store_error.detail` for logs and `sbx doctor`).
-M.FIXES = {
-  [M.E_INVALID_STATE] = "the file must be a JSON array of channel keys such as "
-    .. '["discord:123456789"]; restore it from a backup or remove it to start from initialChannels',
-  [M.E_DIR] = "chown the directory to the service user and chmod it 0700",
-  [M.E_FILE] = "replace it with a regular file owned by the service user (no symbolic link)",
-}
-
--- Operator detail for a startup failure: "<message>: <file>: <fix>".
+-- The operator-facing form of a startup error: "<message>: <file>: <fix>",
+-- the fix from sandbox.errors (the message itself stays the spec's exact
+-- string, for logs and `sbx doctor`).
 function M.explain(msg, path)
-  local fix = M.FIXES[msg]
+  local fix = errors.fix(msg)
   if not fix then return msg end
   return msg .. ": " .. tostring(path) .. ": " .. fix
 end

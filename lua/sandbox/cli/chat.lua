@@ -4,8 +4,8 @@
 -- stdin is read on the event loop (core.read_lines), so the spinner, signals
 -- and the turn itself keep running while it waits for input.
 local async = require "sandbox.async"
+local common = require "sandbox.cli._common"
 local core = require "sandbox.core"
-local run = require "sandbox.cli.run"
 
 local M = {}
 
@@ -33,7 +33,7 @@ In the chat:
 local SPIN = { "|", "/", "-", "\\" }
 
 function M.run(args)
-  local parsed, speaker = run.parse_turn_args(args)
+  local parsed, speaker = common.parse_turn_args(args)
   if not parsed then
     io.stderr:write("sbx chat: ", speaker, "\n\n", M.help)
     return 2
@@ -44,10 +44,10 @@ function M.run(args)
     return 2
   end
   local channel = parsed.flags.channel
-  local rt, cfg = run.open("chat", parsed)
+  local rt, cfg = common.open("chat", parsed)
   if not rt then return cfg end
   local path = parsed.positional[1]
-  local tty_in, tty_err = run.isatty(0), run.isatty(2)
+  local tty_in, tty_err = common.isatty(0), common.isatty(2)
 
   return async.run(function()
     local queue, eof, quit, wake = {}, false, false, nil
@@ -113,19 +113,13 @@ function M.run(args)
         spinner = core.timer(120, tick)
       end
       tick()
-      local ok, res = pcall(rt.run_turn, rt, channel, speaker, text)
+      local reply, settled, res = rt:guest_turn(channel, speaker, text)
       spinner:stop()
       running = false
       if tty_err then io.stderr:write("\r\27[K") end
       local secs = (core.now() - t0) / 1000
-      if not ok then
-        io.stdout:write("sandbox: ", run.GUEST_FAILED_OR_STOPPED, "\n")
-        run.report("chat", res, cfg, path)
-      elseif type(res) ~= "table" or res.ok ~= true then
-        io.stdout:write("sandbox: ", run.GUEST_FAILED, "\n")
-      else
-        io.stdout:write("sandbox: ", res.text, "\n")
-      end
+      io.stdout:write("sandbox: ", reply, "\n")
+      if not settled then common.report("chat", res, cfg, path) end
       if tty_err then io.stderr:write(string.format("(%.1fs)\n", secs)) end
       io.stdout:flush()
     end

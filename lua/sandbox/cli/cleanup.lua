@@ -5,8 +5,8 @@
 local args_mod = require "sandbox.cli._args"
 local async = require "sandbox.async"
 local container = require "sandbox.runtime.container"
-local core = require "sandbox.core"
 local installation = require "sandbox.runtime._installation"
+local options = require "sandbox.runtime._options"
 
 local M = {}
 
@@ -24,25 +24,12 @@ Without --force nothing is removed. Exit status 0 when nothing failed.
 
 local function err(msg) io.stderr:write("sbx cleanup: ", msg, "\n") end
 
--- The runtime checks of 3.1 steps 1-14 without starting a runtime: the
--- resolved canonical roots and the driver.
+-- The runtime checks of 3.1 steps 1-14 without starting a runtime, on the
+-- options the config's runtime would get (app:runtime_options; cleanup never
+-- calls the model, so a login that returns nothing stands in for apiKey):
+-- the resolved canonical roots and the driver.
 local function resolve(cfg)
-  local o = cfg.options
-  local ok, ro = pcall(require, "sandbox.runtime._options")
-  if ok and type(ro) == "table" and ro.resolve then
-    local opts = {}
-    for k, v in pairs(o) do
-      if ro.OPTIONS[k] then opts[k] = v end
-    end
-    -- sbx has no host login; cleanup never calls the model.
-    if opts.apiKey == nil then opts.apiKey = function() return nil end end
-    return ro.resolve(opts)
-  end
-  -- Fallback: canonical roots and the default driver.
-  local run_root, ws_root = core.realpath(o.runRoot or ""), core.realpath(o.workspaceRoot or "")
-  if not run_root or not ws_root then error("sandbox roots must be absolute dedicated directories", 0) end
-  return { runRoot = run_root, workspaceRoot = ws_root,
-    driver = o.driver or require("sandbox.drivers.cli") { binary = "docker" } }
+  return options.resolve(cfg:runtime_options { hostLogin = function() return nil end })
 end
 
 -- Runs inside a task. r = {runRoot, workspaceRoot (canonical), driver}, as

@@ -3,9 +3,9 @@
 -- second turn shows the memory the first one saved. Everything it creates
 -- (the endpoint, the roots, the containers) is gone when it returns.
 local async = require "sandbox.async"
+local common = require "sandbox.cli._common"
 local core = require "sandbox.core"
 local demo_model = require "sandbox.cli._demo_model"
-local run = require "sandbox.cli.run"
 
 local M = {}
 
@@ -73,9 +73,8 @@ local clock = {
   end,
 }
 
-local function ensure_image(image, may_build)
-  local img = run.docker({ "image", "inspect", "--format", "{{.Id}}", image }, { timeout_ms = 30000 })
-  if img and img.code == 0 then return true end
+local function ensure_image(docker, image, may_build)
+  if docker:inspect_image(image) then return true end
   local fix = image == M.IMAGE and "make image"
     or ("make image, then docker tag " .. M.IMAGE .. " " .. image)
   if not may_build then
@@ -91,8 +90,7 @@ local function ensure_image(image, may_build)
   end
   warn("building ", image, " (make image) ...")
   local ok = os.execute("make -C " .. shq(root) .. " --no-print-directory image 1>&2")
-  img = run.docker({ "image", "inspect", "--format", "{{.Id}}", image }, { timeout_ms = 30000 })
-  if ok and img and img.code == 0 then return true end
+  if ok and docker:inspect_image(image) then return true end
   warn("could not build ", image)
   io.stderr:write("  fix: run `make image` in ", root, " as its owner (or root), then rerun sbx demo\n")
   return false
@@ -111,33 +109,33 @@ local function count_tools(calls, from, to)
   return names
 end
 
-local function leftover_containers(installation)
-  local ps = run.docker({ "ps", "-a", "--filter", "label=roundtable.sandbox.installation=" .. installation,
-    "--format", "{{.Names}}" }, { timeout_ms = 30000 })
+-- The containers of this installation still there after the turns (the
+-- driver's own listing), and whether the listing worked.
+local function leftover_containers(docker, installation)
+  local listed, list = pcall(docker.list, docker, installation)
   local names = {}
-  if ps and ps.code == 0 then
-    for n in ps.stdout:gmatch("[^\n]+") do names[#names + 1] = n end
-  end
-  return names, ps and ps.code == 0
+  for _, c in ipairs(listed and list or {}) do names[#names + 1] = c.name end
+  return names, listed
 end
 
 -- The demo proper, inside a task. Returns the exit status.
 local function demo(opts)
-  local info, derr = run.docker({ "info", "--format", "{{.ServerVersion}}" }, { timeout_ms = 20000 })
-  if not info or info.code ~= 0 then
-    if derr == "not found" then
+  local docker = common.docker()    -- the turns' own docker runner (drivers/cli.lua)
+  local info, why = docker:inspect_daemon()
+  if not info then
+    if why == "not found" then
       warn("the docker CLI is not installed")
       io.stderr:write("  fix: as root, make deps\n")
-    elseif info and info.stderr:lower():find("permission denied", 1, true) then
-      warn(run.user_name(), " may not use the Docker socket")
-      io.stderr:write("  fix: as root, usermod -aG docker ", run.user_name(), " (or run `make demo`)\n")
+    elseif why == "permission denied" then
+      warn(common.user_name(), " may not use the Docker socket")
+      io.stderr:write("  fix: as root, usermod -aG docker ", common.user_name(), " (or run `make demo`)\n")
     else
       warn("the Docker daemon does not answer")
       io.stderr:write("  fix: as root, make deps (starts dockerd)\n")
     end
     return 1
   end
-  if not ensure_image(opts.image, opts.build) then return 1 end
+  if not ensure_image(docker, opts.image, opts.build) then return 1 end
 
   local base = temp_base()
   if not base then
@@ -164,7 +162,7 @@ local function demo(opts)
       image = opts.image, runRoot = base .. "/run", workspaceRoot = base .. "/ws",
       model = "demo-model", modelUrl = model.url, allowHttp = true,
       apiKey = function(_scope) return key end,
-      tools = { clock }, turnTimeoutMs = opts.timeout, timeZone = run.time_zone(),
+      tools = { clock }, turnTimeoutMs = opts.timeout, timeZone = common.time_zone(),
     }
     say("sbx demo: scripted model on ", model.url, " (loopback only; it answers only with the host key)")
     say("sbx demo: channel ", M.CHANNEL, ", temporary roots under ", base)
@@ -177,22 +175,20 @@ local function demo(opts)
       local before = #model.calls
       local t0 = core.now()
       current = M.CHANNEL
-      local tok, res = pcall(rt.run_turn, rt, M.CHANNEL, M.SPEAKER, text)
+      local reply, settled, res = rt:guest_turn(M.CHANNEL, M.SPEAKER, text)
       current = nil
       local secs = (core.now() - t0) / 1000
       local calls = #model.calls - before
       local asked = count_tools(model.calls, before + 1, #model.calls)
-      if not tok then
-        say("sandbox: ", run.GUEST_FAILED_OR_STOPPED)
-        run.report("demo", res, nil, nil)
+      say("sandbox: ", reply)
+      if not settled then
+        common.report("demo", res, nil, nil)
         return
       elseif not res.ok then
-        say("sandbox: ", run.GUEST_FAILED)
         warn("the worker answered ok=false")
         return
       end
-      replies[i] = res.text
-      say("sandbox: ", res.text)
+      replies[i] = reply
       say(string.format("         (%.1f s; %d model call%s%s)", secs, calls, calls == 1 and "" or "s",
         #asked > 0 and ("; the model asked for " .. table.concat(asked, " and ")) or ""))
     end
@@ -210,7 +206,7 @@ local function demo(opts)
     end
   end)
   sigint:stop()
-  if not ok then run.report("demo", err, nil, nil) end
+  if not ok then common.report("demo", err, nil, nil) end
   if interrupted then warn("interrupted") status = 1 end
 
   -- Cleanup: every turn settled and removed its container; check, then
@@ -220,10 +216,10 @@ local function demo(opts)
   model:close()
   local left = {}
   if installation then
-    local names, listed = leftover_containers(installation)
+    local names, listed = leftover_containers(docker, installation)
     if not listed then warn("could not list containers to check the cleanup") end
     for _, n in ipairs(names) do
-      run.docker({ "rm", "-f", n }, { timeout_ms = 30000 })
+      pcall(docker.remove, docker, n)
       left[#left + 1] = n
     end
   end
@@ -257,7 +253,7 @@ function M.run(args)
   local timeout = 60000
   if parsed.flags.timeout then
     timeout = math.tointeger(tonumber(parsed.flags.timeout))
-    if not timeout or timeout < 1000 or timeout > 600000 then
+    if not require("sandbox.runtime._options").turn_timeout_ok(timeout) then
       io.stderr:write("sbx demo: --timeout must be 1000 to 600000 ms\n")
       return 2
     end

@@ -4,8 +4,11 @@
 -- creates the roots, takes the lock or starts a container.
 local args_lib = require "sandbox.cli._args"
 local async = require "sandbox.async"
+local common = require "sandbox.cli._common"
+local contract = require "sandbox.drivers.contract"
 local core = require "sandbox.core"
-local run = require "sandbox.cli.run"
+local errors = require "sandbox.errors"
+local installation = require "sandbox.runtime._installation"
 
 local M = {}
 
@@ -120,15 +123,14 @@ function M.check(cfg, opts, out)
   local r = reporter(out or io.stdout)
   local o = cfg.options
   local uid, gid = core.getuid()
-  local user = run.user_name()
+  local user = common.user_name()
   local path = opts.config or "CONFIG.lua"
 
   -- apiKey
   if type(o.apiKey) == "function" then
     r.ok("apiKey", "a function (read before every model call)")
   else
-    r.fail("apiKey", "missing (sbx has no host login)",
-      "add apiKey = function() return os.getenv(\"MODEL_API_KEY\") end and export MODEL_API_KEY")
+    r.fail("apiKey", "missing (sbx has no host login)", errors.fix(errors.API_KEY_REQUIRED))
   end
 
   -- user
@@ -175,7 +177,7 @@ function M.check(cfg, opts, out)
       r.ok("socket path", string.format("%s is %d bytes (at most 76)", rr, #rr))
     else
       r.fail("socket path", string.format("%s is %d bytes; with /turn-XXXXXX/broker.sock it exceeds 100", rr, #rr),
-        "choose a runRoot of at most 76 bytes, e.g. /tmp/roundtable-sandbox-run")
+        errors.fix(errors.SOCKET_TOO_LONG))
     end
   end
 
@@ -184,25 +186,21 @@ function M.check(cfg, opts, out)
     return r
   end
 
-  -- docker and daemon
+  -- docker and daemon, through the turns' own docker runner (drivers/cli.lua)
   local dh = os.getenv("DOCKER_HOST")
-  if dh and dh ~= "" and not dh:match("^unix:///") then
+  if not contract.local_endpoint(dh) then
     r.fail("docker", "DOCKER_HOST=" .. dh .. " is not a local socket (remote daemons are unsupported)",
       "unset DOCKER_HOST")
     return r
   end
-  local info, err = run.docker({ "info", "--format", "{{.ServerVersion}}|{{.DockerRootDir}}" }, { timeout_ms = 20000 })
+  local docker = common.docker()
+  local info, why = docker:inspect_daemon()
   if not info then
-    if err == "not found" then
+    if why == "not found" then
       r.fail("docker", "the docker CLI is not installed", "as root: make deps (or apt-get install docker.io)")
-    else
+    elseif why == "cannot run" then
       r.fail("docker", "cannot run docker", "check that the docker CLI is installed and executable")
-    end
-    return r
-  end
-  if info.code ~= 0 then
-    local e = info.stderr:lower()
-    if e:find("permission denied", 1, true) then
+    elseif why == "permission denied" then
       r.fail("docker", user .. " may not use the Docker socket",
         string.format("as root: usermod -aG docker %s (then log in again)", user))
     else
@@ -211,22 +209,19 @@ function M.check(cfg, opts, out)
     end
     return r
   end
-  local version, data_root = info.stdout:match("^([^|\n]*)|([^\n]*)")
-  r.ok("docker", "daemon " .. (version or "?") .. " answers")
+  local data_root = info.root
+  r.ok("docker", "daemon " .. (info.version or "?") .. " answers")
 
   -- image
   local image = o.image
   if type(image) ~= "string" or image == "" then
     r.fail("image", "no image in the config", "set image = \"pi-roundtable-sandbox:local\"")
+  elseif docker:inspect_image(image) then
+    r.ok("image", image .. " present")
   else
-    local img = run.docker({ "image", "inspect", "--format", "{{.Id}}", image }, { timeout_ms = 20000 })
-    if img and img.code == 0 then
-      r.ok("image", image .. " present")
-    else
-      r.fail("image", image .. " is missing (turns would fail with `sandbox worker failed`)",
-        image == "pi-roundtable-sandbox:local" and "make image"
-          or ("build it: docker build -f worker/Dockerfile -t " .. shq(image) .. " ."))
-    end
+    r.fail("image", image .. " is missing (turns would fail with `sandbox worker failed`)",
+      image == "pi-roundtable-sandbox:local" and "make image"
+        or ("build it: docker build -f worker/Dockerfile -t " .. shq(image) .. " ."))
   end
 
   -- roots outside the daemon's data directory
@@ -244,22 +239,15 @@ function M.check(cfg, opts, out)
     end
   end
 
-  -- stale containers of this installation
+  -- stale containers of this installation (the driver's own listing)
   if run_root and ws_root then
-    local ok_rt, runtime = pcall(require, "sandbox.runtime")
-    if ok_rt and runtime.installation_id then
-      local id = runtime.installation_id(ws_root, run_root)
-      local ps = run.docker({ "ps", "-a", "--filter", "label=" .. runtime.LABEL_INSTALLATION .. "=" .. id,
-        "--format", "{{.Names}}" }, { timeout_ms = 20000 })
-      if ps and ps.code == 0 then
-        local n = 0
-        for _ in ps.stdout:gmatch("[^\n]+") do n = n + 1 end
-        if n == 0 then
-          r.ok("stale", "no containers of this installation")
-        else
-          r.fail("stale", n .. " container(s) of this installation exist (stale unless a host is running a turn)",
-            "sbx cleanup " .. shq(path) .. " --force")
-        end
+    local listed, list = pcall(docker.list, docker, installation.id(ws_root, run_root))
+    if listed then
+      if #list == 0 then
+        r.ok("stale", "no containers of this installation")
+      else
+        r.fail("stale", #list .. " container(s) of this installation exist (stale unless a host is running a turn)",
+          "sbx cleanup " .. shq(path) .. " --force")
       end
     end
   end
@@ -280,7 +268,7 @@ function M.run(args)
   local cfg, cerr = args_lib.load_config(path)
   if not cfg then
     local line = string.format("FAIL  %-16s %s", "config", cerr)
-    local fix = run.fix_for(cerr:match(": (.*)$"), nil, path)
+    local fix = common.fix_for(cerr:match(": (.*)$"), nil, path)
     io.stdout:write(line, "\n", "      fix: ", fix or "correct the config script (see examples/sandbox.conf.lua)", "\n")
     return 1
   end

@@ -245,15 +245,7 @@ end
 -- when the signal won (the task is left to the host; its results are dropped).
 local function race(sig, fn, ...)
   local task = async.spawn(fn, ...)
-  if not task.done then
-    local unhook
-    async.await(function(resume)
-      async.on_done(task, function() resume() end)
-      unhook = sig:on_abort(function() resume() end)
-    end)
-    if unhook then unhook() end
-  end
-  if task.done then return task.results end
+  if async.wait_or_abort(task, sig) then return task.results end
   return nil
 end
 

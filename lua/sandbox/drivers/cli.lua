@@ -1,11 +1,17 @@
 -- drivers/cli.lua: the default container driver, `docker` run as a child
--- process (spec/runtime.md 4.1, 4.5-4.8, 6.3 step 1, 8.3-8.4).
+-- process (spec/runtime.md 4.1, 4.5-4.8, 6.3 step 1, 8.3-8.4). It is the
+-- primitives of drivers/contract.lua over core.spawn; the run and removal
+-- algorithms are the contract's.
 --
 --   local cli = require "sandbox.drivers.cli"
 --   local d = cli { binary = "docker" }        -- or cli.new{...}
 --   d:run(spec, turn, signal) -> {ok=, text=}  (yields; raises 4.8 errors)
 --   d:list(installation)      -> {{name=, owner=}, ...}  (yields)
 --   d:remove(name)            -> nothing, or raises the cleanup error
+--   d:exec(args, o)           -> core.spawn's result: any docker command with
+--                                the 4.5 environment (sbx doctor and sbx demo
+--                                use it too, so they ask the daemon the turns use)
+--   d:inspect_daemon() / d:inspect_image(image)   (sbx doctor, sbx demo)
 --
 -- Options: binary (default "docker", looked up on the child's PATH);
 -- getenv (default os.getenv: where PATH, HOME, DOCKER_* are read);
@@ -17,40 +23,29 @@
 -- is then removed by its exact name with the algorithm of 4.7.
 local async = require "sandbox.async"
 local container = require "sandbox.runtime.container"
+local contract = require "sandbox.drivers.contract"
 local core = require "sandbox.core"
-local json = require "sandbox.json"
 
 local M = {}
 
-M.E_TOO_LARGE = "body too large"
-M.E_WORKER = "sandbox worker failed"
-M.E_REPLY = "invalid sandbox reply"
-M.E_CLEANUP = "sandbox container cleanup failed; inspect this installation's containers"
-M.E_REMOTE = "remote Docker daemons are unsupported"
+-- The contract's texts and limits, under the names this driver always had.
+M.E_TOO_LARGE, M.E_WORKER, M.E_REPLY = contract.E_TOO_LARGE, contract.E_WORKER, contract.E_REPLY
+M.E_CLEANUP, M.E_REMOTE = contract.E_CLEANUP, contract.E_REMOTE
+M.MAX_STDOUT, M.MAX_STDERR, M.MAX_RM_STDERR = contract.MAX_STDOUT, contract.MAX_STDERR, contract.MAX_RM_STDERR
+M.MAX_LIST_STDOUT, M.MAX_TEXT_CHARS = contract.MAX_LIST, contract.MAX_TEXT_CHARS
+M.REMOVE_TIMEOUT_MS, M.LIST_TIMEOUT_MS = contract.REMOVE_TIMEOUT_MS, contract.LIST_TIMEOUT_MS
+M.REMOVE_ATTEMPTS, M.SECOND_REMOVAL_DELAY_MS = contract.REMOVE_ATTEMPTS, contract.SECOND_REMOVAL_DELAY_MS
+M.local_endpoint = contract.local_endpoint
+M.parse_reply = contract.parse_reply
 
-M.MAX_STDOUT = 2097152          -- 2 MiB
-M.MAX_STDERR = 131072           -- 128 KiB
-M.MAX_RM_STDERR = 16384         -- 16 KiB
 M.MAX_RM_STDOUT = 65536         -- discarded
-M.MAX_LIST_STDOUT = 1048576     -- 1 MiB
-M.MAX_TEXT_CHARS = 100000
-M.REMOVE_TIMEOUT_MS = 5000
-M.LIST_TIMEOUT_MS = 5000
-M.REMOVE_ATTEMPTS = 3
-M.SECOND_REMOVAL_DELAY_MS = 100
+M.INSPECT_TIMEOUT_MS = 20000
 M.DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-local Driver = {}
+local Driver = contract.methods({})
 Driver.__index = Driver
 
 local function fail(msg) error(msg, 0) end
-
--- DOCKER_HOST unset/empty, or unix://<absolute path> (4.5).
-function M.local_endpoint(value)
-  if value == nil or value == "" then return true end
-  local path = value:match("^unix://(/.*)$")
-  return path ~= nil and not path:find("%z")
-end
 
 -- The child environment of 4.5, as a list of "NAME=value".
 function M.environment(getenv)
@@ -94,7 +89,7 @@ end
 
 -- Spawns the binary with args and waits for it; kill_after_ms arms a SIGKILL
 -- timer; on_proc(proc) sees the process once started. Returns core.spawn's
--- result table (res.error when it could not start).
+-- result table (res.error, res.code when it could not start).
 function Driver:exec(args, o)
   o = o or {}
   local proc, timer
@@ -117,8 +112,46 @@ function Driver:exec(args, o)
   return res
 end
 
+-- Primitives of drivers/contract.lua ---------------------------------------
+
+-- `docker run` creates and starts in one command: nothing to ask the daemon
+-- before start.
+function Driver:create(c, signal)
+  return { argv = container.argv(c), signal = signal }
+end
+
+-- Spawns `docker run` with the turn on stdin (then EOF); an abort SIGKILLs
+-- the CLI, never the container (4.6 step 4).
+function Driver:start(h, input)
+  h.task = async.spawn(self.exec, self, h.argv, {
+    stdin = input, max_stdout = M.MAX_STDOUT, max_stderr = M.MAX_STDERR, kill_on_overflow = true,
+    on_proc = function(proc)
+      if h.signal then h.unregister = h.signal:on_abort(function() proc:kill(core.SIGKILL) end) end
+    end,
+  })
+end
+
+function Driver:read(h)
+  local ok, res = async.wait(h.task)
+  if not ok then error(res, 0) end
+  h.res = res
+  if res.error then return nil, nil, res.error end
+  return res.stdout, res.stdout_truncated or res.stderr_truncated
+end
+
+function Driver:wait(h)
+  local res = h.res
+  if res.term_signal ~= 0 then return nil end
+  return res.exit_status
+end
+
+function Driver:release(h)
+  if h.unregister then h.unregister() end
+  h.unregister = nil
+end
+
 -- One `docker rm --force <name>` attempt: "ok", "retry" or "fail".
-function Driver:remove_attempt(name)
+function Driver:remove_once(name)
   local res = self:exec({ "rm", "--force", name }, {
     max_stdout = M.MAX_RM_STDOUT, max_stderr = M.MAX_RM_STDERR,
     kill_after_ms = self.remove_timeout_ms,
@@ -132,31 +165,13 @@ function Driver:remove_attempt(name)
   return "fail"
 end
 
--- The removal algorithm of 4.7 for one exact name; raises the cleanup error.
-function Driver:remove(name)
-  if type(name) ~= "string" or #name > 91 or not name:find("^[a-z0-9][a-z0-9_.%-]*$") then
-    fail(M.E_CLEANUP)
-  end
-  for attempt = 1, M.REMOVE_ATTEMPTS do
-    local r = self:remove_attempt(name)
-    if r == "ok" then return end
-    if r ~= "retry" or attempt == M.REMOVE_ATTEMPTS then break end
-    async.sleep(100 * attempt)
-  end
-  fail(M.E_CLEANUP)
-end
-
--- Every container (any state) labelled with this installation (6.3 step 1).
-function Driver:list(installation)
-  if type(installation) ~= "string" or not installation:find("^%x+$") then fail(M.E_CLEANUP) end
+function Driver:list_once(installation)
   local res = self:exec({
     "ps", "--all", "--no-trunc",
     "--filter", "label=" .. container.LABEL_INSTALLATION .. "=" .. installation,
     "--format", '{{.Names}}\\t{{.Label "' .. container.LABEL_OWNER .. '"}}',
   }, { max_stdout = M.MAX_LIST_STDOUT, max_stderr = M.MAX_STDERR, kill_after_ms = self.list_timeout_ms })
-  if res.error or res.exit_status ~= 0 or res.term_signal ~= 0 or res.stdout_truncated then
-    fail(M.E_CLEANUP)
-  end
+  if res.error or res.exit_status ~= 0 or res.term_signal ~= 0 or res.stdout_truncated then return nil end
   local out = {}
   for line in res.stdout:gmatch("[^\n]+") do
     local name, owner = line:match("^([^\t]*)\t(.*)$")
@@ -167,54 +182,26 @@ function Driver:list(installation)
   return out
 end
 
--- Reads the worker's stdout per 4.6 step 9 / 8.4: {ok=, text=} or raises.
-function M.parse_reply(stdout)
-  if stdout:sub(1, 3) == "\239\187\191" or not json.utf8_valid(stdout) then fail(M.E_REPLY) end
-  local v = json.decode(stdout)
-  if v == nil or json.kind(v) ~= "object" then fail(M.E_REPLY) end
-  if type(v.ok) ~= "boolean" or type(v.text) ~= "string" then fail(M.E_REPLY) end
-  local n = utf8.len(v.text)
-  if not n or n > M.MAX_TEXT_CHARS then fail(M.E_REPLY) end
-  return { ok = v.ok, text = v.text }
+-- The daemon behind this CLI: {version=, root=} (its DockerRootDir), or nil
+-- and "not found" (no docker binary), "cannot run" (the binary would not
+-- start), "permission denied" (the socket) or "no answer".
+function Driver:inspect_daemon()
+  local res = self:exec({ "info", "--format", "{{.ServerVersion}}|{{.DockerRootDir}}" },
+    { max_stdout = M.MAX_RM_STDOUT, max_stderr = M.MAX_STDERR, kill_after_ms = M.INSPECT_TIMEOUT_MS })
+  if res.error then return nil, res.code == "ENOENT" and "not found" or "cannot run" end
+  if res.exit_status ~= 0 or res.term_signal ~= 0 then
+    if (res.stderr or ""):lower():find("permission denied", 1, true) then return nil, "permission denied" end
+    return nil, "no answer"
+  end
+  local version, root = res.stdout:match("^([^|\n]*)|([^\n]*)")
+  return { version = version, root = root }
 end
 
-local abort_reason = container.abort_reason
-
--- One turn in one fresh container (4.6).
-function Driver:run(spec, turn, signal)
-  -- 1
-  local argv = container.args(spec)
-  local name = spec.name
-  local input = container.run_input(spec, turn)
-  -- 2
-  if signal and signal.aborted then error(abort_reason(signal), 0) end
-  -- 3-6
-  local unregister
-  local res = self:exec(argv, {
-    stdin = input, max_stdout = M.MAX_STDOUT, max_stderr = M.MAX_STDERR, kill_on_overflow = true,
-    on_proc = function(proc)
-      if signal then
-        unregister = signal:on_abort(function() proc:kill(core.SIGKILL) end)
-      end
-    end,
-  })
-  if unregister then unregister() end
-  if res.error then error(res.error, 0) end   -- nothing started, nothing to remove
-  local failed = res.exit_status ~= 0 or res.term_signal ~= 0
-  local ok, out = pcall(function()
-    if res.stdout_truncated or res.stderr_truncated then fail(M.E_TOO_LARGE) end  -- 6
-    if signal and signal.aborted then error(abort_reason(signal), 0) end          -- 7
-    if failed then fail(M.E_WORKER) end                                             -- 8
-    return M.parse_reply(res.stdout)                                               -- 9
-  end)
-  -- 10: always, last. A removal failure replaces whatever came before.
-  self:remove(name)
-  if (signal and signal.aborted) or failed then
-    async.sleep(M.SECOND_REMOVAL_DELAY_MS)
-    self:remove(name)
-  end
-  if not ok then error(out, 0) end
-  return out
+-- True when the daemon has the image.
+function Driver:inspect_image(image)
+  local res = self:exec({ "image", "inspect", "--format", "{{.Id}}", image },
+    { max_stdout = M.MAX_RM_STDOUT, max_stderr = M.MAX_STDERR, kill_after_ms = M.INSPECT_TIMEOUT_MS })
+  return not res.error and res.exit_status == 0 and res.term_signal == 0
 end
 
 return setmetatable(M, { __call = function(_, opts) return M.new(opts) end })

@@ -2,8 +2,8 @@
 -- 4.3 table, 4.6 "Engine API driver, same contract", 4.7 with DELETE, 6.3
 -- step 1 with GET). It talks HTTP/1.1 to the local daemon's Unix socket
 -- over core.unix_stream, one connection per call (`Connection: close`), and
--- makes the identical container by the identical algorithms as the CLI
--- driver (drivers/cli.lua), whose error texts and limits it shares.
+-- is the primitives of drivers/contract.lua, so it makes the identical
+-- container by the identical algorithms as the CLI driver.
 --
 --   local engine = require "sandbox.drivers.engine"
 --   local d = engine { socket = "/var/run/docker.sock" }   -- default: DOCKER_HOST
@@ -16,8 +16,8 @@
 -- big-endian length) are demultiplexed into the 2 MiB / 128 KiB limits as
 -- they arrive. An abort closes every connection of the run at once.
 local async = require "sandbox.async"
-local cli = require "sandbox.drivers.cli"
 local container = require "sandbox.runtime.container"
+local contract = require "sandbox.drivers.contract"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 
@@ -25,13 +25,11 @@ local M = {}
 
 M.DEFAULT_SOCKET = "/var/run/docker.sock"
 M.MAX_CONTROL = 65536
-M.MAX_LIST = 1048576
+M.MAX_LIST = contract.MAX_LIST
 M.MAX_HEAD = 65536
 M.CONTROL_TIMEOUT_MS = 30000
 
-local E_WORKER, E_REPLY, E_TOO_LARGE, E_CLEANUP = cli.E_WORKER, cli.E_REPLY, cli.E_TOO_LARGE, cli.E_CLEANUP
-
-local Driver = {}
+local Driver = contract.methods({})
 Driver.__index = Driver
 
 local function fail(msg) error(msg, 0) end
@@ -46,13 +44,13 @@ function M.new(opts)
   end
   return setmetatable({
     socket = sock, getenv = getenv, builtin = true,
-    remove_timeout_ms = opts.remove_timeout_ms or cli.REMOVE_TIMEOUT_MS,
-    list_timeout_ms = opts.list_timeout_ms or cli.LIST_TIMEOUT_MS,
+    remove_timeout_ms = opts.remove_timeout_ms or contract.REMOVE_TIMEOUT_MS,
+    list_timeout_ms = opts.list_timeout_ms or contract.LIST_TIMEOUT_MS,
   }, Driver)
 end
 
 function Driver:check_endpoint()
-  if not cli.local_endpoint(self.getenv("DOCKER_HOST")) then fail(cli.E_REMOTE) end
+  if not contract.local_endpoint(self.getenv("DOCKER_HOST")) then fail(contract.E_REMOTE) end
 end
 
 -- Splits a response into status, headers (lowercase names) and body;
@@ -152,38 +150,26 @@ function Driver:http(method, target, o)
 end
 
 -- One DELETE attempt: "ok", "retry" or "fail" (4.7).
-function Driver:remove_attempt(name)
+function Driver:remove_once(name)
   local status, body = self:http("DELETE", "/containers/" .. name .. "?force=1",
-    { max = cli.MAX_RM_STDERR, timeout_ms = self.remove_timeout_ms })
+    { max = contract.MAX_RM_STDERR, timeout_ms = self.remove_timeout_ms })
   if not status then return "fail" end
   if status == 204 or status == 404 then return "ok" end
   if status == 409 and body:lower():find("removal.*already in progress") then return "retry" end
   return "fail"
 end
 
-Driver.remove = function(self, name)
-  if type(name) ~= "string" or #name > 91 or not name:find("^[a-z0-9][a-z0-9_.%-]*$") then fail(E_CLEANUP) end
-  for attempt = 1, cli.REMOVE_ATTEMPTS do
-    local r = self:remove_attempt(name)
-    if r == "ok" then return end
-    if r ~= "retry" or attempt == cli.REMOVE_ATTEMPTS then break end
-    async.sleep(100 * attempt)
-  end
-  fail(E_CLEANUP)
-end
-
 local function urlencode(s)
   return (s:gsub("[^%w%-_.~]", function(c) return string.format("%%%02X", c:byte()) end))
 end
 
-function Driver:list(installation)
-  if type(installation) ~= "string" or not installation:find("^%x+$") then fail(E_CLEANUP) end
+function Driver:list_once(installation)
   local filters = '{"label":["' .. container.LABEL_INSTALLATION .. "=" .. installation .. '"]}'
   local status, body = self:http("GET", "/containers/json?all=1&filters=" .. urlencode(filters),
     { max = M.MAX_LIST, timeout_ms = self.list_timeout_ms })
-  if status ~= 200 then fail(E_CLEANUP) end
+  if status ~= 200 then return nil end
   local v = json.decode(body)
-  if json.kind(v) ~= "array" then fail(E_CLEANUP) end
+  if json.kind(v) ~= "array" then return nil end
   local out = {}
   for _, c in ipairs(v) do
     local name = type(c.Names) == "table" and type(c.Names[1]) == "string" and c.Names[1]:gsub("^/", "") or ""
@@ -215,11 +201,11 @@ local function attach(self, name, group)
       local n = string.unpack(">I4", buf, pos + 4)
       if #buf - pos + 1 < 8 + n then break end
       if t == 1 then
-        if a.out_len + n > cli.MAX_STDOUT then a.stdout_truncated = true; over(); return end
+        if a.out_len + n > contract.MAX_STDOUT then a.stdout_truncated = true; over(); return end
         a.out[#a.out + 1] = buf:sub(pos + 8, pos + 7 + n)
         a.out_len = a.out_len + n
       elseif t == 2 then
-        if a.err_len + n > cli.MAX_STDERR then a.stderr_truncated = true; over(); return end
+        if a.err_len + n > contract.MAX_STDERR then a.stderr_truncated = true; over(); return end
         a.err_len = a.err_len + n
       else
         a.bad = true
@@ -232,8 +218,8 @@ local function attach(self, name, group)
     -- a frame header announcing more than a limit is refused before its body
     if #buf >= 8 then
       local t, n = buf:byte(1), string.unpack(">I4", buf, 5)
-      if (t == 1 and a.out_len + n > cli.MAX_STDOUT) then a.stdout_truncated = true; over()
-      elseif (t == 2 and a.err_len + n > cli.MAX_STDERR) then a.stderr_truncated = true; over() end
+      if (t == 1 and a.out_len + n > contract.MAX_STDOUT) then a.stdout_truncated = true; over()
+      elseif (t == 2 and a.err_len + n > contract.MAX_STDERR) then a.stderr_truncated = true; over() end
     end
   end
   local handle = core.unix_stream(self.socket, function(ev, data)
@@ -285,62 +271,70 @@ local function attach(self, name, group)
   return a
 end
 
-local abort_reason = container.abort_reason
+-- Primitives of drivers/contract.lua ---------------------------------------
 
--- One turn in one fresh container: the CLI driver's steps with the Engine
--- API equivalents of 4.6.
-function Driver:run(spec, turn, signal)
-  local body = container.engine_body(spec)
-  local name = spec.name
-  local input = container.run_input(spec, turn)
-  if signal and signal.aborted then error(abort_reason(signal), 0) end
-
+-- POST /containers/create (4.6 step 3, first call). An abort from here on
+-- closes every connection of the run (step 4).
+function Driver:create(c, signal)
   local group = new_group()
-  local unregister = signal and signal:on_abort(function() close_all(group) end)
-  local failed, stdout, truncated = true, nil, false
-  local exit_code
-  repeat
-    local status = self:http("POST", "/containers/create?name=" .. name,
-      { body = body, group = group, timeout_ms = M.CONTROL_TIMEOUT_MS })
-    if status ~= 201 then break end
-    local a = attach(self, name, group)
-    if not a.wait_ready() then a.wait_end() break end
-    -- wait on its own connection, before start
-    local wait_task = async.spawn(function()
-      return self:http("POST", "/containers/" .. name .. "/wait?condition=next-exit", { group = group })
-    end)
-    status = self:http("POST", "/containers/" .. name .. "/start",
-      { group = group, timeout_ms = M.CONTROL_TIMEOUT_MS })
-    if status ~= 204 then close_all(group); a.wait_end(); async.wait(wait_task) break end
-    a.handle:write(input)
-    a.handle:shutdown()
-    a.wait_end()
-    local _, wstatus, wbody = async.wait(wait_task)
-    truncated = a.stdout_truncated or a.stderr_truncated
-    if a.bad then break end
-    if wstatus == 200 then
-      local v = json.decode(wbody)
-      if json.kind(v) == "object" and math.type(v.StatusCode) == "integer" then exit_code = v.StatusCode end
-    end
-    if exit_code == 0 then failed = false end
-    stdout = table.concat(a.out)
-  until true
-  if unregister then unregister() end
-  close_all(group)
+  local h = { name = c.name, group = group }
+  h.unregister = signal and signal:on_abort(function() close_all(group) end)
+  local status = self:http("POST", "/containers/create?name=" .. c.name,
+    { body = container.body(c), group = group, timeout_ms = M.CONTROL_TIMEOUT_MS })
+  if status ~= 201 then h.failed = true end
+  return h
+end
 
-  local ok, out = pcall(function()
-    if truncated then fail(E_TOO_LARGE) end
-    if signal and signal.aborted then error(abort_reason(signal), 0) end
-    if failed then fail(E_WORKER) end
-    return cli.parse_reply(stdout)
-  end)
-  self:remove(name)
-  if (signal and signal.aborted) or failed then
-    async.sleep(cli.SECOND_REMOVAL_DELAY_MS)
-    self:remove(name)
+-- Attach, wait on its own connection, start (204), then the turn on the
+-- attach stream and a half-close (4.6 steps 3 and 5).
+function Driver:start(h, input)
+  if h.failed then return end
+  local a = attach(self, h.name, h.group)
+  if not a.wait_ready() then
+    a.wait_end()
+    h.failed = true
+    return
   end
-  if not ok then error(out, 0) end
-  return out
+  local wait_task = async.spawn(function()
+    return self:http("POST", "/containers/" .. h.name .. "/wait?condition=next-exit", { group = h.group })
+  end)
+  local status = self:http("POST", "/containers/" .. h.name .. "/start",
+    { group = h.group, timeout_ms = M.CONTROL_TIMEOUT_MS })
+  if status ~= 204 then
+    close_all(h.group)
+    a.wait_end()
+    async.wait(wait_task)
+    h.failed = true
+    return
+  end
+  a.handle:write(input)
+  a.handle:shutdown()
+  h.attach, h.wait_task = a, wait_task
+end
+
+-- The demultiplexed stdout once the attach stream ended (4.6 step 6).
+function Driver:read(h)
+  local a = h.attach
+  if not a then return "", false end
+  a.wait_end()
+  return table.concat(a.out), a.stdout_truncated or a.stderr_truncated
+end
+
+-- StatusCode of the wait answer; nil for a missing or failed wait, or when
+-- the attach stream carried another stream type (4.6 table, step 8).
+function Driver:wait(h)
+  if not h.wait_task then return nil end
+  local _, wstatus, wbody = async.wait(h.wait_task)
+  if h.attach.bad or wstatus ~= 200 then return nil end
+  local v = json.decode(wbody)
+  if json.kind(v) == "object" and math.type(v.StatusCode) == "integer" then return v.StatusCode end
+  return nil
+end
+
+function Driver:release(h)
+  if h.unregister then h.unregister() end
+  h.unregister = nil
+  close_all(h.group)
 end
 
 M.parse_response = parse_response

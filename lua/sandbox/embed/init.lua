@@ -16,111 +16,27 @@
 -- the script itself opened on the loop).
 local async = require "sandbox.async"
 local core = require "sandbox.core"
+local json = require "sandbox.json"
 
 local M = {}
 
 M.ABI = 1
 M.APIKEY_TIMEOUT_MS = 30000
 M.STOP_GRACE_MS = 5000
-M.MAX_DEPTH = 64
 
-local json_null = core.json_null
-local object_mt, array_mt, order = core.json_object_mt, core.json_array_mt, core.json_order
+local object, jsonable, json_value = json.object, json.jsonable, json.value
 
 local Engine = {}
 Engine.__index = Engine
-
--- Decoded JSON -> plain Lua tables (null members left out, so `if x` reads
--- as the app expects).
-local function plain(v, depth)
-  depth = depth or 0
-  if v == json_null then return nil end
-  if type(v) ~= "table" or depth > M.MAX_DEPTH then return v end
-  local out = {}
-  if getmetatable(v) == array_mt then
-    for i = 1, #v do out[i] = plain(v[i], depth + 1) end
-  else
-    for k, x in pairs(v) do out[k] = plain(x, depth + 1) end
-  end
-  return out
-end
-M.plain = plain
-
--- Any Lua value -> something core.json_encode accepts: functions, threads and
--- other userdata are left out, nil becomes null, a sequence an array.
-local function jsonable(v, depth)
-  depth = depth or 0
-  local t = type(v)
-  if v == nil or v == json_null then return json_null end
-  if t == "string" or t == "boolean" then return v end
-  if t == "number" then
-    if v ~= v or v == math.huge or v == -math.huge then return json_null end
-    return v
-  end
-  if t ~= "table" or depth > M.MAX_DEPTH then return nil end
-  local mt = getmetatable(v)
-  if mt == array_mt then
-    local a = setmetatable({}, array_mt)
-    for i = 1, #v do local j = jsonable(v[i], depth + 1) if j == nil then j = json_null end a[i] = j end
-    return a
-  end
-  local n, count = #v, 0
-  for _ in pairs(v) do count = count + 1 end
-  if n > 0 and count == n then
-    local a = setmetatable({}, array_mt)
-    for i = 1, n do local j = jsonable(v[i], depth + 1) if j == nil then j = json_null end a[i] = j end
-    return a
-  end
-  local o = setmetatable({}, object_mt)
-  local names = {}
-  local kept = mt == object_mt and order[v] or nil
-  for k, x in pairs(v) do
-    if type(k) == "string" then
-      local j = jsonable(x, depth + 1)
-      if j ~= nil then o[k] = j names[#names + 1] = k end
-    end
-  end
-  if kept then
-    local seen = {}
-    local ordered = {}
-    for _, k in ipairs(kept) do if o[k] ~= nil then ordered[#ordered + 1] = k seen[k] = true end end
-    table.sort(names)
-    for _, k in ipairs(names) do if not seen[k] then ordered[#ordered + 1] = k end end
-    order[o] = ordered
-  end
-  return o
-end
-M.jsonable = jsonable
-
--- jsonable(v), with nil (a value left out) as null.
-local function json_value(v)
-  local j = jsonable(v)
-  if j == nil then return json_null end
-  return j
-end
-
-local function object(names, values)
-  local o = setmetatable({}, object_mt)
-  local kept = {}
-  for _, k in ipairs(names) do
-    if values[k] ~= nil then o[k] = values[k] kept[#kept + 1] = k end
-  end
-  order[o] = kept
-  return o
-end
-
-local function encode(v)
-  return core.json_encode(v)
-end
 
 -- Options -------------------------------------------------------------------
 
 local function decode_options(options_json)
   if options_json == nil or options_json == "" then return {} end
-  local o, err = core.json_decode(options_json)
+  local o, err = json.decode(options_json)
   if o == nil then error("invalid options_json: " .. tostring(err), 0) end
-  if type(o) ~= "table" or getmetatable(o) ~= object_mt then error("invalid options_json: not a JSON object", 0) end
-  o = plain(o)
+  if json.kind(o) ~= "object" then error("invalid options_json: not a JSON object", 0) end
+  o = json.plain(o)
   for _, k in ipairs { "sandbox", "host" } do
     if o[k] ~= nil and type(o[k]) ~= "table" then error("invalid options_json: " .. k .. " must be an object", 0) end
   end
@@ -239,10 +155,10 @@ function Engine:make_host(opts)
 end
 
 function Engine:emit(rid, obj, final)
-  local s, err = encode(obj)
+  local s, err = json.encode(obj)
   if not s then
     if not final then return end
-    s = assert(encode(object({ "type", "request", "ok", "error" },
+    s = assert(json.encode(object({ "type", "request", "ok", "error" },
       { type = "result", request = rid, ok = false, error = "result not encodable as JSON: " .. tostring(err) })))
   end
   self.c.emit(rid, s, final)
@@ -306,6 +222,13 @@ end
 -- stopping engine fails every waiting call with "engine stopped".
 local CallError = { __tostring = function(e) return e.message end }
 
+-- A Lua list (list.n counts nil holes) -> a JSON array (holes become null).
+local function args_array(list)
+  local out = json.array()
+  for i = 1, (list.n or #list) do out[i] = json_value(list[i]) end
+  return out
+end
+
 local function call_error(e)
   if type(e) ~= "table" then e = { message = tostring(e) } end
   local out = { name = type(e.name) == "string" and e.name or "Error",
@@ -330,7 +253,7 @@ function Engine:host_call(owner, fn, args, signal, scope)
     self.calls[id] = resume
     self:emit(0, object({ "type", "request", "id", "owner", "fn", "args" }, {
       type = "callback.request", request = 0, id = id, owner = owner, fn = fn,
-      args = setmetatable(M.array(args), array_mt),
+      args = args_array(args),
     }), false)
     if signal then unhooks[#unhooks + 1] = signal:on_abort(function(reason) tell_abort(reason) end) end
     if scope then
@@ -352,16 +275,10 @@ function Engine:notify(owner, fn, args)
   if self.stopping then return end
   self:emit(0, object({ "type", "request", "id", "owner", "fn", "args" }, {
     type = "callback.request", request = 0, id = 0, owner = owner, fn = fn,
-    args = setmetatable(M.array(args), array_mt),
+    args = args_array(args),
   }), false)
 end
 
--- A Lua list -> JSON-ready array members (nil holes become null).
-function M.array(list)
-  local out = {}
-  for i = 1, (list.n or #list) do out[i] = json_value(list[i]) end
-  return out
-end
 
 -- The host answers apiKey.request K with {"type":"apiKey.result","id":K,...}.
 -- A missing, null, empty or non-string key, a timeout or a stop: nil (the
@@ -370,7 +287,7 @@ function Engine:ask_key(scope, provider)
   if self.stopping then return nil end
   self.next_key = self.next_key + 1
   local id = self.next_key
-  local sc = json_null
+  local sc = json.null
   if type(scope) == "table" then
     local sp = type(scope.speaker) == "table" and scope.speaker or {}
     sc = object({ "channel", "speaker" }, {
@@ -436,7 +353,7 @@ function HANDLERS.message(self, rid, req)
   local claim = self.app:claim(event, admission)
   self:event(rid, "claim", { claim = claim })
   if type(claim) ~= "table" or not claim.claim then
-    return object({ "claim", "result" }, { claim = jsonable(claim), result = json_null })
+    return object({ "claim", "result" }, { claim = jsonable(claim), result = json.null })
   end
   self.event_request[event] = rid
   local res = self.app:handle(event, admission)
@@ -490,12 +407,12 @@ require("sandbox.embed._utilities").register(HANDLERS, UTILITY)
 function Engine:dispatch(rid, text)
   self.pending[rid] = true
   self.npending = self.npending + 1
-  local req, err = core.json_decode(text)
-  if type(req) ~= "table" or getmetatable(req) ~= object_mt then
+  local req, err = json.decode(text)
+  if json.kind(req) ~= "object" then
     self:finish(rid, false, "invalid request: " .. (err or "not a JSON object"))
     return
   end
-  req = plain(req)
+  req = json.plain(req)
   local kind = req.type
   if kind == "apiKey.result" then
     local k = math.type(req.id) == "integer" and self.keys[req.id] or nil

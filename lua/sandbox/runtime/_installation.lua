@@ -12,13 +12,14 @@
 -- The lock is a flock on the canonical run root itself, opened read-only and
 -- close-on-exec (core.lock_dir): no file is created, the kernel drops it
 -- when the process dies, and no docker child inherits it.
-local core = require "sandbox.core"
 local container = require "sandbox.runtime.container"
+local core = require "sandbox.core"
+local errors = require "sandbox.errors"
 
 local M = {}
 
-M.E_LOCKED = "another host process owns these sandbox directories"
-M.E_CLEANUP = "sandbox container cleanup failed; inspect this installation's containers"
+M.E_LOCKED = errors.LOCKED
+M.E_CLEANUP = errors.CLEANUP
 M.TURN_DIR_PATTERN = "^turn%-[A-Za-z0-9][A-Za-z0-9][A-Za-z0-9][A-Za-z0-9][A-Za-z0-9][A-Za-z0-9]$"
 M.LOG_REMOVED = "removed stale sandbox containers"
 M.LOG_FAILED = "stale sandbox containers could not be removed; run sbx cleanup"

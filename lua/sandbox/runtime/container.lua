@@ -8,25 +8,34 @@
 --                                  sources and formatted numbers (raises)
 --   container.engine_body(spec) -> the Engine API create body (JSON text) of
 --                                  the same container (4.3 table)
+--   container.argv(c) / container.body(c) -> the same two from an already
+--                                  checked spec c (the driver contract checks once)
 --   container.name(segment)     -> roundtable-sandbox-<16 hex>-<8 random hex>
+--   container.name_valid(name)  -> the 4.4 name rule
 --   container.labels(installation, owner) -> the two labels of 4.4
---   container.turn_json(turn)   -> the turn object of 8.2 as compact JSON
+--   container.turn(t)           -> the turn object of 8.2 and its compact JSON
+--   container.turn_json(turn)   -> the JSON alone (the stdin bytes a driver writes)
+--
+-- This file is the one owner of a container's identity (name, labels) and
+-- of the turn's bytes: the runtime, the drivers, the sweep, `sbx cleanup`,
+-- `sbx doctor` and `sbx demo` all read them here.
 --
 -- spec = {name, image, runDir, workspaceDir, uid, gid, memoryMb, cpus, pids,
 -- labels}; labels = {[LABEL_INSTALLATION]=..., [LABEL_OWNER]=...}. A label
 -- missing from `labels` is rendered with an empty value (the runtime's
 -- construction dry run passes none); the driver refuses to run without both.
 local core = require "sandbox.core"
+local errors = require "sandbox.errors"
 local json = require "sandbox.json"
 
 local M = {}
 
-M.E_NAME_IMAGE = "invalid container name or image"
-M.E_NON_ROOT = "sandbox requires a non-root user and group"
-M.E_MOUNT_PATH = "mount paths must be absolute dedicated directories"
-M.E_MOUNT_SEPARATE = "broker and workspace mounts must be separate"
-M.E_LIMITS = "invalid resource limits"
-M.E_LABELS = "invalid container labels"
+M.E_NAME_IMAGE = errors.NAME_IMAGE
+M.E_NON_ROOT = errors.NON_ROOT
+M.E_MOUNT_PATH = errors.MOUNT_PATH
+M.E_MOUNT_SEPARATE = errors.MOUNT_SEPARATE
+M.E_LIMITS = errors.LIMITS
+M.E_LABELS = errors.LABELS
 
 M.LABEL_INSTALLATION = "roundtable.sandbox.installation"
 M.LABEL_OWNER = "roundtable.sandbox.owner"
@@ -155,7 +164,11 @@ end
 -- The argv of spec 4.3 (without the binary itself): 41 elements, then the
 -- image. Raises the 4.2 errors.
 function M.args(spec)
-  local c = M.check(spec)
+  return M.argv(M.check(spec))
+end
+
+-- The same argv from a spec M.check returned.
+function M.argv(c)
   return {
     "run",
     "--rm",
@@ -190,6 +203,11 @@ local function obj(names, values) return json.object(names, values) end
 -- Returns the JSON text and the checked spec (for the ?name= query).
 function M.engine_body(spec)
   local c = M.check(spec)
+  return M.body(c), c
+end
+
+-- The same body from a spec M.check returned.
+function M.body(c)
   local mem = c.memoryMb * 1048576
   local function mount(src, dst, ro)
     return obj({ "Type", "Source", "Target", "ReadOnly", "BindOptions" }, {
@@ -218,7 +236,7 @@ function M.engine_body(spec)
     AttachStdin = true, AttachStdout = true, AttachStderr = true, OpenStdin = true,
     StdinOnce = true, Tty = false, HostConfig = host,
   })
-  return assert(json.encode(body)), c
+  return assert(json.encode(body))
 end
 
 -- A fresh container name for a channel (4.4): segment is the channel's 64-hex
@@ -258,42 +276,33 @@ local function tool_list(list)
   return out
 end
 
-function M.turn_json(turn)
-  if type(turn) == "string" then return turn end
-  local speaker = turn.speaker or {}
+-- t = {text, speaker = {id, name}, model, prompt, timeZone, reset, tools =
+-- {{name, description, parameters}, ...}, mcp = {{server, tools}, ...}};
+-- other fields (a tool's run, the speaker's principalId) are left out.
+-- Returns the object and its compact JSON; raises when it cannot encode.
+function M.turn(t)
+  local speaker = t.speaker or {}
   local mcp = json.array {}
-  for i, s in ipairs(turn.mcp or {}) do
+  for i, s in ipairs(t.mcp or {}) do
     mcp[i] = obj({ "server", "tools" }, { server = s.server, tools = tool_list(s.tools) })
   end
-  local t = obj({ "text", "speaker", "model", "prompt", "timeZone", "reset", "tools", "mcp" }, {
-    text = turn.text,
+  local turn = obj({ "text", "speaker", "model", "prompt", "timeZone", "reset", "tools", "mcp" }, {
+    text = t.text,
     speaker = obj({ "id", "name" }, { id = speaker.id, name = speaker.name }),
-    model = turn.model, prompt = turn.prompt, timeZone = turn.timeZone,
-    reset = turn.reset == true,
-    tools = tool_list(turn.tools), mcp = mcp,
+    model = t.model, prompt = t.prompt, timeZone = t.timeZone,
+    reset = t.reset == true,
+    tools = tool_list(t.tools), mcp = mcp,
   })
-  local s, err = json.encode(t)
-  if not s then error("invalid sandbox turn: " .. tostring(err), 0) end
+  local s, err = json.encode(turn)
+  if not s then error(errors.TURN_ENCODING .. tostring(err), 0) end
+  return turn, s
+end
+
+-- The stdin bytes of a turn: its JSON (a string is taken as already encoded).
+function M.turn_json(turn)
+  if type(turn) == "string" then return turn end
+  local _, s = M.turn(turn)
   return s
-end
-
-
--- What both drivers do before starting a container (4.6 step 1): both
--- labels present, then the turn's stdin bytes (8.2 key order).
-function M.run_input(spec, turn)
-  local labels = spec.labels or {}
-  if type(labels[M.LABEL_INSTALLATION]) ~= "string" or labels[M.LABEL_INSTALLATION] == ""
-      or type(labels[M.LABEL_OWNER]) ~= "string" or labels[M.LABEL_OWNER] == "" then
-    error(M.E_LABELS, 0)
-  end
-  return M.turn_json(turn)
-end
-
--- The error a driver raises when its turn signal aborted.
-function M.abort_reason(signal)
-  local r = signal.reason
-  if r == nil then r = "aborted" end
-  return r
 end
 
 return M

@@ -19,41 +19,38 @@
 -- Nothing here logs a payload, a credential, a URL or an exception text.
 local async = require "sandbox.async"
 local broker = require "sandbox.broker"
-local broker_config = require "sandbox.broker._config"
 local channel_key = require "sandbox.channels._key"
+local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
-local json = require "sandbox.json"
+local errors = require "sandbox.errors"
+local installation = require "sandbox.runtime._installation"
 local options = require "sandbox.runtime._options"
 local signal = require "sandbox.signal"
 
 local M = {}
 
-M.E_BUSY = "sandbox is stopped or channel is busy"
-M.E_CHANNEL = channel_key.E_INVALID
-M.E_PRINCIPAL = "a sandbox turn needs the principal its speaker was admitted as"
-M.E_MESSAGE = "invalid sandbox message"
-M.E_TOO_LARGE = "sandbox message too large"
-M.E_WORKSPACE = "sandbox workspace must be a service-owned directory"
-M.E_RUN_DIR = "sandbox run directory could not be created"
-M.E_REPLY = "invalid sandbox reply"
-M.E_CLEANUP = "sandbox container cleanup failed; inspect this installation's containers"
-M.E_LOCK = "another host process owns these sandbox directories"
+M.E_BUSY = errors.BUSY
+M.E_CHANNEL = errors.CHANNEL
+M.E_PRINCIPAL = errors.PRINCIPAL
+M.E_MESSAGE = errors.MESSAGE
+M.E_TOO_LARGE = errors.TOO_LARGE
+M.E_WORKSPACE = errors.WORKSPACE
+M.E_RUN_DIR = errors.RUN_DIR
+M.E_REPLY = errors.REPLY
+M.E_CLEANUP = errors.CLEANUP
+M.E_LOCK = errors.LOCKED
 
-M.TIMED_OUT = "sandbox turn timed out"
-M.STOPPED = "sandbox turn stopped"
+M.TIMED_OUT = errors.TIMED_OUT
+M.STOPPED = errors.STOPPED
 M.SETTLED = "sandbox turn settled"
 
 M.LOG_TURN_FAILED = "sandbox turn failed; inspect container cleanup and broker configuration"
 M.GUEST_FAILED_OR_STOPPED = "The sandbox turn failed or was stopped."
 M.GUEST_FAILED = "The sandbox turn failed."
-M.LOG_SWEEP_FAILED = "stale sandbox containers could not be removed; run sbx cleanup"
-M.LOG_SWEEP_REMOVED = "removed stale sandbox containers"
 
 M.MAX_TEXT_CHARS = 32000
 M.MAX_SPEAKER_CHARS = 256
 M.MAX_TURN_BYTES = 262144
-M.LABEL_INSTALLATION = "roundtable.sandbox.installation"
-M.LABEL_OWNER = "roundtable.sandbox.owner"
 
 local EEXIST = 17
 local DIR_MODE = tonumber("700", 8)
@@ -73,91 +70,35 @@ function M.log(level, msg, fields)
   core.log(level, line)
 end
 
--- Container names of spec/runtime.md 4.4.
-function M.container_name_ok(name)
-  if type(name) ~= "string" or #name ~= 44 then return false end
-  return name:find("^roundtable%-sandbox%-[0-9a-f]+%-[0-9a-f]+$") ~= nil
-    and name:sub(36, 36) == "-"
-end
-
--- ---------------------------------------------------------------------------
--- Installation identity and lock (spec/runtime.md 6.1-6.2)
-
-local function read_line(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local s = f:read("l")
-  f:close()
-  return s
-end
-
--- Installation id: SHA-256 of canonical workspaceRoot, NUL, canonical runRoot.
-function M.installation_id(workspace_root, run_root)
-  return core.sha256_hex(workspace_root .. "\0" .. run_root)
-end
-
--- Owner id `<bootId>:<pid>:<startTicks>` of this process.
-function M.owner_id()
-  local pid = core.getpid()
-  local boot = read_line("/proc/sys/kernel/random/boot_id") or ""
-  local stat = read_line("/proc/" .. pid .. "/stat") or ""
-  -- field 22 (starttime) counted after the parenthesised command name
-  local rest = stat:match("^.*%)%s+(.*)$") or ""
-  local fields = {}
-  for f in rest:gmatch("%S+") do fields[#fields + 1] = f end
-  return boot .. ":" .. pid .. ":" .. (fields[20] or "0")
-end
-
--- lua/sandbox/runtime/_installation.lua (lock, ids, sweep), when it is there.
-local function installation_module()
-  local ok, mod = pcall(require, "sandbox.runtime._installation")
-  if ok and type(mod) == "table" then return mod end
-  return nil
-end
-
-local function take_lock(inst, run_root)
-  if not (inst and inst.lock) then
-    -- TODO(installation): without lua/sandbox/runtime/_installation.lua no flock
-    -- (spec/runtime.md 6.1) is taken.
-    return nil
-  end
-  local lock, err = inst.lock(run_root)
-  if not lock then fail(err or M.E_LOCK) end
-  return lock
-end
-
-local function release_lock(lock)
-  if lock == nil then return end
-  local ok, release = pcall(function() return lock.release end)
-  if ok and release then pcall(release, lock) end
-end
-
 -- ---------------------------------------------------------------------------
 -- Construction
 
 local Runtime = {}
 Runtime.__index = Runtime
 
-function M.new(opts)
-  local o = options.resolve(opts)                                   -- steps 1-14
-  local cfg = broker_config.check(o)
-  local puid = core.getuid()
+-- opts: the options of spec/runtime.md 2.2. `checked` is internal: the
+-- broker configuration sandbox{} already checked for these same options
+-- (app:runtime_options), so construction does not check it a second time.
+function M.new(opts, checked)
+  local o = options.resolve(opts, checked)                          -- steps 1-14
+  local cfg = o.broker_config
+  local mcp = {}
+  for i, s in ipairs(cfg.server_list) do mcp[i] = { server = s.name, tools = s.tool_list } end
   local self = setmetatable({
-    options = o, driver = o.driver, cfg = cfg, puid = puid,
+    options = o, driver = o.driver, cfg = cfg, puid = core.getuid(),
+    mcp = mcp,          -- the turn object's view of the MCP servers (8.2)
     active = {},        -- channel -> turn
     run_dirs = {},      -- turn dir name -> true while its turn runs
     resets = {},        -- channel -> pending start-fresh generation
     disposed = false,
   }, Runtime)
-  local inst = installation_module()
-  self.inst = inst
-  self.lock = take_lock(inst, o.runRoot)                            -- step 15
+  self.lock = installation.lock(o.runRoot)                          -- step 15
   local ok, err = pcall(function()                                  -- step 16
-    self.installation = (inst and inst.id or M.installation_id)(o.workspaceRoot, o.runRoot)
-    self.owner = (inst and inst.owner_id or M.owner_id)()
+    self.installation = installation.id(o.workspaceRoot, o.runRoot)
+    self.owner = installation.owner_id()
   end)
   if not ok then
-    release_lock(self.lock)
+    self.lock:release()
     error(err, 0)
   end
   local d = self.driver
@@ -168,53 +109,16 @@ function M.new(opts)
 end
 
 -- ---------------------------------------------------------------------------
--- Stale sweep (spec/runtime.md 6.3)
-
-function Runtime:_sweep_once()
-  local inst = self.inst
-  if inst and inst.sweep then
-    return inst.sweep {
-      driver = self.driver, installation = self.installation, self = self.owner,
-      run_root = self.options.runRoot, active = self.run_dirs, log = M.log,
-    }
-  end
-  -- Fallback while lua/sandbox/runtime/_installation.lua is absent: the same steps.
-  local d, count, failed = self.driver, 0, false
-  local ok, list = pcall(d.list, d, self.installation)
-  if not ok or type(list) ~= "table" then
-    failed, list = true, {}
-  end
-  for _, c in ipairs(list) do
-    if type(c) == "table" and c.owner ~= self.owner then
-      if M.container_name_ok(c.name) then
-        if pcall(d.remove, d, c.name) then count = count + 1 else failed = true end
-      else
-        M.log("warn", "a labelled sandbox container with an unexpected name was left in place")
-      end
-    end
-  end
-  local root = self.options.runRoot
-  for _, name in ipairs(core.fs_readdir(root) or {}) do
-    if name:find("^turn%-[A-Za-z0-9][A-Za-z0-9][A-Za-z0-9][A-Za-z0-9][A-Za-z0-9][A-Za-z0-9]$") then
-      if not self.run_dirs[name] and not core.fs_rmtree(root .. "/" .. name) then failed = true end
-    else
-      M.log("warn", "an unexpected entry in the sandbox run root was left in place")
-    end
-  end
-  if count > 0 then M.log("info", M.LOG_SWEEP_REMOVED, { count = count }) end
-  if failed then
-    M.log("error", M.LOG_SWEEP_FAILED)
-    fail(M.E_CLEANUP)
-  end
-  return count
-end
+-- Stale sweep (spec/runtime.md 6.3; the algorithm is runtime/_installation.lua's)
 
 function Runtime:_start_sweep()
   local task = async.spawn(function()
-    local ok, res = pcall(self._sweep_once, self)
-    if ok then self.sweep_ok = true end
-    if not ok then error(res, 0) end
-    return res
+    local removed = installation.sweep {
+      driver = self.driver, installation = self.installation, self = self.owner,
+      run_root = self.options.runRoot, active = self.run_dirs, log = M.log,
+    }
+    self.sweep_ok = true
+    return removed
   end)
   self.sweep_task = task
   return task
@@ -231,26 +135,17 @@ function Runtime:sweep()
   return res
 end
 
--- Waits for `task` or for `sig` to abort, whichever comes first.
-local function wait_or_abort(task, sig)
-  if task.done or sig.aborted then return end
-  async.await(function(resume)
-    async.on_done(task, function() resume() end)
-    sig:on_abort(function() resume() end)
-  end)
-end
-
 -- §5.3 step 1: the sweep must have succeeded before a container starts; a
 -- failed sweep is retried once by the turn.
 function Runtime:_await_sweep(sig)
   if self.sweep_ok then return end
   local task = self.sweep_task
-  if task and not task.done then wait_or_abort(task, sig) end
+  if task and not task.done then async.wait_or_abort(task, sig) end
   if sig.aborted then fail(sig.reason) end
   if self.sweep_ok then return end
   task = self.sweep_task
   if task == nil or task.done then task = self:_start_sweep() end
-  wait_or_abort(task, sig)
+  async.wait_or_abort(task, sig)
   if sig.aborted then fail(sig.reason) end
   if not self.sweep_ok then fail(M.E_CLEANUP) end
 end
@@ -295,40 +190,14 @@ function Runtime:_workspace(channel)
   return dir
 end
 
-local function public_tool(t)
-  return json.object({ "name", "description", "parameters" },
-    { name = t.name, description = t.description, parameters = t.parameters })
-end
-
--- The turn object of spec/runtime.md 8.2, keys in order; arrays stay arrays
--- when empty.
-function Runtime:_turn_object(turn, text)
-  local tools = json.array()
-  for _, t in ipairs(self.cfg.tool_list) do tools[#tools + 1] = public_tool(t) end
-  local mcp = json.array()
-  for _, s in ipairs(self.cfg.server_list) do
-    local list = json.array()
-    for _, t in ipairs(s.tool_list) do list[#list + 1] = public_tool(t) end
-    mcp[#mcp + 1] = json.object({ "server", "tools" }, { server = s.name, tools = list })
-  end
-  return json.object(
-    { "text", "speaker", "model", "prompt", "timeZone", "reset", "tools", "mcp" },
-    {
-      text = text,
-      speaker = json.object({ "id", "name" }, { id = turn.speaker.id, name = turn.speaker.name }),
-      model = self.options.model, prompt = self.options.prompt, timeZone = self.options.timeZone,
-      reset = turn.reset, tools = tools, mcp = mcp,
-    })
-end
-
 -- The ContainerSpec of spec/runtime.md 4.1.
 function Runtime:_container_spec(turn, run_dir, workspace_dir)
   local o = self.options
   return {
-    name = "roundtable-sandbox-" .. channel_key.segment(turn.channel):sub(1, 16) .. "-" .. core.random_hex(4),
+    name = container.name(channel_key.segment(turn.channel)),
     image = o.image, runDir = run_dir, workspaceDir = workspace_dir, uid = o.uid, gid = o.gid,
     memoryMb = o.limits.memoryMb, cpus = o.limits.cpus, pids = o.limits.pids,
-    labels = { [M.LABEL_INSTALLATION] = self.installation, [M.LABEL_OWNER] = self.owner },
+    labels = container.labels(self.installation, self.owner),
   }
 end
 
@@ -350,15 +219,16 @@ function Runtime:_in_run_dir(turn, text, workspace_dir)
   local ok, res = pcall(function()
     local socket = run_dir .. "/broker.sock"
     if #socket > broker.MAX_SOCKET_PATH then fail(broker.SOCKET_TOO_LONG) end
-    b = broker.new {
-      model = o.model, modelUrl = o.modelUrl, allowHttp = o.allowHttp, apiKey = o.apiKey,
-      tools = o.tools, mcp = o.mcp, channel = turn.channel, speaker = turn.speaker, signal = sig,
-    }
+    b = broker.bind(self.cfg, { apiKey = o.apiKey, channel = turn.channel, speaker = turn.speaker, signal = sig })
     local started, err = b:start(socket)
-    if not started then fail(err == broker.SOCKET_TOO_LONG and err or "sandbox broker could not start") end
-    local turn_obj = self:_turn_object(turn, text)
-    local encoded = json.encode(turn_obj)
-    if not encoded or #encoded > M.MAX_TURN_BYTES then fail(M.E_TOO_LARGE) end
+    if not started then fail(err == broker.SOCKET_TOO_LONG and err or errors.BROKER_START) end
+    -- 5.3 step 7: the turn of 8.2 and its stdin bytes, built once
+    -- (runtime/container.lua); the limit applies to those bytes.
+    local turn_obj, input = container.turn {
+      text = text, speaker = turn.speaker, model = o.model, prompt = o.prompt, timeZone = o.timeZone,
+      reset = turn.reset, tools = self.cfg.tool_list, mcp = self.mcp,
+    }
+    if #input > M.MAX_TURN_BYTES then fail(M.E_TOO_LARGE) end
     if sig.aborted then fail(sig.reason) end
     local reply = check_reply(self.driver:run(self:_container_spec(turn, run_dir, workspace_dir), turn_obj, sig))
     -- §7.4: settle the reset before cleanup.
@@ -460,7 +330,7 @@ function Runtime:dispose()
       end
       local sweep = self.sweep_task
       if sweep and not sweep.done then async.wait(sweep) end
-      release_lock(self.lock)
+      self.lock:release()
       self.lock = nil
     end)
   end

@@ -1,0 +1,130 @@
+-- cli/_common.lua: what the sbx subcommands share (Kong's kong/cmd/utils/):
+-- the operator error report (its text and fix from sandbox.errors), the turn
+-- flags of run and chat, loading a config into a runtime, the one docker
+-- runner, and small terminal helpers. No subcommand requires another.
+--
+--   common.parse_turn_args(args, extra_flags) -> parsed, speaker | nil, usage error
+--   common.open(cmd, parsed) -> rt, cfg | nil, exit status (reported)
+--   common.report(cmd, err, cfg, config_path)   "sbx <cmd>: <what>" + "  fix: ..."
+--   common.fix_for(err, cfg, config_path) -> the catalogue's fix, or nil
+--   common.docker() -> the CLI driver (drivers/cli.lua): the docker runner of
+--                      the turns themselves, so doctor and demo ask the daemon
+--                      the turns use (DOCKER_CONTEXT=default unless DOCKER_HOST)
+--   common.time_zone() / common.user_name() / common.isatty(fd)
+local args_lib = require "sandbox.cli._args"
+local channel_key = require "sandbox.channels._key"
+local core = require "sandbox.core"
+local errors = require "sandbox.errors"
+local options = require "sandbox.runtime._options"
+
+local M = {}
+
+function M.user_name()
+  local uid = core.getuid()
+  local f = io.open("/etc/passwd", "r")
+  if f then
+    for line in f:lines() do
+      local name, id = line:match("^([^:]*):[^:]*:(%d+):")
+      if id and tonumber(id) == uid then f:close() return name end
+    end
+    f:close()
+  end
+  return tostring(uid)
+end
+
+-- The fix for an error a runtime construction or a turn raised, or nil.
+function M.fix_for(err, cfg, config_path)
+  local o = cfg and cfg.options or {}
+  local uid, gid = core.getuid()
+  return errors.fix(err, {
+    config = config_path, runRoot = o.runRoot, workspaceRoot = o.workspaceRoot,
+    user = M.user_name(), uid = uid, gid = gid,
+  })
+end
+
+-- Catalogue messages are fixed strings; anything else (a driver's or a Lua
+-- error) is shown only with SBX_DEBUG=1, since it may quote payloads.
+function M.describe(err)
+  if errors.safe_to_show(err) then return err end
+  if os.getenv("SBX_DEBUG") then return tostring(err) end
+  return "unexpected error (set SBX_DEBUG=1 to see it)"
+end
+
+-- Writes "sbx <cmd>: <what>" and, when known, "  fix: <fix>" to stderr.
+function M.report(cmd, err, cfg, config_path)
+  io.stderr:write("sbx ", cmd, ": ", M.describe(err), "\n")
+  local fix = M.fix_for(err, cfg, config_path)
+  if fix then io.stderr:write("  fix: ", fix, "\n") end
+end
+
+-- $TZ as the worker's zone (one leading ':' dropped), or nil for UTC.
+function M.time_zone()
+  local tz = os.getenv("TZ")
+  if tz == nil or tz == "" then return nil end
+  tz = tz:gsub("^:", "")
+  if tz == "" then return nil end
+  return tz
+end
+
+-- Is file descriptor fd (0, 1 or 2) a terminal?
+function M.isatty(fd)
+  local ok = os.execute("test -t " .. math.tointeger(fd))
+  return ok == true
+end
+
+function M.docker()
+  return require("sandbox.drivers.cli").new { binary = "docker" }
+end
+
+-- Parses the shared flags of run and chat. Returns parsed, speaker or nil,
+-- message (usage error).
+function M.parse_turn_args(args, extra_flags)
+  local flags = { channel = "value", speaker = "value", timeout = "value" }
+  for k, v in pairs(extra_flags or {}) do flags[k] = v end
+  local parsed, err = args_lib.parse(args, { interleave = true, flags = flags })
+  if not parsed then return nil, err end
+  local f = parsed.flags
+  if not parsed.positional[1] then return nil, "CONFIG.lua is required" end
+  if not f.channel then return nil, "--channel KEY is required (e.g. --channel demo:1)" end
+  if not channel_key.valid(f.channel) then
+    return nil, "invalid --channel '" .. f.channel .. "': use a key like discord:1234 (^[a-z][a-z0-9_-]*:.+, at most 256 characters)"
+  end
+  local speaker, serr = args_lib.speaker(f.speaker)
+  if not speaker then return nil, serr end
+  if f.timeout then
+    local t = math.tointeger(tonumber(f.timeout))
+    if not options.turn_timeout_ok(t) then return nil, "--timeout must be 1000 to 600000 ms" end
+    parsed.timeout = t
+  end
+  return parsed, speaker
+end
+
+-- The runtime of a loaded config under sbx: the app's own runtime options
+-- (app:runtime_options; sbx has no host login, the zone is $TZ), with
+-- --timeout over turnTimeoutMs. Raises the construction error.
+local function runtime_of(cfg, timeout)
+  local opts, checked = cfg:runtime_options { timeZone = M.time_zone() }
+  if timeout then opts.turnTimeoutMs = timeout end
+  return require("sandbox.runtime").new(opts, checked)
+end
+
+-- Loads the config and builds the runtime; on failure reports it and
+-- returns nil, exit status.
+function M.open(cmd, parsed)
+  local path = parsed.positional[1]
+  local cfg, cerr = args_lib.load_config(path)
+  if not cfg then
+    io.stderr:write("sbx ", cmd, ": ", cerr, "\n")
+    local fix = M.fix_for(cerr:match(": (.*)$"), nil, path)
+    if fix then io.stderr:write("  fix: ", fix, "\n") end
+    return nil, 1
+  end
+  local ok, rt = pcall(runtime_of, cfg, parsed.timeout)
+  if not ok then
+    M.report(cmd, rt, cfg, path)
+    return nil, 1
+  end
+  return rt, cfg
+end
+
+return M

@@ -1,0 +1,168 @@
+-- drivers/contract.lua: what every container driver shares (spec/runtime.md
+-- 4.1, 4.5-4.8, 6.3 step 1): the algorithm of one run (4.6) and of one
+-- removal (4.7), written once over a few small driver primitives, plus the
+-- limits, the error texts and the reply parser. A driver is a file of
+-- primitives; the CLI driver (drivers/cli.lua) and the Engine API driver
+-- (drivers/engine.lua) are two, and a warm-turn or Kubernetes driver is a
+-- third file over the same contract, not a fork of the algorithm.
+--
+--   contract.run(d, spec, turn, signal) -> {ok=, text=}   4.6 (yields; raises 4.8)
+--   contract.remove(d, name)            4.7 (yields; raises the cleanup error)
+--   contract.list(d, installation)      6.3 step 1 (yields; raises the cleanup error)
+--   contract.parse_reply(stdout)        4.6 step 9 / 8.4 -> {ok=, text=} (raises)
+--   contract.local_endpoint(value)      4.5: DOCKER_HOST unset or unix://<absolute>
+--
+-- The primitives a driver d provides (each yields; none raises for what the
+-- daemon answered, only for a programming error):
+--   d:create(c, signal) -> h        the container of the checked spec c
+--                                   (runtime/container.lua check) exists, or is
+--                                   ready to be created by start (the CLI's
+--                                   `docker run`); h.failed when the daemon
+--                                   refused. From here on an abort of signal
+--                                   ends everything h holds (4.6 step 4).
+--   d:start(h, input)               start it attached and write input on its
+--                                   stdin, then end of file (4.6 step 3, 5)
+--   d:read(h) -> stdout, truncated  stdout until it ends, within MAX_STDOUT,
+--                                   stderr drained within MAX_STDERR (either
+--                                   limit: truncated); or nil, nil, err when
+--                                   nothing could be started (4.8: the spawn
+--                                   error; nothing to remove)
+--   d:wait(h) -> exit | nil         the exit status; nil when unknown (a
+--                                   failed wait, a death by signal)
+--   d:release(h)                    drop the abort hook; kill and reap what is
+--                                   left (4.6 step 10, first half)
+--   d:remove_once(name) -> "ok" | "retry" | "fail"   one 4.7 attempt, bounded
+--                                   by d.remove_timeout_ms
+--   d:list_once(installation) -> {{name=, owner=}, ...} | nil   one 6.3 listing
+-- Optional, for `sbx doctor` and `sbx demo`:
+--   d:inspect_daemon() -> {version=, root=} | nil, "not found" | "cannot run"
+--                                   | "permission denied" | "no answer"
+--   d:inspect_image(image) -> boolean
+--
+-- The steps are kept apart (create, start attached, read, wait, remove) so a
+-- warm driver can create and start a container ahead of its turn, write the
+-- turn later and deliver on stdout's end of file (spec/warm-turns.md).
+local async = require "sandbox.async"
+local container = require "sandbox.runtime.container"
+local errors = require "sandbox.errors"
+local json = require "sandbox.json"
+
+local M = {}
+
+M.E_TOO_LARGE = errors.BODY_TOO_LARGE
+M.E_WORKER = errors.WORKER
+M.E_REPLY = errors.REPLY
+M.E_CLEANUP = errors.CLEANUP
+M.E_REMOTE = errors.REMOTE
+
+M.MAX_STDOUT = 2097152          -- 2 MiB
+M.MAX_STDERR = 131072           -- 128 KiB
+M.MAX_RM_STDERR = 16384         -- 16 KiB (CLI stderr, Engine API answer body)
+M.MAX_LIST = 1048576            -- 1 MiB
+M.MAX_TEXT_CHARS = 100000
+M.REMOVE_TIMEOUT_MS = 5000
+M.LIST_TIMEOUT_MS = 5000
+M.REMOVE_ATTEMPTS = 3
+M.SECOND_REMOVAL_DELAY_MS = 100
+
+local function fail(msg) error(msg, 0) end
+
+-- DOCKER_HOST unset/empty, or unix://<absolute path> (4.5).
+function M.local_endpoint(value)
+  if value == nil or value == "" then return true end
+  local path = value:match("^unix://(/.*)$")
+  return path ~= nil and not path:find("%z")
+end
+
+-- The error a driver raises when its turn signal aborted.
+function M.abort_reason(signal)
+  local r = signal.reason
+  if r == nil then r = "aborted" end
+  return r
+end
+
+-- Reads the worker's stdout per 4.6 step 9 / 8.4: {ok=, text=} or raises.
+function M.parse_reply(stdout)
+  if stdout:sub(1, 3) == "\239\187\191" or not json.utf8_valid(stdout) then fail(M.E_REPLY) end
+  local v = json.decode(stdout)
+  if v == nil or json.kind(v) ~= "object" then fail(M.E_REPLY) end
+  if type(v.ok) ~= "boolean" or type(v.text) ~= "string" then fail(M.E_REPLY) end
+  local n = utf8.len(v.text)
+  if not n or n > M.MAX_TEXT_CHARS then fail(M.E_REPLY) end
+  return { ok = v.ok, text = v.text }
+end
+
+-- The removal algorithm of 4.7 for one exact name; raises the cleanup error.
+function M.remove(d, name)
+  if type(name) ~= "string" or #name > 91 or not name:find("^[a-z0-9][a-z0-9_.%-]*$") then
+    fail(M.E_CLEANUP)
+  end
+  for attempt = 1, M.REMOVE_ATTEMPTS do
+    local r = d:remove_once(name)
+    if r == "ok" then return end
+    if r ~= "retry" or attempt == M.REMOVE_ATTEMPTS then break end
+    async.sleep(100 * attempt)
+  end
+  fail(M.E_CLEANUP)
+end
+
+-- Every container (any state) labelled with this installation (6.3 step 1).
+function M.list(d, installation)
+  if type(installation) ~= "string" or not installation:find("^%x+$") then fail(M.E_CLEANUP) end
+  local list = d:list_once(installation)
+  if list == nil then fail(M.E_CLEANUP) end
+  return list
+end
+
+-- 4.6 step 1 after the 4.2 checks: both labels present, then the turn's
+-- stdin bytes (8.2, built by runtime/container.lua).
+local function input_of(spec, turn)
+  local labels = spec.labels or {}
+  for _, k in ipairs { container.LABEL_INSTALLATION, container.LABEL_OWNER } do
+    if type(labels[k]) ~= "string" or labels[k] == "" then fail(errors.LABELS) end
+  end
+  return container.turn_json(turn)
+end
+
+-- One turn in one fresh container (4.6). turn is the 8.2 turn (its table,
+-- or its bytes).
+function M.run(d, spec, turn, signal)
+  local c = container.check(spec)                                      -- 1
+  local input = input_of(spec, turn)
+  if signal and signal.aborted then error(M.abort_reason(signal), 0) end  -- 2
+  local h = d:create(c, signal)                                        -- 3-4
+  d:start(h, input)                                                     -- 3, 5
+  local stdout, truncated, unstarted = d:read(h)                        -- 6
+  if unstarted then                                                     -- nothing started,
+    d:release(h)                                                        -- nothing to remove
+    error(unstarted, 0)
+  end
+  local exit = d:wait(h)
+  d:release(h)
+  local failed = exit ~= 0
+  local ok, out = pcall(function()
+    if truncated then fail(M.E_TOO_LARGE) end                           -- 6
+    if signal and signal.aborted then error(M.abort_reason(signal), 0) end  -- 7
+    if failed then fail(M.E_WORKER) end                                 -- 8
+    return M.parse_reply(stdout)                                        -- 9
+  end)
+  -- 10: always, last. A removal failure replaces whatever came before.
+  M.remove(d, c.name)
+  if (signal and signal.aborted) or failed then
+    async.sleep(M.SECOND_REMOVAL_DELAY_MS)
+    M.remove(d, c.name)
+  end
+  if not ok then error(out, 0) end
+  return out
+end
+
+-- The driver methods of spec 4.1 for a driver class made of primitives:
+-- run, remove and list over the contract.
+function M.methods(Driver)
+  function Driver:run(spec, turn, signal) return M.run(self, spec, turn, signal) end
+  function Driver:remove(name) return M.remove(self, name) end
+  function Driver:list(installation) return M.list(self, installation) end
+  return Driver
+end
+
+return M

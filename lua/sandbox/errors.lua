@@ -1,0 +1,164 @@
+-- errors.lua: the operator-facing error catalogue of the host Lua (Kong's
+-- kong/db/errors.lua pattern; the C side's SBX_FETCH_E_* catalogue is its
+-- twin for safe fetch). Each message of spec/runtime.md and spec/broker.md
+-- that reaches an operator is written here once, with the fix an operator
+-- applies and whether its text is safe to print without SBX_DEBUG.
+--
+--   local errors = require "sandbox.errors"
+--   error(errors.CLEANUP, 0)                 -- raise: the spec's exact string
+--   errors.entry(msg)  -> the entry of a raised message, or nil
+--   errors.fix(msg, ctx) -> the fix for it (ctx fills in paths), or nil
+--   errors.safe_to_show(msg) -> true when msg is a catalogue message whose
+--                          text may be printed as is (never a payload)
+--
+-- An entry is {name, message, fix, safe, prefix, reason}:
+--   name     the constant (errors[name] == message)
+--   message  the exact text raised with error(msg, 0); `prefix` entries are
+--            raised as message .. detail (an option name, an encoder's why)
+--   fix      nil, a string, or function(ctx) -> string; ctx = {config=,
+--            runRoot=, workspaceRoot=, user=, uid=, gid=} (each optional)
+--   safe     false when the text after a prefix may carry data that is not
+--            the operator's own (then only SBX_DEBUG shows it); default true
+--   reason   the failure reason of spec/operations.md section 1 this error
+--            ends a turn with, for the errors that end turns today
+--
+-- The closed set of turn failure reasons of operations.md 1 lands here too:
+-- each reason is an entry (name = the reason in upper case, reason = its
+-- wire name, fix = the printed fix), and the errors that end a turn name
+-- their reason, so `sbx run`, the log and the metrics read one table.
+-- Modules keep their public constants (runtime.E_CLEANUP, ...) as aliases
+-- of these strings; nothing outside this file spells a message.
+local M = {}
+
+local function config_of(ctx) return ctx.config or "CONFIG.lua" end
+
+M.catalogue = {
+  -- Construction (spec/runtime.md 2.2, 3.1, 3.2)
+  { name = "OPTIONS_TABLE", message = "sandbox options must be a table" },
+  { name = "UNKNOWN_OPTION", message = "unknown sandbox option: ", prefix = true },
+  { name = "LINUX", message = "Docker sandbox execution requires a native Linux host",
+    fix = "run sealed turns on a native Linux host with a local Docker daemon" },
+  { name = "MODEL", message = "model is required" },
+  { name = "API_KEY_TYPE", message = "apiKey must be a function",
+    fix = "make apiKey a function, e.g. apiKey = function() return os.getenv(\"MODEL_API_KEY\") end" },
+  { name = "API_KEY_REQUIRED", message = "apiKey is required when no host login is available",
+    fix = "add apiKey = function() return os.getenv(\"MODEL_API_KEY\") end to the config and export MODEL_API_KEY" },
+  { name = "PROMPT", message = "invalid prompt" },
+  { name = "TIME_ZONE", message = "invalid time zone",
+    fix = "set TZ to an IANA zone name such as UTC or Europe/London, or unset it" },
+  { name = "TIMEOUT", message = "turnTimeoutMs must be 1000 to 600000" },
+  { name = "ROOT_PATH", message = "sandbox roots must be absolute dedicated directories",
+    fix = "set runRoot and workspaceRoot to absolute paths of directories used only by this package" },
+  { name = "ROOT_PRIVATE", message = "sandbox roots must be private directories owned by the service user",
+    fix = function(ctx)
+      local run, ws = ctx.runRoot or "RUNROOT", ctx.workspaceRoot or "WORKSPACEROOT"
+      return string.format("chown %s: %s %s && chmod 700 %s %s (run `sbx doctor %s` to see which)",
+        ctx.user or "USER", run, ws, run, ws, config_of(ctx))
+    end },
+  { name = "ROOT_SEPARATE", message = "sandbox roots must be separate",
+    fix = "use two separate directories for runRoot and workspaceRoot, neither inside the other" },
+  { name = "USER", message = "run the host as a non-root user; worker uid/gid must match it",
+    fix = function(ctx)
+      if ctx.uid == 0 then return "run sbx as the service account, e.g. `runuser -u sbx -- sbx ...`" end
+      return string.format("remove uid/gid from the config or set uid = %s, gid = %s",
+        tostring(ctx.uid or "UID"), tostring(ctx.gid or "GID"))
+    end },
+  { name = "SOCKET_TOO_LONG", message = "broker socket path too long",
+    fix = "choose a runRoot of at most 76 bytes, e.g. /tmp/roundtable-sandbox-run" },
+  { name = "REMOTE", message = "remote Docker daemons are unsupported",
+    fix = "unset DOCKER_HOST (or set it to unix:///var/run/docker.sock)" },
+  { name = "LOCKED", message = "another host process owns these sandbox directories",
+    fix = "stop the other process that uses this runRoot (a bot or another sbx), "
+      .. "or give this one its own runRoot and workspaceRoot" },
+  { name = "HOST_TABLE", message = "sandbox host must be a table" },
+  { name = "NOT_STARTED", message = "sandbox is not started" },
+
+  -- The container's arguments (spec/runtime.md 4.2, 4.4)
+  { name = "NAME_IMAGE", message = "invalid container name or image" },
+  { name = "NON_ROOT", message = "sandbox requires a non-root user and group" },
+  { name = "MOUNT_PATH", message = "mount paths must be absolute dedicated directories" },
+  { name = "MOUNT_SEPARATE", message = "broker and workspace mounts must be separate" },
+  { name = "LIMITS", message = "invalid resource limits" },
+  { name = "LABELS", message = "invalid container labels" },
+
+  -- Broker configuration (spec/broker.md 4)
+  { name = "BROKER_OPTIONS", message = "broker options must be a table" },
+  { name = "BUDGET", message = "invalid broker call or output-token budget" },
+  { name = "TOOL", message = "invalid or duplicate host tool" },
+  { name = "MCP", message = "invalid or duplicate MCP server/tool" },
+  { name = "URL_INVALID", message = "invalid broker endpoint URL" },
+  { name = "URL_UNSAFE", message = "broker endpoints must be credential-free HTTPS URLs" },
+
+  -- One turn (spec/runtime.md 5.2-5.5, 4.8)
+  { name = "BUSY", message = "sandbox is stopped or channel is busy",
+    fix = "wait for the channel's running turn to finish" },
+  { name = "CHANNEL", message = "invalid sandbox channel",
+    fix = "use a channel key like discord:1234 (^[a-z][a-z0-9_-]*:.+, at most 256 characters)" },
+  { name = "PRINCIPAL", message = "a sandbox turn needs the principal its speaker was admitted as" },
+  { name = "MESSAGE", message = "invalid sandbox message", fix = "give a non-empty speaker ID and valid UTF-8 text" },
+  { name = "TOO_LARGE", message = "sandbox message too large",
+    fix = "keep the message within 32000 characters and speaker fields within 256" },
+  { name = "WORKSPACE", message = "sandbox workspace must be a service-owned directory" },
+  { name = "RUN_DIR", message = "sandbox run directory could not be created" },
+  { name = "BROKER_START", message = "sandbox broker could not start" },
+  { name = "TURN_ENCODING", message = "invalid sandbox turn: ", prefix = true, safe = false },
+  { name = "TIMED_OUT", message = "sandbox turn timed out", reason = "deadline",
+    fix = "raise turnTimeoutMs in the config (or --timeout) if turns need longer" },
+  { name = "STOPPED", message = "sandbox turn stopped", reason = "stopped" },
+  { name = "BODY_TOO_LARGE", message = "body too large" },
+  { name = "WORKER", message = "sandbox worker failed", reason = "worker_failed",
+    fix = function(ctx) return string.format("check the image and the daemon with `sbx doctor %s`", config_of(ctx)) end },
+  { name = "REPLY", message = "invalid sandbox reply", reason = "invalid_reply" },
+  { name = "CLEANUP", message = "sandbox container cleanup failed; inspect this installation's containers",
+    reason = "cleanup_failed",
+    fix = function(ctx) return string.format("run `sbx cleanup %s --force`", config_of(ctx)) end },
+
+  -- Channel state (spec/runtime.md 3.2-3.3, 7.1)
+  { name = "STATE_INVALID", message = "invalid sandbox channel state",
+    fix = "the file must be a JSON array of channel keys such as "
+      .. '["discord:123456789"]; restore it from a backup or remove it to start from initialChannels' },
+  { name = "STATE_SAVE", message = "routing state could not be saved" },
+  { name = "STATE_DIR", message = "routing state directory must be private and service-owned",
+    fix = "chown the directory to the service user and chmod it 0700" },
+  { name = "STATE_FILE", message = "routing state must be a service-owned regular file",
+    fix = "replace it with a regular file owned by the service user (no symbolic link)" },
+  { name = "STATE_ABSOLUTE", message = "stateFile must be absolute" },
+  { name = "STATE_NAME", message = "stateFile must name a file" },
+  { name = "STATE_MOUNTS", message = "routing state must stay outside sandbox mounts" },
+}
+
+local by_message, prefixes = {}, {}
+for _, e in ipairs(M.catalogue) do
+  assert(M[e.name] == nil and by_message[e.message] == nil, e.name)
+  if e.safe == nil then e.safe = true end
+  M[e.name] = e.message
+  by_message[e.message] = e
+  if e.prefix then prefixes[#prefixes + 1] = e end
+end
+
+-- The entry of a raised message: an exact message, or message .. detail
+-- for a prefix entry. nil for anything else (a Lua error, a driver's own
+-- text, a payload).
+function M.entry(msg)
+  if type(msg) ~= "string" then return nil end
+  local e = by_message[msg]
+  if e and not e.prefix then return e end
+  for _, p in ipairs(prefixes) do
+    if msg:sub(1, #p.message) == p.message then return p end
+  end
+  return nil
+end
+
+function M.fix(msg, ctx)
+  local e = M.entry(msg)
+  if e == nil or e.fix == nil then return nil end
+  if type(e.fix) == "function" then return e.fix(ctx or {}) end
+  return e.fix
+end
+
+function M.safe_to_show(msg)
+  local e = M.entry(msg)
+  return e ~= nil and e.safe
+end
+
+return M
