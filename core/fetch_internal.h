@@ -47,7 +47,7 @@ typedef struct sbx__attempt_out {
   int location_count;
   char *body;                        /* malloc'd, may be NULL; set to NULL to keep it */
   size_t len;
-  const char *code;                  /* errno name, or NULL */
+  int err;                           /* the connection's errno, 0 when none */
   int fallback;                      /* may try the next address */
   const char *message;               /* curl's text for SBX__ATT_TRANSPORT */
   const sbx__attempt_t *a;           /* for sbx__attempt_fields */
@@ -105,8 +105,8 @@ sbx_fetch_result_t *sbx__result_new(const char *url, size_t url_len, int status,
                                     const sbx_fetch_header_t *h, size_t nh,
                                     char *body, size_t body_len);
 
-/* The Lua binding (fetch_lua.c), opened by sbx__open_safefetch. */
-struct lua_State;
-void sbx__open_fetch_call(struct lua_State *L);
+/* 1.10: 1 when a connection failure with this errno (before any response
+ * byte) lets the call try the next vetted address (fetch_call.c). */
+int sbx__errno_is_fallback(int err);
 
 #endif

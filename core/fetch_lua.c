@@ -33,27 +33,24 @@
 
 #include "fetch_internal.h"
 #include "netaddr.h"
-#include "sbx_internal.h"
+#include "loop.h"
+#include "parts.h"
 
 #define CALL_MT  "sbx.fetch.call"
 #define REPLY_MT "sbx.fetch.reply"
 
 enum { SEAM_RESOLVE, SEAM_TRANSPORT, SEAM_LOCAL, SEAM_N };
 
-typedef struct lf_box lf_box_t;
-
+/* A call's Lua object is a box (aux.h) linked both ways; a reply's Lua
+ * object is a box owning the reply until it answers (or is collected). */
 typedef struct {
   sbx_fetch_t *f;
   sbx__loop_t *lp;
   int done_ref;
   int seam_ref[SEAM_N];
   int cancelling;
-  lf_box_t *box;
+  sbx__box_t *box;
 } lf_call_t;
-
-struct lf_box { lf_call_t *c; };
-
-typedef struct { sbx_fetch_reply_t *r; } lf_reply_t;
 
 /* ---- options ---------------------------------------------------------- */
 
@@ -213,7 +210,7 @@ static void call_free(lua_State *L, lf_call_t *c) {
   int i;
   sbx__unref(L, &c->done_ref);
   for (i = 0; i < SEAM_N; i++) sbx__unref(L, &c->seam_ref[i]);
-  if (c->box != NULL) c->box->c = NULL;
+  sbx__box_unbind(c->box);
   free(c);
 }
 
@@ -238,21 +235,18 @@ static void on_done(sbx_fetch_t *f, sbx_fetch_result_t *res, const sbx_fetch_err
 
 /* ---- seams ----------------------------------------------------------------- */
 
-static lf_reply_t *push_reply(lua_State *L, sbx_fetch_reply_t *r) {
-  lf_reply_t *rb = lua_newuserdatauv(L, sizeof *rb, 0);
-  rb->r = r;
-  luaL_setmetatable(L, REPLY_MT);
+static sbx__box_t *push_reply(lua_State *L, sbx_fetch_reply_t *r) {
+  sbx__box_t *rb = sbx__box_new(L, REPLY_MT);
+  sbx__box_bind(rb, r, NULL);
   return rb;
 }
 
 /* Calls the trampoline with the reply and nargs pushed after it; a raise
  * fails the reply (so the call does not wait for its deadline). */
-static void seam_call(lua_State *L, lf_reply_t *rb, int anchor, int nargs) {
-  if (sbx__pcall(L, 1 + nargs) != 0 && rb->r != NULL) {
-    sbx_fetch_reply_t *r = rb->r;
-    rb->r = NULL;
+static void seam_call(lua_State *L, sbx__box_t *rb, int anchor, int nargs) {
+  sbx_fetch_reply_t *r;
+  if (sbx__pcall(L, 1 + nargs) != 0 && (r = sbx__box_detach(rb)) != NULL)
     sbx_fetch_reply_fail(r, NULL, 0, "seam failed");
-  }
   luaL_unref(L, LUA_REGISTRYINDEX, anchor);
 }
 
@@ -263,9 +257,9 @@ static int anchor_reply(lua_State *L) {
 
 /* Pushes seam `which`'s Lua function and its reply object (anchored in the
  * registry; *anchor is the ref), ready for the seam's own arguments. */
-static lf_reply_t *seam_begin(lf_call_t *c, int which, sbx_fetch_reply_t *r, int *anchor) {
+static sbx__box_t *seam_begin(lf_call_t *c, int which, sbx_fetch_reply_t *r, int *anchor) {
   lua_State *L = c->lp->L;
-  lf_reply_t *rb;
+  sbx__box_t *rb;
   lua_rawgeti(L, LUA_REGISTRYINDEX, c->seam_ref[which]);
   rb = push_reply(L, r);
   *anchor = anchor_reply(L);
@@ -276,7 +270,7 @@ static void seam_resolve(void *ud, const char *host, size_t len, sbx_fetch_reply
   lf_call_t *c = ud;
   lua_State *L = c->lp->L;
   int anchor;
-  lf_reply_t *rb = seam_begin(c, SEAM_RESOLVE, r, &anchor);
+  sbx__box_t *rb = seam_begin(c, SEAM_RESOLVE, r, &anchor);
   lua_pushlstring(L, host, len);
   seam_call(L, rb, anchor, 1);
 }
@@ -285,7 +279,7 @@ static void seam_local(void *ud, sbx_fetch_reply_t *r) {
   lf_call_t *c = ud;
   lua_State *L = c->lp->L;
   int anchor;
-  lf_reply_t *rb = seam_begin(c, SEAM_LOCAL, r, &anchor);
+  sbx__box_t *rb = seam_begin(c, SEAM_LOCAL, r, &anchor);
   seam_call(L, rb, anchor, 0);
 }
 
@@ -293,7 +287,7 @@ static void seam_transport(void *ud, const sbx_fetch_attempt_info *in, sbx_fetch
   lf_call_t *c = ud;
   lua_State *L = c->lp->L;
   int anchor;
-  lf_reply_t *rb = seam_begin(c, SEAM_TRANSPORT, r, &anchor);
+  sbx__box_t *rb = seam_begin(c, SEAM_TRANSPORT, r, &anchor);
   lua_pushlstring(L, in->url, in->url_len);
   lua_createtable(L, 0, 2);
   lua_pushlstring(L, in->address, in->address_len);
@@ -306,10 +300,7 @@ static void seam_transport(void *ud, const sbx_fetch_attempt_info *in, sbx_fetch
 }
 
 static sbx_fetch_reply_t *take_reply(lua_State *L) {
-  lf_reply_t *rb = luaL_checkudata(L, 1, REPLY_MT);
-  sbx_fetch_reply_t *r = rb->r;
-  rb->r = NULL;
-  return r;
+  return sbx__box_detach(luaL_checkudata(L, 1, REPLY_MT));
 }
 
 /* reply:answers(list) / reply:locals(list): a list that is not a table, or
@@ -442,9 +433,8 @@ static int reply_fail(lua_State *L) {
 }
 
 static int reply_gc(lua_State *L) {
-  lf_reply_t *rb = luaL_checkudata(L, 1, REPLY_MT);
-  if (rb->r != NULL) sbx_fetch_reply_release(rb->r);
-  rb->r = NULL;
+  sbx_fetch_reply_t *r = take_reply(L);
+  if (r != NULL) sbx_fetch_reply_release(r);
   return 0;
 }
 
@@ -456,7 +446,7 @@ static int start(lua_State *L, int check) {
   size_t len = 0;
   const char *url = lua_type(L, 1) == LUA_TSTRING ? lua_tolstring(L, 1, &len) : NULL;
   lf_call_t *c;
-  lf_box_t *b;
+  sbx__box_t *b;
   int err = 0, i;
   static const char *const names[SEAM_N] = {"resolve", "transport", "localAddresses"};
   luaL_checktype(L, 3, LUA_TFUNCTION);
@@ -486,10 +476,8 @@ static int start(lua_State *L, int check) {
     return 2;
   }
   c->done_ref = sbx__ref(L, 3);
-  b = lua_newuserdatauv(L, sizeof *b, 0);
-  b->c = c;
-  c->box = b;
-  luaL_setmetatable(L, CALL_MT);
+  b = sbx__box_new(L, CALL_MT);
+  sbx__box_bind(b, c, &c->box);
   return 1;
 }
 
@@ -510,11 +498,10 @@ static int l_fetch_opts_check(lua_State *L) {
 
 /* call:cancel(): stops everything at once; on_done never runs. */
 static int call_cancel(lua_State *L) {
-  lf_box_t *b = luaL_checkudata(L, 1, CALL_MT);
-  lf_call_t *c = b->c;
+  lf_call_t *c = sbx__box_check(L, 1, CALL_MT);
   if (c != NULL && c->f != NULL && !c->cancelling) {
     c->cancelling = 1;
-    sbx_fetch_cancel(c->f);          /* on_done frees c and clears b->c */
+    sbx_fetch_cancel(c->f);          /* on_done frees c and unlinks the box */
   }
   return 0;
 }
@@ -522,7 +509,7 @@ static int call_cancel(lua_State *L) {
 /* A collected call is cancelled: nothing outlives its Lua handle. */
 static int call_gc(lua_State *L) { return call_cancel(L); }
 
-void sbx__open_fetch_call(lua_State *L) {
+void sbx__open_fetch_lua(lua_State *L) {
   static const luaL_Reg call_methods[] = {{"cancel", call_cancel}, {NULL, NULL}};
   static const luaL_Reg reply_methods[] = {
     {"answers", reply_answers}, {"locals", reply_locals}, {"result", reply_result},

@@ -2,10 +2,10 @@
  * safefetch.c: one pinned attempt of safe fetch (shared/spec/fetch-and-
  * delegation.md 1.8, 1.10, 1.12): a GET through libcurl's multi interface on
  * the libuv loop, against one already vetted address, with every response
- * bound enforced as bytes arrive. Also the Lua functions core.fetch_attempt
- * (what fetch.pinned_transport uses), core.fetch_resolve (getaddrinfo on the
- * libuv thread pool) and core.local_addresses. The hop loop that drives
- * attempts lives in fetch_call.c (sbx_fetch.h).
+ * bound enforced as bytes arrive. Also the Lua function core.fetch_attempt
+ * (what fetch.pinned_transport uses). The hop loop that drives attempts,
+ * with its lookups and the host's own addresses, lives in fetch_call.c
+ * (sbx_fetch.h).
  *
  * Design
  * - Every attempt has its own curl multi (curl_loop.c) and a fresh easy
@@ -15,8 +15,10 @@
  *   connection there while the URL, Host header, SNI and certificate check
  *   keep the hostname; OPENSOCKETFUNCTION refuses any other socket;
  *   PREREQFUNCTION checks the connected peer once more before the request
- *   is sent and arms the idle timer. Fresh connection, no reuse, no proxy,
- *   no redirects, no cookies, no content decoding by curl, HTTP/1.1 only.
+ *   is sent and arms the idle timer. The transfer policy is the broker
+ *   upstream client's too (sbx__curl_harden, curl_loop.c): fresh connection,
+ *   no reuse, no proxy, no redirects, no cookies, no DNS cache, no content
+ *   decoding by curl, HTTP/1.1 only (never 0.9), TLS 1.2+.
  * - Bounds are enforced as bytes arrive (header block, declared length,
  *   encoding, wire bytes, decoded bytes); a decoder never produces more than
  *   the remaining budget plus one byte, so a bomb stops, it is not buffered.
@@ -28,7 +30,6 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdint.h>
@@ -42,14 +43,16 @@
 #include <zlib.h>
 
 #include "fetch_internal.h"
-#include "sbx_internal.h"
+#include "http_head.h"
+#include "loop.h"
+#include "parts.h"
 
 #if LIBCURL_VERSION_NUM < 0x075500   /* 7.85.0: PROTOCOLS_STR; PREREQ is 7.80 */
 #error "safe fetch needs libcurl >= 7.85 (CURLOPT_PROTOCOLS_STR, CURLOPT_PREREQFUNCTION)"
 #endif
 
 #define REQ_MT    "sbx.safefetch.attempt"
-#define RES_MT    "sbx.safefetch.lookup"
+#define WHO       "fetch_attempt"
 
 /* Bounds (spec 1.3, 1.9, 1.12). */
 #define SF_MAX_URL          8192
@@ -158,26 +161,6 @@ void sbx__attempt_cancel(sbx__attempt_t *a) {
   if (a != NULL) req_destroy(a);
 }
 
-static const char *errno_name(long e) {
-  switch (e) {
-    case ECONNREFUSED: return "ECONNREFUSED";
-    case ECONNRESET: return "ECONNRESET";
-    case EHOSTUNREACH: return "EHOSTUNREACH";
-    case ENETUNREACH: return "ENETUNREACH";
-    case EAFNOSUPPORT: return "EAFNOSUPPORT";
-    case EADDRNOTAVAIL: return "EADDRNOTAVAIL";
-    case ETIMEDOUT: return "ETIMEDOUT";
-    case EPIPE: return "EPIPE";
-    case ECONNABORTED: return "ECONNABORTED";
-    default: return NULL;
-  }
-}
-
-static int is_fallback_errno(long e) {
-  return e == ECONNREFUSED || e == ECONNRESET || e == EHOSTUNREACH || e == ENETUNREACH ||
-         e == EAFNOSUPPORT || e == EADDRNOTAVAIL || e == ETIMEDOUT;
-}
-
 static const sf_field_t *field_get(const sf_req_t *r, const char *name, size_t nl, int *count);
 static int decode_finish(sf_req_t *r);
 
@@ -243,12 +226,12 @@ static void finish(sf_req_t *r, CURLcode rc, int kind_hint) {
     else o.kind = decode_finish(r);
   } else if (rc == CURLE_OPERATION_TIMEDOUT && !r->connected && !r->got_bytes) {
     o.kind = SF_CONNECT_TIMEOUT;
-    o.code = "ETIMEDOUT";
+    o.err = ETIMEDOUT;
     o.fallback = 1;
   } else {
     o.kind = SF_TRANSPORT;
-    o.code = errno_name(os_errno);
-    o.fallback = !r->got_bytes && is_fallback_errno(os_errno);
+    o.err = (int)os_errno;
+    o.fallback = !r->got_bytes && sbx__errno_is_fallback(o.err);
     o.message = r->errbuf[0] != '\0' ? r->errbuf : curl_easy_strerror(rc);
   }
   if (r->in_final && r->status > 0) {
@@ -623,14 +606,9 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
 
 /* ---- starting an attempt ---------------------------------------------- */
 
-static int is_tchar(unsigned char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
-}
-
 int sbx__header_line_ok(const char *s, size_t n) {
   size_t i = 0, k;
-  while (i < n && is_tchar((unsigned char)s[i])) i++;
+  while (i < n && sbx__http_is_tchar((unsigned char)s[i])) i++;
   if (i == 0 || i >= n || s[i] != ':') return 0;
   for (k = i + 1; k < n; k++) {
     unsigned char c = (unsigned char)s[k];
@@ -650,29 +628,10 @@ static int slist_add(struct curl_slist **list, const char *s) {
 
 static int setup_easy(sf_req_t *r, const char *url, long connect_ms, long timeout_ms,
                       const char *cainfo) {
-  int bad = 0;
+  int bad = sbx__curl_harden(r->easy, "http,https", cainfo) != 0;
   SET(CURLOPT_PRIVATE, (char *)r);
   SET(CURLOPT_URL, url);
   SET(CURLOPT_ERRORBUFFER, r->errbuf);
-  SET(CURLOPT_PATH_AS_IS, 1L);
-  SET(CURLOPT_DISALLOW_USERNAME_IN_URL, 1L);
-  SET(CURLOPT_PROTOCOLS_STR, "http,https");
-  SET(CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-  SET(CURLOPT_FOLLOWLOCATION, 0L);
-  SET(CURLOPT_MAXREDIRS, 0L);
-  SET(CURLOPT_PROXY, "");
-  SET(CURLOPT_NOPROXY, "*");
-  SET(CURLOPT_NETRC, (long)CURL_NETRC_IGNORED);
-  SET(CURLOPT_SSL_VERIFYPEER, 1L);
-  SET(CURLOPT_SSL_VERIFYHOST, 2L);
-  SET(CURLOPT_SSLVERSION, (long)CURL_SSLVERSION_TLSv1_2);
-  SET(CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
-  SET(CURLOPT_HTTP09_ALLOWED, 0L);
-  SET(CURLOPT_HTTP_CONTENT_DECODING, 0L);
-  SET(CURLOPT_FRESH_CONNECT, 1L);
-  SET(CURLOPT_FORBID_REUSE, 1L);
-  SET(CURLOPT_DNS_CACHE_TIMEOUT, 0L);
-  SET(CURLOPT_NOSIGNAL, 1L);
   SET(CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
   SET(CURLOPT_TIMEOUT_MS, timeout_ms);
   SET(CURLOPT_HTTPGET, 1L);
@@ -687,7 +646,6 @@ static int setup_easy(sf_req_t *r, const char *url, long connect_ms, long timeou
   SET(CURLOPT_HEADERDATA, r);
   SET(CURLOPT_WRITEFUNCTION, on_body);
   SET(CURLOPT_WRITEDATA, r);
-  if (cainfo != NULL) SET(CURLOPT_CAINFO, cainfo);
   return bad ? -1 : 0;
 }
 
@@ -760,16 +718,12 @@ fail:
 
 /* The Lua object and the attempt point at each other through this block;
  * on_done is held in the registry until done or cancel. */
-typedef struct sf_req_box sf_req_box_t;
-
 typedef struct {
   sbx__attempt_t *a;
   sbx__loop_t *lp;
   int done_ref;
-  sf_req_box_t *box;       /* the Lua object, until it is collected */
+  sbx__box_t *box;         /* the Lua object, until it is collected */
 } sf_lua_att_t;
-
-struct sf_req_box { sf_lua_att_t *la; };
 
 static void push_fields(lua_State *L, const sbx__attempt_out_t *o) {
   sbx_fetch_header_t h[SF_MAX_FIELDS];
@@ -811,8 +765,8 @@ static int deliver(lua_State *L) {
     lua_pushlstring(L, o->body != NULL ? o->body : "", o->len);
     lua_setfield(L, -2, "body");
   }
-  if (o->code != NULL) {
-    lua_pushstring(L, o->code);
+  if (o->err != 0) {
+    lua_pushstring(L, sbx__errno_name(o->err));
     lua_setfield(L, -2, "code");
   }
   if (o->message != NULL) {
@@ -832,7 +786,7 @@ static void lua_att_done(void *ud, sbx__attempt_out_t *o) {
   la->a = NULL;
   la->done_ref = LUA_NOREF;
   /* Detach the Lua object first: a cancel from inside on_done is a no-op. */
-  if (la->box != NULL) { la->box->la = NULL; la->box = NULL; }
+  if (la->box != NULL) sbx__box_detach(la->box);
   lua_pushcfunction(L, deliver);
   lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
   luaL_unref(L, LUA_REGISTRYINDEX, ref);
@@ -843,30 +797,13 @@ static void lua_att_done(void *ud, sbx__attempt_out_t *o) {
 
 /* ---- argument checks (programming errors raise) ----------------------- */
 
-static const char *opt_string(lua_State *L, const char *field, size_t max, size_t *len) {
-  const char *s;
+/* A required string field: non-empty, at most max bytes, no NUL. */
+static const char *need_string(lua_State *L, const char *field, size_t max, size_t *len) {
   size_t n;
-  if (lua_getfield(L, 1, field) != LUA_TSTRING)
-    luaL_error(L, "fetch_attempt: opts.%s must be a string", field);
-  s = lua_tolstring(L, -1, &n);
-  lua_pop(L, 1);
-  if (n == 0 || n > max || memchr(s, '\0', n) != NULL)
-    luaL_error(L, "fetch_attempt: bad opts.%s", field);
+  const char *s = sbx__opt_string_field(L, 1, WHO, field, max, &n, 0);
+  if (s == NULL || n == 0) luaL_error(L, WHO ": opts.%s must be a non-empty string", field);
   if (len != NULL) *len = n;
   return s;
-}
-
-static lua_Integer opt_int(lua_State *L, const char *field, lua_Integer dflt, lua_Integer lo,
-                           lua_Integer hi) {
-  lua_Integer v;
-  int isnum = 0;
-  int t = lua_getfield(L, 1, field);
-  if (t == LUA_TNIL) { lua_pop(L, 1); if (dflt >= lo) return dflt; luaL_error(L, "fetch_attempt: opts.%s is required", field); }
-  v = lua_tointegerx(L, -1, &isnum);
-  lua_pop(L, 1);
-  if (t != LUA_TNUMBER || !isnum || v < lo || v > hi)
-    luaL_error(L, "fetch_attempt: opts.%s must be an integer in %I..%I", field, lo, hi);
-  return v;
 }
 
 /* core.fetch_attempt(opts) -> attempt | nil, err. See API.md. The url,
@@ -878,20 +815,21 @@ static int l_fetch_attempt(lua_State *L) {
   lua_Integer family, port, max_bytes, connect_ms, timeout_ms, idle_ms, i, nh = 0;
   sbx__attempt_params_t p;
   sf_lua_att_t *la;
-  sf_req_box_t *b;
+  sbx__box_t *b;
   const char *err = NULL;
   int top;
 
   luaL_checktype(L, 1, LUA_TTABLE);
-  url = opt_string(L, "url", SF_MAX_URL, &url_len);
-  address = opt_string(L, "address", INET6_ADDRSTRLEN, &addr_len);
-  family = opt_int(L, "family", -1, 4, 6);
-  port = opt_int(L, "port", -1, 1, 65535);
-  max_bytes = opt_int(L, "max_bytes", -1, 1, SF_MAX_BYTES);
-  timeout_ms = opt_int(L, "timeout_ms", -1, 1, SF_MAX_TIMEOUT_MS);
-  connect_ms = opt_int(L, "connect_timeout_ms", 3000, 1, SF_MAX_TIMEOUT_MS);
-  idle_ms = opt_int(L, "idle_timeout_ms", -1, 1, SF_MAX_TIMEOUT_MS);
-  if (lua_getfield(L, 1, "cainfo") != LUA_TNIL) { lua_pop(L, 1); cainfo = opt_string(L, "cainfo", 4096, NULL); }
+  url = need_string(L, "url", SF_MAX_URL, &url_len);
+  address = need_string(L, "address", INET6_ADDRSTRLEN, &addr_len);
+  family = sbx__check_integer_field(L, 1, WHO, "family", 4, 6);
+  port = sbx__check_integer_field(L, 1, WHO, "port", 1, 65535);
+  max_bytes = sbx__check_integer_field(L, 1, WHO, "max_bytes", 1, SF_MAX_BYTES);
+  timeout_ms = sbx__check_integer_field(L, 1, WHO, "timeout_ms", 1, SF_MAX_TIMEOUT_MS);
+  connect_ms = sbx__opt_integer_field(L, 1, WHO, "connect_timeout_ms", SBX_FETCH_CONNECT_TIMEOUT_MS, 1,
+                                      SF_MAX_TIMEOUT_MS);
+  idle_ms = sbx__check_integer_field(L, 1, WHO, "idle_timeout_ms", 1, SF_MAX_TIMEOUT_MS);
+  if (lua_getfield(L, 1, "cainfo") != LUA_TNIL) { lua_pop(L, 1); cainfo = need_string(L, "cainfo", 4096, NULL); }
   else lua_pop(L, 1);
   if (family == 5) luaL_error(L, "fetch_attempt: opts.family must be 4 or 6");
   memset(&p, 0, sizeof p);
@@ -925,9 +863,7 @@ static int l_fetch_attempt(lua_State *L) {
   p.idle_ms = (uint64_t)idle_ms;
   p.cainfo = cainfo;
 
-  b = lua_newuserdatauv(L, sizeof *b, 0);
-  b->la = NULL;
-  luaL_setmetatable(L, REQ_MT);
+  b = sbx__box_new(L, REQ_MT);
   la = calloc(1, sizeof *la);
   if (la == NULL) { lua_pushnil(L); lua_pushliteral(L, "out of memory"); return 2; }
   la->lp = sbx__loop(L);
@@ -941,16 +877,13 @@ static int l_fetch_attempt(lua_State *L) {
     lua_pushstring(L, err != NULL ? err : "fetch client setup failed");
     return 2;
   }
-  b->la = la;
-  la->box = b;
+  sbx__box_bind(b, la, &la->box);
   return 1;
 }
 
 /* attempt:cancel(): on_done never runs. */
 static int req_cancel(lua_State *L) {
-  sf_req_box_t *b = luaL_checkudata(L, 1, REQ_MT);
-  sf_lua_att_t *la = b->la;
-  b->la = NULL;
+  sf_lua_att_t *la = sbx__box_detach(luaL_checkudata(L, 1, REQ_MT));
   if (la != NULL && la->a != NULL) {
     sbx__attempt_cancel(la->a);
     sbx__unref(L, &la->done_ref);
@@ -959,190 +892,11 @@ static int req_cancel(lua_State *L) {
   return 0;
 }
 
-/* A collected handle does not stop the attempt (on_done is in the
- * registry); only the back pointer is dropped. */
-static int req_gc(lua_State *L) {
-  sf_req_box_t *b = luaL_checkudata(L, 1, REQ_MT);
-  if (b->la != NULL) b->la->box = NULL;
-  b->la = NULL;
-  return 0;
-}
-
-/* ---- resolver on the thread pool -------------------------------------- */
-
-typedef struct {
-  uv_getaddrinfo_t req;
-  lua_State *L;
-  int done_ref;
-  int abandoned;
-  int *box;               /* the Lua handle's back pointer, or NULL */
-} sf_lookup_t;
-
-static int push_answers(lua_State *L) {
-  const struct addrinfo *ai = lua_touserdata(L, 2);
-  lua_Integer n = 0;
-  lua_pushvalue(L, 1);
-  lua_newtable(L);
-  for (; ai != NULL; ai = ai->ai_next) {
-    char text[INET6_ADDRSTRLEN];
-    int ok = 0, fam = 0;
-    if (ai->ai_family == AF_INET && ai->ai_addrlen == sizeof(struct sockaddr_in) && ai->ai_addr != NULL) {
-      ok = inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr, text, sizeof text) != NULL;
-      fam = 4;
-    } else if (ai->ai_family == AF_INET6 && ai->ai_addrlen == sizeof(struct sockaddr_in6) && ai->ai_addr != NULL) {
-      const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ai->ai_addr;
-      ok = s6->sin6_scope_id == 0 && inet_ntop(AF_INET6, &s6->sin6_addr, text, sizeof text) != NULL;
-      fam = 6;
-    }
-    lua_createtable(L, 0, 3);
-    if (ok) {
-      lua_pushstring(L, text);
-      lua_setfield(L, -2, "address");
-      lua_pushinteger(L, fam);
-      lua_setfield(L, -2, "family");
-    } else {
-      lua_pushboolean(L, 1);
-      lua_setfield(L, -2, "malformed");
-    }
-    lua_rawseti(L, -2, ++n);
-  }
-  lua_call(L, 1, 0);
-  return 0;
-}
-
-static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
-  sf_lookup_t *lk = req->data;
-  lua_State *L = lk->L;
-  int ref = lk->done_ref;
-  if (lk->abandoned) {
-    if (res != NULL) uv_freeaddrinfo(res);
-    free(lk);
-    return;
-  }
-  if (lk->box != NULL) *lk->box = 0;
-  lk->done_ref = LUA_NOREF;
-  if (status < 0) {
-    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
-    luaL_unref(L, LUA_REGISTRYINDEX, ref);
-    lua_pushnil(L);
-    lua_pushstring(L, status == UV_ECANCELED ? "lookup cancelled" : gai_strerror(
-        status == UV_EAI_NONAME ? EAI_NONAME : status == UV_EAI_AGAIN ? EAI_AGAIN :
-        status == UV_EAI_FAIL ? EAI_FAIL : status == UV_EAI_NODATA ? EAI_NODATA :
-        status == UV_EAI_MEMORY ? EAI_MEMORY : status == UV_EAI_FAMILY ? EAI_FAMILY : EAI_FAIL));
-    free(lk);
-    sbx__pcall(L, 2);
-    return;
-  }
-  lua_pushcfunction(L, push_answers);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
-  luaL_unref(L, LUA_REGISTRYINDEX, ref);
-  lua_pushlightuserdata(L, res);
-  free(lk);
-  sbx__pcall(L, 2);
-  uv_freeaddrinfo(res);
-}
-
-/* core.fetch_resolve(host, on_done) -> lookup: on_done(list) or
- * on_done(nil, message); lookup:cancel() abandons it (the thread-pool result
- * is discarded when it arrives). */
-typedef struct { sf_lookup_t *lk; int live; } sf_lookup_ud_t;
-
-static int l_fetch_resolve(lua_State *L) {
-  size_t n;
-  const char *host = luaL_checklstring(L, 1, &n);
-  struct addrinfo hints;
-  sf_lookup_ud_t *u;
-  sf_lookup_t *lk;
-  int rc;
-  luaL_checktype(L, 2, LUA_TFUNCTION);
-  luaL_argcheck(L, n > 0 && n <= SF_MAX_HOST && memchr(host, '\0', n) == NULL, 1, "bad host");
-  u = lua_newuserdatauv(L, sizeof *u, 0);
-  u->lk = NULL;
-  u->live = 0;
-  luaL_setmetatable(L, RES_MT);
-  lk = calloc(1, sizeof *lk);
-  if (lk == NULL) { lua_pushnil(L); lua_pushliteral(L, "out of memory"); return 2; }
-  lk->L = sbx__loop(L)->L;
-  lk->done_ref = sbx__ref(L, 2);
-  lk->req.data = lk;
-  memset(&hints, 0, sizeof hints);
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  rc = uv_getaddrinfo(&sbx__loop(L)->uv, &lk->req, on_resolved, host, NULL, &hints);
-  if (rc != 0) {
-    sbx__unref(L, &lk->done_ref);
-    free(lk);
-    lua_pushnil(L);
-    lua_pushstring(L, uv_strerror(rc));
-    return 2;
-  }
-  u->lk = lk;
-  u->live = 1;
-  lk->box = &u->live;
-  return 1;
-}
-
-static void lookup_abandon(lua_State *L, sf_lookup_ud_t *u) {
-  if (u->live && u->lk != NULL) {
-    u->lk->abandoned = 1;
-    u->lk->box = NULL;
-    sbx__unref(L, &u->lk->done_ref);
-  }
-  u->live = 0;
-  u->lk = NULL;
-}
-
-static int lookup_cancel(lua_State *L) {
-  lookup_abandon(L, luaL_checkudata(L, 1, RES_MT));
-  return 0;
-}
-
-/* A collected handle abandons nothing: on_done is held in the registry;
- * only the back pointer is dropped. */
-static int lookup_gc(lua_State *L) {
-  sf_lookup_ud_t *u = luaL_checkudata(L, 1, RES_MT);
-  if (u->live && u->lk != NULL) u->lk->box = NULL;
-  u->live = 0;
-  u->lk = NULL;
-  return 0;
-}
-
-/* core.local_addresses() -> { text, ... } | nil, err: every interface
- * address (up or down), AF_INET and AF_INET6. */
-static int l_local_addresses(lua_State *L) {
-  struct ifaddrs *ifa, *it;
-  lua_Integer n = 0;
-  if (getifaddrs(&ifa) != 0) {
-    lua_pushnil(L);
-    lua_pushstring(L, "cannot read the interface list");
-    return 2;
-  }
-  lua_newtable(L);
-  for (it = ifa; it != NULL; it = it->ifa_next) {
-    char text[INET6_ADDRSTRLEN];
-    if (it->ifa_addr == NULL) continue;
-    if (it->ifa_addr->sa_family == AF_INET)
-      inet_ntop(AF_INET, &((struct sockaddr_in *)it->ifa_addr)->sin_addr, text, sizeof text);
-    else if (it->ifa_addr->sa_family == AF_INET6)
-      inet_ntop(AF_INET6, &((struct sockaddr_in6 *)it->ifa_addr)->sin6_addr, text, sizeof text);
-    else continue;
-    lua_pushstring(L, text);
-    lua_rawseti(L, -2, ++n);
-  }
-  freeifaddrs(ifa);
-  return 1;
-}
-
 void sbx__open_safefetch(lua_State *L) {
   static const luaL_Reg methods[] = {{"cancel", req_cancel}, {NULL, NULL}};
-  static const luaL_Reg lmethods[] = {{"cancel", lookup_cancel}, {NULL, NULL}};
-  sbx__class(L, REQ_MT, methods, req_gc);
-  sbx__class(L, RES_MT, lmethods, lookup_gc);
-  lua_pushcfunction(L, l_fetch_attempt);
-  lua_setfield(L, -2, "fetch_attempt");
-  lua_pushcfunction(L, l_fetch_resolve);
-  lua_setfield(L, -2, "fetch_resolve");
-  lua_pushcfunction(L, l_local_addresses);
-  lua_setfield(L, -2, "local_addresses");
-  sbx__open_fetch_call(L);
+  static const luaL_Reg fns[] = {{"fetch_attempt", l_fetch_attempt}, {NULL, NULL}};
+  /* A collected handle does not stop the attempt (on_done is in the
+   * registry); only the link is dropped. */
+  sbx__class(L, REQ_MT, methods, sbx__box_gc);
+  luaL_setfuncs(L, fns, 0);
 }
