@@ -34,7 +34,6 @@ M.E_ABSOLUTE = "stateFile must be absolute"
 M.E_NAME = "stateFile must name a file"
 M.E_MOUNTS = "routing state must stay outside sandbox mounts"
 
-local ENOENT = 2
 local DIR_MODE = tonumber("700", 8)
 local PRIVATE_BITS = tonumber("077", 8)
 
@@ -136,11 +135,11 @@ function M.open(opts)
     if lst.type ~= "file" or lst.uid ~= core.getuid() then fail(M.E_FILE) end
     local bytes, _, rcode = core.read_file_nofollow(path, M.MAX_FILE_BYTES)
     if not bytes then
-      if rcode == 27 then fail(M.E_INVALID_STATE) end           -- EFBIG: over 1 MiB
+      if rcode == "EFBIG" then fail(M.E_INVALID_STATE) end      -- over 1 MiB
       fail(M.E_FILE)
     end
     list, existed = decode(bytes), true                           -- step 4
-  elseif code == ENOENT then
+  elseif code == "ENOENT" then
     local seed = opts.initialChannels
     if seed == nil then seed = {} end
     if type(seed) ~= "table" then fail(M.E_INVALID_STATE) end

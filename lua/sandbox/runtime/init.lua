@@ -55,7 +55,6 @@ M.MAX_TURN_BYTES = 262144
 M.LABEL_INSTALLATION = "roundtable.sandbox.installation"
 M.LABEL_OWNER = "roundtable.sandbox.owner"
 
-local EEXIST = 17
 local DIR_MODE = tonumber("700", 8)
 
 local function fail(msg) error(msg, 0) end
@@ -288,7 +287,7 @@ function Runtime:_workspace(channel)
   local st = core.fs_lstat(dir)
   if not st then
     local made, _, code = core.fs_mkdir(dir, DIR_MODE)
-    if not made and code ~= EEXIST then fail(M.E_WORKSPACE) end
+    if not made and code ~= "EEXIST" then fail(M.E_WORKSPACE) end
     st = core.fs_lstat(dir)
   end
   if not st or st.type ~= "dir" or st.uid ~= self.puid then fail(M.E_WORKSPACE) end
