@@ -18,7 +18,6 @@ static const struct {
   {"reflect", sbx__open_reflect},
   {"listener", sbx__open_listener},
   {"upstream", sbx__open_upstream},
-  {"safefetch", sbx__open_safefetch},
   {"fetch_lua", sbx__open_fetch_lua},
   {"netaddr", sbx__open_netaddr},
   {"http_server", sbx__open_http_server},

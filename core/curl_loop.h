@@ -1,7 +1,7 @@
 /*
  * curl_loop.h: one libcurl multi handle driven by a libuv loop (internal).
  *
- * Used by safefetch.c / fetch_call.c (safe fetch) and upstream.c (the
+ * Used by fetch_attempt.c (safe fetch) and upstream.c (the
  * broker's upstream client). Each user creates its OWN curl loop: the
  * safe-fetch multi is never shared with the broker's upstream calls
  * (shared/spec/fetch-and-delegation.md 1.8).
@@ -29,7 +29,7 @@ typedef void (*sbx__curl_done_fn)(void *priv, CURL *easy, CURLcode rc);
 /*
  * The one transfer policy of both multis (the broker's upstream client,
  * upstream.c, which carries the real credential, and safe fetch's pinned
- * attempts, safefetch.c): the URL path as given, no user name in it, only
+ * attempts, fetch_attempt.c): the URL path as given, no user name in it, only
  * `protocols` ("https", or "http,https"), no redirects followed, no proxy
  * (the environment ignored), no netrc, TLS 1.2 or later with the peer and
  * host verified against `cainfo` (NULL: the system store), HTTP/1.1 and

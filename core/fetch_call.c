@@ -7,7 +7,7 @@
  * unless every answer is a strict public literal and not one of the host's
  * own addresses (getifaddrs at every vetting, or the local_addresses seam),
  * then try the vetted addresses one at a time in resolver order, each
- * attempt pinned to its address (safefetch.c, or the transport seam).
+ * attempt pinned to its address (fetch_attempt.c, or the transport seam).
  * Redirects are resolved, admitted and vetted again from scratch.
  *
  * Design
@@ -584,7 +584,7 @@ static int attempt_code(int kind) {
   }
 }
 
-/* The real transport's outcome (safefetch.c), from a libuv callback. */
+/* The real transport's outcome (fetch_attempt.c), from a libuv callback. */
 static void on_attempt(void *ud, sbx__attempt_out_t *o) {
   sbx_fetch_t *f = ud;
   sbx_fetch_header_t h[RESULT_FIELDS];

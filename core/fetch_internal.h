@@ -1,6 +1,7 @@
 /*
- * fetch_internal.h: what safefetch.c (one pinned attempt), fetch_call.c
- * (the hop loop, sbx_fetch.h) and fetch_lua.c (the Lua binding) share.
+ * fetch_internal.h: what the safe-fetch family shares: fetch_attempt.c (one
+ * pinned attempt, its body in fetch_decode.c), fetch_call.c (the hop loop,
+ * sbx_fetch.h) and fetch_lua.c (the Lua binding).
  */
 #ifndef SBX_FETCH_INTERNAL_H
 #define SBX_FETCH_INTERNAL_H
@@ -21,6 +22,7 @@ enum {
 
 #define SBX__ATT_MAX_LINES 40        /* 32 caller headers + defaults + forced */
 #define SBX__ATT_MAX_LINE  8800      /* "name: value" */
+#define SBX__ATT_MAX_FIELDS 100      /* fields of a response (1.12) */
 
 typedef struct sbx__attempt sbx__attempt_t;
 

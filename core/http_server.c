@@ -341,6 +341,7 @@ static void dispatch(hconn_t *c) {
   if (sbx__pcall(L, 1) != 0 && c->state == H_LUA) hconn_fixed(c, 500);
 }
 
+/* Read buffers of both the server's connections and the line reader. */
 static void hconn_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   (void)h;
   if (suggested > 65536) suggested = 65536;
@@ -620,13 +621,6 @@ static void lines_finish(lines_t *r, sbx__loop_t *lp) {
   if (lines_emit(r, lp, NULL, 0, 1)) lines_stop(r);
 }
 
-static void lines_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  (void)h;
-  if (suggested > 65536) suggested = 65536;
-  buf->base = malloc(suggested);
-  buf->len = buf->base ? suggested : 0;
-}
-
 static void lines_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   lines_t *r = st->data;
   sbx__loop_t *lp = st->loop->data;
@@ -713,7 +707,7 @@ static int l_read_lines(lua_State *L) {
   } else {
     r->handle_open = 1;
     r->h.stream.data = r;
-    uv_read_start(&r->h.stream, lines_alloc, lines_read);
+    uv_read_start(&r->h.stream, hconn_alloc, lines_read);
   }
   return 1;
 }

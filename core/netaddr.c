@@ -15,9 +15,9 @@
  * allow-list (2000::/3 minus its holes), IPv4-mapped addresses judged by the
  * IPv4 they carry. Reasons are static strings, safe to show an operator.
  *
- * Lua: core.url_admit, core.url_resolve_ref, core.addr_classify,
- * core.addr_parse (see core/API.md). The interface list for Lua comes from
- * core.local_addresses (safefetch.c).
+ * Lua: core.url_admit, core.addr_classify, core.addr_parse (see
+ * core/API.md); redirect targets (sbx_url_resolve_ref) and the host's own
+ * addresses (sbx_local_addrs_load) are the C hop loop's (fetch_call.c).
  */
 #include <arpa/inet.h>
 #include <errno.h>

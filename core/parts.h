@@ -16,8 +16,7 @@ void sbx__open_json(lua_State *L);          /* core.json_decode, json_encode, ut
 void sbx__open_reflect(lua_State *L);       /* core.reflect_filter */
 void sbx__open_listener(lua_State *L);      /* core.broker_listen */
 void sbx__open_upstream(lua_State *L);      /* core.http_post */
-void sbx__open_safefetch(lua_State *L);     /* core.fetch_attempt */
-void sbx__open_fetch_lua(lua_State *L);     /* core.fetch_start, assert_url_start, fetch_opts_check */
+void sbx__open_fetch_lua(lua_State *L);     /* core.fetch_start, assert_url_start, fetch_opts_check, fetch_attempt */
 void sbx__open_netaddr(lua_State *L);       /* core.url_admit, addr_classify, addr_parse */
 void sbx__open_http_server(lua_State *L);   /* core.http_server, read_lines */
 void sbx__open_process(lua_State *L);       /* core.spawn */

@@ -1,11 +1,11 @@
 /*
- * safefetch.c: one pinned attempt of safe fetch (shared/spec/fetch-and-
+ * fetch_attempt.c: one pinned attempt of safe fetch (shared/spec/fetch-and-
  * delegation.md 1.8, 1.10, 1.12): a GET through libcurl's multi interface on
  * the libuv loop, against one already vetted address, with every response
- * bound enforced as bytes arrive. Also the Lua function core.fetch_attempt
- * (what fetch.pinned_transport uses). The hop loop that drives attempts,
- * with its lookups and the host's own addresses, lives in fetch_call.c
- * (sbx_fetch.h).
+ * bound enforced as bytes arrive (the head here, the body in fetch_decode.c).
+ * The family: fetch_call.c drives attempts (the hop loop, sbx_fetch.h),
+ * fetch_lua.c is the Lua binding (core.fetch_attempt among it), and
+ * fetch_internal.h is what they share.
  *
  * Design
  * - Every attempt has its own curl multi (curl_loop.c) and a fresh easy
@@ -38,32 +38,21 @@
 #include <strings.h>
 #include <sys/socket.h>
 
-#include <brotli/decode.h>
 #include <curl/curl.h>
-#include <zlib.h>
 
+#include "fetch_decode.h"
 #include "fetch_internal.h"
 #include "http_head.h"
-#include "loop.h"
-#include "parts.h"
 
 #if LIBCURL_VERSION_NUM < 0x075500   /* 7.85.0: PROTOCOLS_STR; PREREQ is 7.80 */
 #error "safe fetch needs libcurl >= 7.85 (CURLOPT_PROTOCOLS_STR, CURLOPT_PREREQFUNCTION)"
 #endif
 
-#define REQ_MT    "sbx.safefetch.attempt"
-#define WHO       "fetch_attempt"
-
 /* Bounds (spec 1.3, 1.9, 1.12). */
-#define SF_MAX_URL          8192
-#define SF_MAX_HOST         255
 #define SF_MAX_BYTES        SBX_FETCH_MAX_BYTES
-#define SF_MAX_TIMEOUT_MS   SBX_FETCH_MAX_TIMEOUT_MS
 #define SF_MAX_HEADERS      SBX__ATT_MAX_LINES
-#define SF_MAX_HEADER_LINE  SBX__ATT_MAX_LINE
 #define SF_MAX_HEAD_BYTES   65536     /* status lines + header blocks */
-#define SF_MAX_FIELDS       100
-#define SF_BUF_STEP         65536
+#define SF_MAX_FIELDS       SBX__ATT_MAX_FIELDS
 
 #define SF_OK                 SBX__ATT_OK
 #define SF_REDIRECT           SBX__ATT_REDIRECT
@@ -79,14 +68,6 @@
 #define SF_CONNECT_TIMEOUT    SBX__ATT_CONNECT_TIMEOUT
 #define SF_TRANSPORT          SBX__ATT_TRANSPORT
 #define SF_NOMEM              SBX__ATT_NOMEM
-
-/* The `kind` string core.fetch_attempt hands Lua. */
-static const char *const kind_names[] = {
-  NULL, "ok", "redirect", "idle", "header_block", "declared_too_large",
-  "encoding", "wire_too_large", "body_too_large", "decode", "pin",
-  "bad_status", "connect_timeout", "transport", "nomem"};
-
-enum { DEC_NONE = 0, DEC_GZIP, DEC_DEFLATE, DEC_BR };
 
 typedef struct sbx__attempt sf_req_t;
 
@@ -116,13 +97,7 @@ struct sbx__attempt {
   int in_final;              /* reading a non-1xx block */
   int head_done;
   int connected, got_bytes;
-  /* body */
-  size_t max_bytes, wire, cap, len;
-  size_t declared;           /* a valid Content-Length (<= max_bytes), else 0 */
-  char *buf;
-  int decoder, dec_started, dec_ended;
-  z_stream z;
-  BrotliDecoderState *br;
+  sbx__body_t body;          /* bounded and decoded as it arrives (fetch_decode.c) */
   int kind;                  /* decided outcome, 0 while running */
   char errbuf[CURL_ERROR_SIZE];
 };
@@ -130,13 +105,6 @@ struct sbx__attempt {
 /* ---- attempt lifetime ------------------------------------------------- */
 
 static void idle_closed(uv_handle_t *h) { free(h); }
-
-static void decoder_end(sf_req_t *r) {
-  if (r->dec_started && (r->decoder == DEC_GZIP || r->decoder == DEC_DEFLATE)) inflateEnd(&r->z);
-  r->dec_started = 0;
-  if (r->br != NULL) BrotliDecoderDestroyInstance(r->br);
-  r->br = NULL;
-}
 
 /* Removes r from curl, closes its multi and frees it. */
 static void req_destroy(sf_req_t *r) {
@@ -151,9 +119,8 @@ static void req_destroy(sf_req_t *r) {
     uv_timer_stop(r->idle);
     uv_close((uv_handle_t *)r->idle, idle_closed);
   }
-  decoder_end(r);
+  sbx__body_free(&r->body);
   free(r->head_store);
-  free(r->buf);
   free(r);
 }
 
@@ -162,12 +129,11 @@ void sbx__attempt_cancel(sbx__attempt_t *a) {
 }
 
 static const sf_field_t *field_get(const sf_req_t *r, const char *name, size_t nl, int *count);
-static int decode_finish(sf_req_t *r);
 
 int sbx__attempt_fields(const sbx__attempt_out_t *o, sbx_fetch_header_t *out, size_t max,
                         char **mem) {
   const sf_req_t *r = o->a;
-  int decoded = r->decoder != DEC_NONE && o->kind == SF_OK;
+  int decoded = r->body.coding != SBX__CODING_IDENTITY && o->kind == SF_OK;
   size_t n = 0, total = 0, i, j, used = 0;
   char *m;
   *mem = NULL;
@@ -223,7 +189,7 @@ static void finish(sf_req_t *r, CURLcode rc, int kind_hint) {
   else if (r->kind != 0) o.kind = r->kind;
   else if (rc == CURLE_OK) {
     if (!r->in_final || !r->head_done) o.kind = SF_BAD_STATUS;
-    else o.kind = decode_finish(r);
+    else o.kind = sbx__body_finish(&r->body);
   } else if (rc == CURLE_OPERATION_TIMEDOUT && !r->connected && !r->got_bytes) {
     o.kind = SF_CONNECT_TIMEOUT;
     o.err = ETIMEDOUT;
@@ -246,11 +212,11 @@ static void finish(sf_req_t *r, CURLcode rc, int kind_hint) {
       field_get(r, "location", 8, &o.location_count);
     }
   }
-  if (o.kind == SF_REDIRECT) r->len = 0;
+  if (o.kind == SF_REDIRECT) r->body.len = 0;
   if (o.kind == SF_OK || o.kind == SF_REDIRECT) {
-    o.body = r->buf;
-    o.len = r->len;
-    r->buf = NULL;
+    o.body = r->body.buf;
+    o.len = r->body.len;
+    r->body.buf = NULL;
   }
   if (r->idle != NULL) uv_timer_stop(r->idle);
   r->done(r->ud, &o);
@@ -396,19 +362,15 @@ static int head_complete(sf_req_t *r) {
       else if (len > (UINT64_MAX - 9) / 10) { len = UINT64_MAX; }
       else len = len * 10 + (uint64_t)(v[i] - '0');
     }
-    if (ok && len > r->max_bytes) return SF_DECLARED_TOO_LARGE;
-    if (ok) r->declared = (size_t)len;
+    if (ok && len > r->body.max) return SF_DECLARED_TOO_LARGE;
+    if (ok) r->body.declared = (size_t)len;
   }
   f = field_get(r, "content-encoding", 16, &n);
   if (n > 1) return SF_ENCODING;
   if (f != NULL) {
-    const char *v = r->head_store + f->val_off;
-    size_t l = f->val_len;
-    if (l == 8 && strncasecmp(v, "identity", 8) == 0) r->decoder = DEC_NONE;
-    else if (l == 4 && strncasecmp(v, "gzip", 4) == 0) r->decoder = DEC_GZIP;
-    else if (l == 7 && strncasecmp(v, "deflate", 7) == 0) r->decoder = DEC_DEFLATE;
-    else if (l == 2 && strncasecmp(v, "br", 2) == 0) r->decoder = DEC_BR;
-    else return SF_ENCODING;
+    int coding = sbx__body_coding(r->head_store + f->val_off, f->val_len);
+    if (coding < 0) return SF_ENCODING;
+    r->body.coding = coding;
   }
   return 0;
 }
@@ -469,139 +431,15 @@ static size_t on_header(char *p, size_t size, size_t nitems, void *ud) {
   return size * nitems;
 }
 
-/* ---- body and decoding ------------------------------------------------ */
-
-/* Makes room for at least `need` more bytes, never past max_bytes + 1.
- * Returns 0, -1 (would pass the cap) or -2 (out of memory). */
-static int reserve(sf_req_t *r, size_t need) {
-  size_t limit = r->max_bytes + 1, cap;
-  char *nb;
-  if (r->cap - r->len >= need) return 0;
-  if (need > limit - r->len) return -1;
-  cap = r->cap < SF_BUF_STEP ? SF_BUF_STEP : r->cap;
-  while (cap - r->len < need) cap = cap > limit / 2 ? limit : cap * 2;
-  if (cap > limit) cap = limit;
-  nb = realloc(r->buf, cap);
-  if (nb == NULL) return -2;
-  r->buf = nb;
-  r->cap = cap;
-  return 0;
-}
-
-/* Room for at least one more decoded byte. */
-static int grow(sf_req_t *r) { return reserve(r, 1); }
-
-/* Feeds n wire bytes to the decoder. Returns 0 or a kind. */
-static int decode(sf_req_t *r, const unsigned char *p, size_t n) {
-  while (n > 0 || (r->decoder == DEC_BR && r->br != NULL && BrotliDecoderHasMoreOutput(r->br))) {
-    int g;
-    if (r->dec_ended == 2 && n > 0) {                /* gzip: the next member */
-      if (inflateReset(&r->z) != Z_OK) return SF_DECODE;
-      r->dec_ended = 0;
-    }
-    if (r->dec_ended) return SF_DECODE;              /* bytes after the end */
-    if (!r->dec_started) {
-      int wb;
-      if (r->decoder == DEC_BR) {
-        r->br = BrotliDecoderCreateInstance(NULL, NULL, NULL);
-        if (r->br == NULL) return SF_NOMEM;
-      } else {
-        memset(&r->z, 0, sizeof r->z);
-        if (r->decoder == DEC_GZIP) wb = 16 + 15;
-        else if (n >= 2 && (p[0] & 0x0f) == 8 && (p[0] >> 4) <= 7 &&
-                 ((unsigned)p[0] * 256 + p[1]) % 31 == 0) wb = 15;
-        else wb = -15;
-        if (inflateInit2(&r->z, wb) != Z_OK) return SF_NOMEM;
-      }
-      r->dec_started = 1;
-    }
-    g = grow(r);
-    if (g == -2) return SF_NOMEM;
-    if (g == -1) return SF_BODY_TOO_LARGE;
-    if (r->decoder == DEC_BR) {
-      size_t in_left = n, out_left = r->cap - r->len;
-      const uint8_t *in = p;
-      uint8_t *out = (uint8_t *)r->buf + r->len;
-      BrotliDecoderResult br = BrotliDecoderDecompressStream(r->br, &in_left, &in, &out_left, &out, NULL);
-      r->len = r->cap - out_left;
-      p = in;
-      n = in_left;
-      if (r->len > r->max_bytes) return SF_BODY_TOO_LARGE;
-      if (br == BROTLI_DECODER_RESULT_ERROR) return SF_DECODE;
-      if (br == BROTLI_DECODER_RESULT_SUCCESS) {
-        r->dec_ended = 1;
-        if (n > 0) return SF_DECODE;
-        return 0;
-      }
-      if (br == BROTLI_DECODER_RESULT_NEEDS_MORE_INPUT && n == 0) return 0;
-    } else {
-      int zr;
-      r->z.next_in = (Bytef *)p;
-      r->z.avail_in = (uInt)(n > UINT32_MAX ? UINT32_MAX : n);
-      r->z.next_out = (Bytef *)r->buf + r->len;
-      r->z.avail_out = (uInt)(r->cap - r->len);
-      zr = inflate(&r->z, Z_NO_FLUSH);
-      r->len = r->cap - r->z.avail_out;
-      n -= (size_t)((const unsigned char *)r->z.next_in - p);
-      p = r->z.next_in;
-      if (r->len > r->max_bytes) return SF_BODY_TOO_LARGE;
-      if (zr == Z_STREAM_END) {
-        if (r->decoder == DEC_GZIP) {
-          /* another member may follow; one that is not gzip fails later */
-          if (n > 0) { if (inflateReset(&r->z) != Z_OK) return SF_DECODE; }
-          else { r->dec_ended = 2; return 0; }
-          continue;
-        }
-        r->dec_ended = 1;
-        if (n > 0) return SF_DECODE;
-        return 0;
-      }
-      if (zr == Z_BUF_ERROR && n == 0) return 0;
-      if (zr != Z_OK && zr != Z_BUF_ERROR) return SF_DECODE;
-      if (zr == Z_OK && n == 0 && r->z.avail_out > 0) return 0;
-    }
-  }
-  return 0;
-}
-
-/* At a clean end of transfer: was the stream complete? */
-static int decode_finish(sf_req_t *r) {
-  if (r->decoder == DEC_NONE) return SF_OK;
-  if (r->wire == 0) return SF_OK;                    /* empty body, nothing to decode */
-  if (r->decoder == DEC_DEFLATE && !r->dec_started) return SF_DECODE;
-  return r->dec_ended ? SF_OK : SF_DECODE;
-}
-
 static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
   sf_req_t *r = ud;
   size_t n = size * nmemb;
-  int k;
   if (r->kind != 0) return 0;
   if (!r->head_done) { r->kind = SF_BAD_STATUS; return 0; }
   idle_kick(r);
   if (n == 0) return 0;
-  if (n > r->max_bytes - r->wire) {          /* invariant: wire <= max_bytes */
-    r->kind = r->decoder == DEC_NONE ? SF_BODY_TOO_LARGE : SF_WIRE_TOO_LARGE;
-    return 0;
-  }
-  r->wire += n;
-  if (r->decoder == DEC_NONE) {
-    /* one allocation for a declared length (already checked against the cap) */
-    int g = reserve(r, r->len == 0 && r->declared > n ? r->declared : n);
-    if (g != 0) { r->kind = g == -2 ? SF_NOMEM : SF_BODY_TOO_LARGE; return 0; }
-    memcpy(r->buf + r->len, p, n);
-    r->len += n;
-    return n;
-  }
-  if (r->decoder == DEC_DEFLATE && !r->dec_started && n < 2) {
-    /* too short to tell zlib from raw: raw deflate it is */
-    memset(&r->z, 0, sizeof r->z);
-    if (inflateInit2(&r->z, -15) != Z_OK) { r->kind = SF_NOMEM; return 0; }
-    r->dec_started = 1;
-  }
-  k = decode(r, (const unsigned char *)p, n);
-  if (k != 0) { r->kind = k; return 0; }
-  return n;
+  r->kind = sbx__body_feed(&r->body, (const unsigned char *)p, n);
+  return r->kind == 0 ? n : 0;
 }
 
 /* ---- starting an attempt ---------------------------------------------- */
@@ -680,7 +518,7 @@ sbx__attempt_t *sbx__attempt_start(sbx__curl_loop_t *cl, uv_loop_t *loop,
   r->family = fam;
   memcpy(r->addr, bin, fam == AF_INET ? 4 : 16);
   r->port = p->port;
-  r->max_bytes = p->max_bytes;
+  r->body.max = p->max_bytes;
   r->idle_ms = p->idle_ms;
   r->head_store = malloc(SF_MAX_HEAD_BYTES);
   if (r->head_store == NULL) goto fail;
@@ -712,191 +550,4 @@ sbx__attempt_t *sbx__attempt_start(sbx__curl_loop_t *cl, uv_loop_t *loop,
 fail:
   req_destroy(r);
   return NULL;
-}
-
-/* ---- core.fetch_attempt (Lua) ----------------------------------------- */
-
-/* The Lua object and the attempt point at each other through this block;
- * on_done is held in the registry until done or cancel. */
-typedef struct {
-  sbx__attempt_t *a;
-  sbx__loop_t *lp;
-  int done_ref;
-  sbx__box_t *box;         /* the Lua object, until it is collected */
-} sf_lua_att_t;
-
-static void push_fields(lua_State *L, const sbx__attempt_out_t *o) {
-  sbx_fetch_header_t h[SF_MAX_FIELDS];
-  char *mem = NULL;
-  int n = sbx__attempt_fields(o, h, SF_MAX_FIELDS, &mem), i;
-  lua_createtable(L, 0, n > 0 ? n : 0);
-  for (i = 0; i < n; i++) {
-    lua_pushlstring(L, h[i].name, h[i].name_len);
-    lua_pushlstring(L, h[i].value, h[i].value_len);
-    lua_rawset(L, -3);
-  }
-  free(mem);
-}
-
-/* Runs inside lua_pcall: (fn, outcome) -> fn(res). */
-static int deliver(lua_State *L) {
-  const sbx__attempt_out_t *o = lua_touserdata(L, 2);
-  lua_pushvalue(L, 1);
-  lua_createtable(L, 0, 8);
-  lua_pushboolean(L, o->kind == SF_OK || o->kind == SF_REDIRECT);
-  lua_setfield(L, -2, "ok");
-  lua_pushstring(L, kind_names[o->kind]);
-  lua_setfield(L, -2, "kind");
-  if (o->has_status) {
-    lua_pushinteger(L, (lua_Integer)o->status);
-    lua_setfield(L, -2, "status");
-    if (o->reason != NULL) {
-      lua_pushlstring(L, o->reason, o->reason_len);
-      lua_setfield(L, -2, "status_text");
-    }
-    if (o->has_headers) {
-      push_fields(L, o);
-      lua_setfield(L, -2, "headers");
-      lua_pushinteger(L, o->location_count);
-      lua_setfield(L, -2, "location_count");
-    }
-  }
-  if (o->kind == SF_OK || o->kind == SF_REDIRECT) {
-    lua_pushlstring(L, o->body != NULL ? o->body : "", o->len);
-    lua_setfield(L, -2, "body");
-  }
-  if (o->err != 0) {
-    lua_pushstring(L, sbx__errno_name(o->err));
-    lua_setfield(L, -2, "code");
-  }
-  if (o->message != NULL) {
-    lua_pushstring(L, o->message);
-    lua_setfield(L, -2, "message");
-  }
-  lua_pushboolean(L, o->fallback);
-  lua_setfield(L, -2, "fallback");
-  lua_call(L, 1, 0);
-  return 0;
-}
-
-static void lua_att_done(void *ud, sbx__attempt_out_t *o) {
-  sf_lua_att_t *la = ud;
-  lua_State *L = la->lp->L;
-  int ref = la->done_ref;
-  la->a = NULL;
-  la->done_ref = LUA_NOREF;
-  /* Detach the Lua object first: a cancel from inside on_done is a no-op. */
-  if (la->box != NULL) sbx__box_detach(la->box);
-  lua_pushcfunction(L, deliver);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
-  luaL_unref(L, LUA_REGISTRYINDEX, ref);
-  lua_pushlightuserdata(L, o);
-  sbx__pcall(L, 2);
-  free(la);
-}
-
-/* ---- argument checks (programming errors raise) ----------------------- */
-
-/* A required string field: non-empty, at most max bytes, no NUL. */
-static const char *need_string(lua_State *L, const char *field, size_t max, size_t *len) {
-  size_t n;
-  const char *s = sbx__opt_string_field(L, 1, WHO, field, max, &n, 0);
-  if (s == NULL || n == 0) luaL_error(L, WHO ": opts.%s must be a non-empty string", field);
-  if (len != NULL) *len = n;
-  return s;
-}
-
-/* core.fetch_attempt(opts) -> attempt | nil, err. See API.md. The url,
- * header strings and cainfo stay referenced by opts during the call only:
- * curl copies them at setopt. */
-static int l_fetch_attempt(lua_State *L) {
-  const char *url, *address, *cainfo = NULL, *lines[SF_MAX_HEADERS];
-  size_t url_len, addr_len;
-  lua_Integer family, port, max_bytes, connect_ms, timeout_ms, idle_ms, i, nh = 0;
-  sbx__attempt_params_t p;
-  sf_lua_att_t *la;
-  sbx__box_t *b;
-  const char *err = NULL;
-  int top;
-
-  luaL_checktype(L, 1, LUA_TTABLE);
-  url = need_string(L, "url", SF_MAX_URL, &url_len);
-  address = need_string(L, "address", INET6_ADDRSTRLEN, &addr_len);
-  family = sbx__check_integer_field(L, 1, WHO, "family", 4, 6);
-  port = sbx__check_integer_field(L, 1, WHO, "port", 1, 65535);
-  max_bytes = sbx__check_integer_field(L, 1, WHO, "max_bytes", 1, SF_MAX_BYTES);
-  timeout_ms = sbx__check_integer_field(L, 1, WHO, "timeout_ms", 1, SF_MAX_TIMEOUT_MS);
-  connect_ms = sbx__opt_integer_field(L, 1, WHO, "connect_timeout_ms", SBX_FETCH_CONNECT_TIMEOUT_MS, 1,
-                                      SF_MAX_TIMEOUT_MS);
-  idle_ms = sbx__check_integer_field(L, 1, WHO, "idle_timeout_ms", 1, SF_MAX_TIMEOUT_MS);
-  if (lua_getfield(L, 1, "cainfo") != LUA_TNIL) { lua_pop(L, 1); cainfo = need_string(L, "cainfo", 4096, NULL); }
-  else lua_pop(L, 1);
-  if (family == 5) luaL_error(L, "fetch_attempt: opts.family must be 4 or 6");
-  memset(&p, 0, sizeof p);
-  p.family = family == 4 ? AF_INET : AF_INET6;
-  if (inet_pton(p.family, address, p.addr) != 1)
-    luaL_error(L, "fetch_attempt: opts.address is not an IPv%d literal", (int)family);
-  if (lua_getfield(L, 1, "on_done") != LUA_TFUNCTION) luaL_error(L, "fetch_attempt: opts.on_done must be a function");
-  lua_pop(L, 1);
-  if (lua_getfield(L, 1, "headers") == LUA_TTABLE) nh = (lua_Integer)lua_rawlen(L, -1);
-  else if (!lua_isnil(L, -1)) luaL_error(L, "fetch_attempt: opts.headers must be an array");
-  if (nh > SF_MAX_HEADERS) luaL_error(L, "fetch_attempt: too many header lines");
-  top = lua_gettop(L);   /* the headers table stays there: it anchors the lines */
-  for (i = 1; i <= nh; i++) {
-    size_t n;
-    const char *s;
-    if (lua_rawgeti(L, top, i) != LUA_TSTRING) luaL_error(L, "fetch_attempt: header lines must be strings");
-    s = lua_tolstring(L, -1, &n);
-    lua_pop(L, 1);       /* still referenced by the table */
-    if (n > SF_MAX_HEADER_LINE) luaL_error(L, "fetch_attempt: header line too long");
-    if (memchr(s, '\0', n) != NULL || !sbx__header_line_ok(s, n))
-      luaL_error(L, "fetch_attempt: header lines must be 'Name: value' without control characters");
-    lines[i - 1] = s;
-  }
-  p.url = url;
-  p.port = (int)port;
-  p.lines = lines;
-  p.nlines = (size_t)nh;
-  p.max_bytes = (size_t)max_bytes;
-  p.timeout_ms = (long)timeout_ms;
-  p.connect_ms = (long)connect_ms;
-  p.idle_ms = (uint64_t)idle_ms;
-  p.cainfo = cainfo;
-
-  b = sbx__box_new(L, REQ_MT);
-  la = calloc(1, sizeof *la);
-  if (la == NULL) { lua_pushnil(L); lua_pushliteral(L, "out of memory"); return 2; }
-  la->lp = sbx__loop(L);
-  lua_getfield(L, 1, "on_done");
-  la->done_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  la->a = sbx__attempt_start(NULL, &la->lp->uv, &p, lua_att_done, la, &err);
-  if (la->a == NULL) {
-    luaL_unref(L, LUA_REGISTRYINDEX, la->done_ref);
-    free(la);
-    lua_pushnil(L);
-    lua_pushstring(L, err != NULL ? err : "fetch client setup failed");
-    return 2;
-  }
-  sbx__box_bind(b, la, &la->box);
-  return 1;
-}
-
-/* attempt:cancel(): on_done never runs. */
-static int req_cancel(lua_State *L) {
-  sf_lua_att_t *la = sbx__box_detach(luaL_checkudata(L, 1, REQ_MT));
-  if (la != NULL && la->a != NULL) {
-    sbx__attempt_cancel(la->a);
-    sbx__unref(L, &la->done_ref);
-    free(la);
-  }
-  return 0;
-}
-
-void sbx__open_safefetch(lua_State *L) {
-  static const luaL_Reg methods[] = {{"cancel", req_cancel}, {NULL, NULL}};
-  static const luaL_Reg fns[] = {{"fetch_attempt", l_fetch_attempt}, {NULL, NULL}};
-  /* A collected handle does not stop the attempt (on_done is in the
-   * registry); only the link is dropped. */
-  sbx__class(L, REQ_MT, methods, sbx__box_gc);
-  luaL_setfuncs(L, fns, 0);
 }
