@@ -79,7 +79,7 @@ int sbx__attempt_fields(const sbx__attempt_out_t *o, sbx_fetch_header_t *out, si
                         char **mem);
 
 /* The address an attempt is pinned to (1.8), and the two checks libcurl's
- * callbacks make with it. Pure functions, so tests/fetch checks them with
+ * callbacks make with it. Pure functions, so spec/c/fetch checks them with
  * mismatches a real attempt cannot produce. */
 typedef struct sbx__pin {
   int family;                        /* AF_INET / AF_INET6 */
