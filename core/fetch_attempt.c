@@ -177,6 +177,16 @@ int sbx__attempt_fields(const sbx__attempt_out_t *o, sbx_fetch_header_t *out, si
   return (int)n;
 }
 
+/* 1.10: the errnos before any response byte that let the call try the next
+ * vetted address. */
+int sbx__errno_is_fallback(int err) {
+  switch (err) {
+    case ECONNREFUSED: case ECONNRESET: case EHOSTUNREACH: case ENETUNREACH:
+    case EAFNOSUPPORT: case EADDRNOTAVAIL: case ETIMEDOUT: return 1;
+    default: return 0;
+  }
+}
+
 /* The attempt is over: decide, call done, free. kind_hint overrides (idle
  * timer); rc is curl's result otherwise. */
 static void finish(sf_req_t *r, CURLcode rc, int kind_hint) {

@@ -28,7 +28,6 @@
  * Nothing here logs a URL, header or body.
  */
 #include <arpa/inet.h>
-#include <errno.h>
 #include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -638,16 +637,6 @@ static void on_attempt(void *ud, sbx__attempt_out_t *o) {
       return;
     default:
       fail(f, attempt_code(o->kind));
-  }
-}
-
-/* 1.10: the errnos before any response byte that let the call try the next
- * vetted address. */
-int sbx__errno_is_fallback(int err) {
-  switch (err) {
-    case ECONNREFUSED: case ECONNRESET: case EHOSTUNREACH: case ENETUNREACH:
-    case EAFNOSUPPORT: case EADDRNOTAVAIL: case ETIMEDOUT: return 1;
-    default: return 0;
   }
 }
 

@@ -108,7 +108,8 @@ sbx_fetch_result_t *sbx__result_new(const char *url, size_t url_len, int status,
                                     char *body, size_t body_len);
 
 /* 1.10: 1 when a connection failure with this errno (before any response
- * byte) lets the call try the next vetted address (fetch_call.c). */
+ * byte) lets the call try the next vetted address (fetch_attempt.c; the hop
+ * loop applies the same rule to a transport seam's answer). */
 int sbx__errno_is_fallback(int err);
 
 #endif
