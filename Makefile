@@ -1,28 +1,44 @@
-# Makefile: the one entry point. `make` builds libsbx.so, libsbx.a, the sbx CLI
-# and the Lua C module; `make deps` bootstraps the machine; `make check` runs
-# every suite; `make fuzz`, `make bench`, `make demo` as the README says.
+# Makefile: the one entry point. `make` builds libsbx.so, libsbx.a, the sbx CLI,
+# the Lua C module, the embedding shim and the worker; `make deps` bootstraps
+# the machine; `make check` runs every suite; `make fuzz`, `make bench`,
+# `make demo` as the README says.
 # Variables: B (build dir), CFLAGS (optimisation/sanitizers), CC.
+#
+# Every object is compiled with -MMD -MP and the generated $(B)/**/*.d files
+# are included (Redis's src/Makefile), so a header change rebuilds exactly the
+# objects that include it. Every output lives under $(B): `make check-asan`
+# is this Makefile again with B=build-asan and sanitizer CFLAGS.
 
 CC       ?= cc
 B        ?= build
 CFLAGS   ?= -O2 -g
 HARDEN   ?= -D_FORTIFY_SOURCE=2 -fstack-protector-strong
+WARN     := -Wall -Wextra -Werror -Wmissing-prototypes
+DEPFLAGS := -MMD -MP
 PKGS     := lua5.4 libuv libcurl libcrypto zlib libbrotlidec
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhttp_parser
-SBX_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC $(HARDEN) $(PKG_CFLAGS) $(CFLAGS)
+SBX_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC $(HARDEN) $(PKG_CFLAGS) $(CFLAGS)
+ASAN_CFLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 LIB_SRC  := $(filter-out core/main.c,$(wildcard core/*.c))
 LIB_OBJ  := $(patsubst core/%.c,$(B)/obj/%.o,$(LIB_SRC))
-HDRS     := $(wildcard core/*.h)
 
-.PHONY: all deps check check-asan fuzz fuzz-check bench bench-bins demo image print-pkgs clean
+# The C drivers of the public C APIs (spec/c/): the embedding ABI (sbx_ffi.h)
+# against libsbx.so and through the shim Bun loads, and safe fetch
+# (sbx_fetch.h). check.sh runs them as the service account and counts their
+# "ok"/"FAIL" lines: `$(B)/ffi_test spec/c/ffi`, `$(B)/fetch_test`.
+C_TESTS  := $(B)/ffi_test $(B)/ffi_test_shim $(B)/fetch_test
+TEST_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -iquote core -iquote spec/c $(PKG_CFLAGS) -pthread $(CFLAGS)
 
-all: $(B)/libsbx.so $(B)/libsbx.a $(B)/sbx $(B)/lua/sandbox/core.so
+.PHONY: all worker deps check check-asan c-tests fuzz fuzz-check bench bench-bins demo image \
+  image-pi print-pkgs clean
 
-$(B)/obj/%.o: core/%.c $(HDRS)
+all: $(B)/libsbx.so $(B)/libsbx.a $(B)/sbx $(B)/lua/sandbox/core.so $(B)/libsbx_ffi.so worker
+
+$(B)/obj/%.o: core/%.c
 	@mkdir -p $(@D)
-	$(CC) $(SBX_CFLAGS) -c $< -o $@
+	$(CC) $(SBX_CFLAGS) $(DEPFLAGS) -c $< -o $@
 
 $(B)/libsbx.a: $(LIB_OBJ)
 	@rm -f $@
@@ -39,9 +55,22 @@ $(B)/lua/sandbox/core.so: $(B)/libsbx.so
 $(B)/sbx: $(B)/obj/main.o $(B)/libsbx.a
 	$(CC) $(CFLAGS) -o $@ $^ $(PKG_LIBS) -lm -ldl
 
-$(B)/obj/main.o: core/main.c $(HDRS)
-	@mkdir -p $(@D)
-	$(CC) $(SBX_CFLAGS) -c $< -o $@
+# What a JavaScript runtime (Bun) loads: it forwards the ABI to libsbx.so
+# opened with RTLD_DEEPBIND, so Bun's own exported uv_* stubs never replace
+# libuv inside the engine (core/ffi_shim/).
+$(B)/libsbx_ffi.so: core/ffi_shim/sbx_ffi_shim.c $(B)/libsbx.so
+	@mkdir -p $(B)/obj/ffi_shim
+	$(CC) $(SBX_CFLAGS) -MMD -MP -MF $(B)/obj/ffi_shim/sbx_ffi_shim.d -shared -o $@ $< -ldl -pthread
+
+# ---- the C drivers (spec/c/) ----------------------------------------------------
+c-tests: $(C_TESTS)
+
+$(B)/ffi_test: spec/c/ffi/ffi_test.c $(B)/libsbx.so
+	$(CC) $(TEST_CFLAGS) $(DEPFLAGS) -MF $@.d -o $@ $< -L$(B) -lsbx -Wl,-rpath,'$$ORIGIN'
+$(B)/ffi_test_shim: spec/c/ffi/ffi_test.c $(B)/libsbx_ffi.so
+	$(CC) $(TEST_CFLAGS) $(DEPFLAGS) -MF $@.d -o $@ $< -L$(B) -lsbx_ffi -Wl,-rpath,'$$ORIGIN'
+$(B)/fetch_test: spec/c/fetch/fetch_test.c $(B)/libsbx.so
+	$(CC) $(TEST_CFLAGS) $(DEPFLAGS) -MF $@.d -o $@ $< -L$(B) -lsbx -luv -lm -Wl,-rpath,'$$ORIGIN'
 
 deps:
 	@bash scripts/deps.sh
@@ -49,10 +78,12 @@ deps:
 check: deps
 	@bash scripts/check.sh
 
-# The specs again against a sanitizer build of the core (run by check.sh).
+# The product and the C drivers again as a sanitizer build in build-asan/
+# (check.sh runs the specs and the drivers against it; the shim is not run
+# there: ASan cannot load under RTLD_DEEPBIND).
 check-asan:
-	@$(MAKE) --no-print-directory B=build-asan HARDEN= \
-	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" all
+	@$(MAKE) --no-print-directory B=build-asan HARDEN= CFLAGS="$(ASAN_CFLAGS)" \
+	  all build-asan/ffi_test build-asan/fetch_test
 
 # The fuzzers link the same libraries as the core: PKGS is passed down.
 fuzz:
@@ -63,6 +94,14 @@ fuzz-check:
 
 bench: all
 	@bash scripts/bench.sh
+
+# Benchmark programs: bench/<name>.c -> $(B)/bench/<name>, linked with libsbx.a.
+BENCH_SRC := $(wildcard bench/*.c)
+BENCH_BIN := $(patsubst bench/%.c,$(B)/bench/%,$(BENCH_SRC))
+bench-bins: $(BENCH_BIN)
+$(B)/bench/%: bench/%.c $(B)/libsbx.a
+	@mkdir -p $(@D)
+	$(CC) $(SBX_CFLAGS) $(DEPFLAGS) -MF $@.d -iquote core -o $@ $< $(B)/libsbx.a $(PKG_LIBS) -lm -ldl
 
 # Two sealed turns against the built-in scripted model (see `sbx demo --help`).
 # The product refuses root, so as root the demo runs as the service account
@@ -87,52 +126,11 @@ print-pkgs:
 clean:
 	rm -rf build build-asan build-fuzz
 
-# Benchmark programs: bench/<name>.c -> $(B)/bench/<name>, linked with libsbx.a.
-BENCH_SRC := $(wildcard bench/*.c)
-BENCH_BIN := $(patsubst bench/%.c,$(B)/bench/%,$(BENCH_SRC))
-bench-bins: $(BENCH_BIN)
-$(B)/bench/%: bench/%.c $(B)/libsbx.a $(HDRS)
-	@mkdir -p $(@D)
-	$(CC) $(SBX_CFLAGS) -iquote core -o $@ $< $(B)/libsbx.a $(PKG_LIBS) -lm -ldl
-
-# The in-container worker and its image (worker/worker.mk owns these rules).
--include worker/worker.mk
+# The in-container worker and its image (worker/worker.mk owns these rules),
+# and the rich-mode (Pi) worker images (worker/pi/pi.mk: make image-pi).
+include worker/worker.mk
 -include worker/pi/pi.mk
 
-# ---- FFI embedding ABI (core/sbx_ffi.h): loader shim, C driver test, ASan variant ----
-# $(B)/libsbx_ffi.so: what a JavaScript runtime (Bun) loads. It forwards the
-# ABI to $(B)/libsbx.so opened with RTLD_DEEPBIND, so Bun's own exported
-# uv_* stubs never replace libuv inside the engine (core/ffi_shim/).
-# build/ffi_test links build/libsbx.so, build/ffi_test_shim the shim,
-# build-asan/ffi_test the sanitizer build (make check-asan). All run as a
-# non-root user (check.sh runs them as the service account):
-# `build/ffi_test tests/ffi`.
-FFI_TEST_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Icore -g -pthread
-.PHONY: ffi-test ffi-test-asan
-all: $(B)/libsbx_ffi.so
-$(B)/libsbx_ffi.so: core/ffi_shim/sbx_ffi_shim.c core/sbx_ffi.h $(B)/libsbx.so
-	$(CC) $(SBX_CFLAGS) -shared -o $@ $< -ldl -pthread
-ffi-test: build/ffi_test build/ffi_test_shim
-ffi-test-asan: build-asan/ffi_test
-build/ffi_test: tests/ffi/ffi_test.c core/sbx_ffi.h build/libsbx.so
-	$(CC) $(FFI_TEST_CFLAGS) -O2 -o $@ $< -Lbuild -lsbx -Wl,-rpath,'$$ORIGIN'
-build/ffi_test_shim: tests/ffi/ffi_test.c core/sbx_ffi.h build/libsbx_ffi.so
-	$(CC) $(FFI_TEST_CFLAGS) -O2 -o $@ $< -Lbuild -lsbx_ffi -Wl,-rpath,'$$ORIGIN'
-build-asan/ffi_test: tests/ffi/ffi_test.c core/sbx_ffi.h build-asan/libsbx.so
-	$(CC) $(FFI_TEST_CFLAGS) -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
-	  -o $@ $< -Lbuild-asan -lsbx -Wl,-rpath,'$$ORIGIN'
-# ---- end FFI block ----
-
-# ---- safe fetch C API test (core/sbx_fetch.h) ----
-# build/fetch_test drives sbx_fetch_start on a libuv loop against a loopback
-# server it runs itself; build-asan/fetch_test is the sanitizer variant (make
-# check-asan first). check.sh runs both and counts their "ok"/"FAIL" lines.
-.PHONY: fetch-test
-FETCH_TEST_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Icore -g $(PKG_CFLAGS)
-fetch-test: build/fetch_test
-build/fetch_test: tests/fetch/fetch_test.c core/sbx_fetch.h core/fetch_internal.h build/libsbx.so
-	$(CC) $(FETCH_TEST_CFLAGS) -O2 -o $@ $< -Lbuild -lsbx -luv -lm -Wl,-rpath,'$$ORIGIN'
-build-asan/fetch_test: tests/fetch/fetch_test.c core/sbx_fetch.h core/fetch_internal.h build-asan/libsbx.so
-	$(CC) $(FETCH_TEST_CFLAGS) -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
-	  -o $@ $< -Lbuild-asan -lsbx -luv -lm -Wl,-rpath,'$$ORIGIN'
-# ---- end safe fetch block ----
+# Generated header dependencies of everything compiled above.
+-include $(LIB_OBJ:.o=.d) $(B)/obj/main.d $(B)/obj/ffi_shim/sbx_ffi_shim.d \
+  $(addsuffix .d,$(C_TESTS) $(BENCH_BIN)) $(WORKER_DEPS)

@@ -1,11 +1,14 @@
 -- bench/broker_bench.lua: broker round trip of POST /tools/<name> for a
 -- trivial Lua tool over the real Unix socket, against a bare echo over the
--- same libuv listener (opts.echo: replies from C right after step 12, no Lua)
--- measured in the same run. Client and server share one loop, so the figures
--- are for one core. Run: build/sbx lua bench/broker_bench.lua [CALLS]
+-- same libuv listener (the test_echo seam: replies from C right after step
+-- 12, no Lua) measured in the same run. Client and server share one loop, so
+-- the figures are for one core. The client is the specs' raw Unix client
+-- (spec/support/unix_request.lua). Run from the repository root:
+-- build/sbx lua bench/broker_bench.lua [CALLS]
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local sandbox = require "sandbox"
+local unix_request = dofile("spec/support/unix_request.lua")
 
 local CALLS = tonumber(arg and arg[1]) or 5000
 local BATCH = 1000                  -- the broker's budget ceiling per turn
@@ -20,7 +23,7 @@ local path = dir .. "/b.sock"
 local function call(route)
   local t0 = core.hrtime()
   local res = async.await(function(resume)
-    core.unix_request(path, REQUEST:format(route), { timeout_ms = 10000 }, resume)
+    unix_request(path, REQUEST:format(route), { timeout_ms = 10000 }, resume)
   end)
   assert(res.ok and res.data:find("^HTTP/1.1 200 "), "call failed")
   return core.hrtime() - t0
@@ -54,7 +57,7 @@ local function measure(name, route, start)
 end
 
 local function echo_listener()
-  local l = assert(core.broker_listen { path = path, routes = { "/echo" }, max_calls = BATCH, echo = true,
+  local l = assert(core.broker_listen { path = path, routes = { "/echo" }, max_calls = BATCH, test_echo = true,
                                        on_call = function() end })
   return function() l:stop(); async.sleep(0) end
 end

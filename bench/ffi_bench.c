@@ -4,7 +4,7 @@
  * usage (from the repository root, as a non-root user):
  *   build/bench/ffi_bench [N]        N round trips per case (default 20000)
  *
- * The engine is the real app (tests/ffi/real_app.lua: sandbox{} over a Lua
+ * The engine is the real app (spec/c/ffi/real_app.lua: sandbox{} over a Lua
  * fake driver, state in a fresh temp folder), the Lua tree is ./lua. Cases:
  *   status (sync)  sbx_engine_status: submit + engine thread + app:status()
  *                  + JSON encode + condition-variable hand-back
@@ -82,7 +82,7 @@ int main(int argc, char **argv) {
   pthread_cond_init(&c.cond, NULL);
   c.got = 0;
   snprintf(opts, sizeof opts, "{\"luaDir\":\"lua\",\"apiKey\":\"host\",\"root\":\"%s\"}", tmpl);
-  e = sbx_engine_new("tests/ffi/real_app.lua", opts, on_result, &c, &err);
+  e = sbx_engine_new("spec/c/ffi/real_app.lua", opts, on_result, &c, &err);
   if (e == NULL) return bad("sbx_engine_new", err);
 
   /* warm up */
@@ -121,7 +121,7 @@ int main(int argc, char **argv) {
   sbx_engine_free(e);
 
   /* polling mode: a second engine without a callback */
-  e = sbx_engine_new("tests/ffi/real_app.lua", opts, NULL, NULL, &err);
+  e = sbx_engine_new("spec/c/ffi/real_app.lua", opts, NULL, NULL, &err);
   if (e == NULL) return bad("sbx_engine_new (poll)", err);
   p.fd = sbx_engine_fd(e);
   p.events = POLLIN;

@@ -21,7 +21,7 @@ const lib = dlopen(root + "build/libsbx_ffi.so", {
 const z = (s: string) => Buffer.from(s + "\0");
 const tmp = mkdtempSync("/tmp/sbx-ffi-bench-");
 const opts = z(JSON.stringify({ luaDir: root + "lua", apiKey: "host", root: tmp }));
-const config = z(root + "tests/ffi/real_app.lua");
+const config = z(root + "spec/c/ffi/real_app.lua");
 const ping = Buffer.from('{"type":"ping"}');
 
 let waiting: (() => void) | null = null;

@@ -8,16 +8,17 @@
  *       create or truncate <path>.tmp (O_NOFOLLOW, mode 0600; it must be a
  *       regular file owned by the process uid), write every byte, fsync,
  *       close, rename over <path>, then fsync the directory so the rename
- *       itself is durable.  -> true | nil, err, errno
+ *       itself is durable.  -> true | nil, "ENAME: message", "ENAME"
  *       On any failure before the rename the temp file is unlinked (only
  *       when it is the regular file this call opened); <path> is untouched.
  *       opts.crash_before_rename = true is a test seam: stop after the fsync
- *       of the temp file, leave it in place and return nil, "simulated crash
- *       before rename", 0, exactly what a crash at that point leaves on disk.
+ *       of the temp file, leave it in place and return nil, "ECANCELED:
+ *       simulated crash before rename", "ECANCELED", exactly what a crash at
+ *       that point leaves on disk.
  *   core.read_file_nofollow(path, max)
  *       open with O_NOFOLLOW, require a regular file, read at most max bytes
- *       -> bytes | nil, err, errno (EFBIG "file too large" past max; ELOOP
- *       for a symbolic link; EINVAL "not a regular file").
+ *       -> bytes | nil, "ENAME: message", "ENAME" (EFBIG "file too large"
+ *       past max; ELOOP for a symbolic link; EINVAL "not a regular file").
  *
  * Both are synchronous: the state file is at most 1 MiB of channel keys and
  * is written only by an owner command or a trusted plugin. Nothing between
@@ -32,23 +33,11 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include "sbx_internal.h"
+#include "aux.h"
+#include "parts.h"
 
 #define ATOMIC_TMP_SUFFIX ".tmp"
 #define ATOMIC_READ_MAX ((lua_Integer)64 * 1024 * 1024)
-
-static int push_fail(lua_State *L, int err, const char *msg) {
-  lua_pushnil(L);
-  lua_pushstring(L, msg != NULL ? msg : strerror(err));
-  lua_pushinteger(L, err);
-  return 3;
-}
-
-static const char *check_path(lua_State *L, int idx, size_t *len) {
-  const char *p = luaL_checklstring(L, idx, len);
-  luaL_argcheck(L, *len > 0 && strlen(p) == *len, idx, "path must be non-empty without NUL");
-  return p;
-}
 
 /* Writes all n bytes; 0 or an errno value. */
 static int write_all(int fd, const char *buf, size_t n) {
@@ -88,29 +77,27 @@ static int fsync_parent(const char *path, size_t len) {
 
 static int l_write_file_atomic(lua_State *L) {
   size_t plen, blen;
-  const char *path = check_path(L, 1, &plen);
+  const char *path = sbx__check_path(L, 1, &plen);
   const char *bytes = luaL_checklstring(L, 2, &blen);
   int crash = 0;
   if (!lua_isnoneornil(L, 3)) {
     luaL_checktype(L, 3, LUA_TTABLE);
-    lua_getfield(L, 3, "crash_before_rename");
-    crash = lua_toboolean(L, -1);
-    lua_pop(L, 1);
+    crash = sbx__opt_boolean_field(L, 3, "write_file_atomic", "crash_before_rename", 0);
   }
   char tmp[PATH_MAX];
-  if (plen + sizeof ATOMIC_TMP_SUFFIX > sizeof tmp) return push_fail(L, ENAMETOOLONG, NULL);
+  if (plen + sizeof ATOMIC_TMP_SUFFIX > sizeof tmp) return sbx__push_error(L, ENAMETOOLONG, NULL);
   memcpy(tmp, path, plen);
   memcpy(tmp + plen, ATOMIC_TMP_SUFFIX, sizeof ATOMIC_TMP_SUFFIX);
 
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return push_fail(L, errno, NULL);
+  if (fd < 0) return sbx__push_error(L, errno, NULL);
   struct stat st;
   int err = 0;
   if (fstat(fd, &st) != 0) {
     err = errno;
   } else if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
     close(fd);                         /* not ours: never unlink it */
-    return push_fail(L, EINVAL, "temp file is not a service-owned regular file");
+    return sbx__push_error(L, EINVAL, "temp file is not a service-owned regular file");
   }
   if (err == 0 && fchmod(fd, 0600) != 0) err = errno;
   if (err == 0) err = write_all(fd, bytes, blen);
@@ -118,38 +105,38 @@ static int l_write_file_atomic(lua_State *L) {
   if (close(fd) != 0 && err == 0) err = errno;
   if (err != 0) {
     unlink(tmp);
-    return push_fail(L, err, NULL);
+    return sbx__push_error(L, err, NULL);
   }
-  if (crash) return push_fail(L, 0, "simulated crash before rename");
+  if (crash) return sbx__push_error(L, ECANCELED, "simulated crash before rename");
   if (rename(tmp, path) != 0) {
     err = errno;
     unlink(tmp);
-    return push_fail(L, err, NULL);
+    return sbx__push_error(L, err, NULL);
   }
   err = fsync_parent(path, plen);
-  if (err != 0) return push_fail(L, err, NULL);
+  if (err != 0) return sbx__push_error(L, err, NULL);
   lua_pushboolean(L, 1);
   return 1;
 }
 
 static int l_read_file_nofollow(lua_State *L) {
   size_t plen;
-  const char *path = check_path(L, 1, &plen);
+  const char *path = sbx__check_path(L, 1, &plen);
   lua_Integer max = luaL_checkinteger(L, 2);
   luaL_argcheck(L, max >= 0 && max <= ATOMIC_READ_MAX, 2, "max out of range");
   /* the buffer first: nothing below raises while the descriptor is open */
   char *buf = lua_newuserdatauv(L, (size_t)max + 1, 0);
   int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return push_fail(L, errno, NULL);
+  if (fd < 0) return sbx__push_error(L, errno, NULL);
   struct stat st;
   if (fstat(fd, &st) != 0) {
     int err = errno;
     close(fd);
-    return push_fail(L, err, NULL);
+    return sbx__push_error(L, err, NULL);
   }
   if (!S_ISREG(st.st_mode)) {
     close(fd);
-    return push_fail(L, EINVAL, "not a regular file");
+    return sbx__push_error(L, EINVAL, "not a regular file");
   }
   size_t got = 0, cap = (size_t)max + 1;
   while (got < cap) {
@@ -158,13 +145,13 @@ static int l_read_file_nofollow(lua_State *L) {
       if (errno == EINTR) continue;
       int err = errno;
       close(fd);
-      return push_fail(L, err, NULL);
+      return sbx__push_error(L, err, NULL);
     }
     if (r == 0) break;
     got += (size_t)r;
   }
   close(fd);
-  if (got > (size_t)max) return push_fail(L, EFBIG, "file too large");
+  if (got > (size_t)max) return sbx__push_error(L, EFBIG, "file too large");
   lua_pushlstring(L, buf, got);
   return 1;
 }

@@ -15,7 +15,8 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
-#include "sbx_internal.h"
+#include "aux.h"
+#include "parts.h"
 
 #define RANDOM_MAX_BYTES 64
 

@@ -1,6 +1,8 @@
 /*
  * curl_loop.c: a libcurl multi handle on a libuv loop (see curl_loop.h).
  *
+ * Also the transfer policy both multis' easy handles get (sbx__curl_harden).
+ *
  * Ownership: the sbx__curl_loop_t is freed in its timer's close callback;
  * each watched socket's uv_poll_t in its own close callback. `depth` counts
  * the callbacks in progress; a close requested inside one is finished when
@@ -38,6 +40,35 @@ int sbx__curl_global(void) {
   pthread_once(&global_once, global_init);
   return global_rc == CURLE_OK ? 0 : -1;
 }
+
+#define SET(opt, val) (bad |= curl_easy_setopt(easy, opt, val) != CURLE_OK)
+
+int sbx__curl_harden(CURL *easy, const char *protocols, const char *cainfo) {
+  int bad = 0;
+  SET(CURLOPT_PATH_AS_IS, 1L);
+  SET(CURLOPT_DISALLOW_USERNAME_IN_URL, 1L);
+  SET(CURLOPT_PROTOCOLS_STR, protocols);
+  SET(CURLOPT_REDIR_PROTOCOLS_STR, protocols);
+  SET(CURLOPT_FOLLOWLOCATION, 0L);
+  SET(CURLOPT_MAXREDIRS, 0L);
+  SET(CURLOPT_PROXY, "");
+  SET(CURLOPT_NOPROXY, "*");
+  SET(CURLOPT_NETRC, (long)CURL_NETRC_IGNORED);
+  SET(CURLOPT_SSL_VERIFYPEER, 1L);
+  SET(CURLOPT_SSL_VERIFYHOST, 2L);
+  SET(CURLOPT_SSLVERSION, (long)CURL_SSLVERSION_TLSv1_2);
+  SET(CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+  SET(CURLOPT_HTTP09_ALLOWED, 0L);
+  SET(CURLOPT_HTTP_CONTENT_DECODING, 0L);
+  SET(CURLOPT_FRESH_CONNECT, 1L);
+  SET(CURLOPT_FORBID_REUSE, 1L);
+  SET(CURLOPT_DNS_CACHE_TIMEOUT, 0L);
+  SET(CURLOPT_NOSIGNAL, 1L);
+  if (cainfo != NULL) SET(CURLOPT_CAINFO, cainfo);
+  return bad ? -1 : 0;
+}
+
+#undef SET
 
 static void sock_closed(uv_handle_t *h) { free(h->data); }
 

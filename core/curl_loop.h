@@ -1,7 +1,7 @@
 /*
  * curl_loop.h: one libcurl multi handle driven by a libuv loop (internal).
  *
- * Used by safefetch.c / fetch_call.c (safe fetch) and upstream.c (the
+ * Used by fetch_attempt.c (safe fetch) and upstream.c (the
  * broker's upstream client). Each user creates its OWN curl loop: the
  * safe-fetch multi is never shared with the broker's upstream calls
  * (shared/spec/fetch-and-delegation.md 1.8).
@@ -25,6 +25,21 @@ typedef struct sbx__curl_loop sbx__curl_loop_t;
 
 /* priv is the easy handle's CURLOPT_PRIVATE (NULL: the message is ignored). */
 typedef void (*sbx__curl_done_fn)(void *priv, CURL *easy, CURLcode rc);
+
+/*
+ * The one transfer policy of both multis (the broker's upstream client,
+ * upstream.c, which carries the real credential, and safe fetch's pinned
+ * attempts, fetch_attempt.c): the URL path as given, no user name in it, only
+ * `protocols` ("https", or "http,https"), no redirects followed, no proxy
+ * (the environment ignored), no netrc, TLS 1.2 or later with the peer and
+ * host verified against `cainfo` (NULL: the system store), HTTP/1.1 and
+ * never HTTP/0.9, no content decoding by curl, a fresh connection that is
+ * never reused, no DNS cache entry kept, no signals. What differs between
+ * the two callers is an argument here or an option of their own (a
+ * transfer's body, callbacks, timeouts, the pin). Returns 0, or -1 when curl
+ * refused an option: every one is policy, so none may be skipped.
+ */
+int sbx__curl_harden(CURL *easy, const char *protocols, const char *cainfo);
 
 /* curl_global_init once per process; 0 or -1. */
 int sbx__curl_global(void);

@@ -7,7 +7,7 @@
  * unless every answer is a strict public literal and not one of the host's
  * own addresses (getifaddrs at every vetting, or the local_addresses seam),
  * then try the vetted addresses one at a time in resolver order, each
- * attempt pinned to its address (safefetch.c, or the transport seam).
+ * attempt pinned to its address (fetch_attempt.c, or the transport seam).
  * Redirects are resolved, admitted and vetted again from scratch.
  *
  * Design
@@ -37,7 +37,9 @@
 #include <strings.h>
 #include <sys/socket.h>
 
+#include "aux.h"
 #include "fetch_internal.h"
+#include "http_head.h"
 #include "netaddr.h"
 #include "sbx_fetch.h"
 
@@ -71,7 +73,8 @@ struct sbx_fetch_reply {
   sbx_fetch_address_t *addrs;   /* copies, in one block with their texts */
   size_t naddrs;
   sbx_fetch_result_t *res;
-  char errno_name[24];
+  char errno_name[24];          /* as the seam gave it, passed on as it came */
+  int err;                      /* its errno (0: none known): the fallback rule */
   int after_response;
   char *message;
 };
@@ -245,11 +248,6 @@ static int bound_ok(double v, double lo, double hi) {
   return v >= lo && v <= hi && v == floor(v);   /* NaN fails every comparison */
 }
 
-static int is_tchar(unsigned char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
-}
-
 static int name_is(const sbx_fetch_header_t *h, const char *lower) {
   size_t n = strlen(lower);
   return h->name_len == n && strncasecmp(h->name, lower, n) == 0;
@@ -264,7 +262,7 @@ static int header_ok(const sbx_fetch_header_t *h) {
       h->name_len > SBX_FETCH_MAX_HEADER_NAME || h->value_len > SBX_FETCH_MAX_HEADER_VALUE)
     return 0;
   for (i = 0; i < h->name_len; i++)
-    if (!is_tchar((unsigned char)h->name[i])) return 0;
+    if (!sbx__http_is_tchar((unsigned char)h->name[i])) return 0;
   for (i = 0; i < h->value_len; i++) {
     unsigned char c = (unsigned char)h->value[i];
     if ((c < 0x20 && c != '\t') || c == 0x7f) return 0;
@@ -499,8 +497,10 @@ int sbx_fetch_reply_fail(sbx_fetch_reply_t *r, const char *errno_name, int after
   if (r == NULL || r->answered) return 1;
   if (r->f == NULL) return reply_taken(r);
   r->failed = 1;
-  if (errno_name != NULL && strlen(errno_name) < sizeof r->errno_name)
+  if (errno_name != NULL && strlen(errno_name) < sizeof r->errno_name) {
     strcpy(r->errno_name, errno_name);
+    r->err = sbx__errno_from_name(errno_name);    /* the edge: a name becomes an errno */
+  }
   r->after_response = after_response;
   if (message != NULL) r->message = strdup(message);
   return reply_taken(r);
@@ -583,7 +583,7 @@ static int attempt_code(int kind) {
   }
 }
 
-/* The real transport's outcome (safefetch.c), from a libuv callback. */
+/* The real transport's outcome (fetch_attempt.c), from a libuv callback. */
 static void on_attempt(void *ud, sbx__attempt_out_t *o) {
   sbx_fetch_t *f = ud;
   sbx_fetch_header_t h[RESULT_FIELDS];
@@ -633,20 +633,11 @@ static void on_attempt(void *ud, sbx__attempt_out_t *o) {
       return;
     case SBX__ATT_TRANSPORT:
       fail_full(f, SBX_FETCH_E_TRANSPORT, o->message != NULL ? o->message : "transport failure",
-                o->code, 1, 0);
+                o->err != 0 ? sbx__errno_name(o->err) : NULL, 1, 0);
       return;
     default:
       fail(f, attempt_code(o->kind));
   }
-}
-
-static int errno_is_fallback(const char *e) {
-  static const char *const codes[] = {"ECONNREFUSED", "ECONNRESET", "EHOSTUNREACH", "ENETUNREACH",
-                                      "EAFNOSUPPORT", "EADDRNOTAVAIL", "ETIMEDOUT", NULL};
-  size_t i;
-  for (i = 0; codes[i] != NULL; i++)
-    if (strcmp(e, codes[i]) == 0) return 1;
-  return 0;
 }
 
 /* Tries the vetted address at f->ci (1.10). */
@@ -916,7 +907,7 @@ static void reply_process(sbx_fetch_t *f, sbx_fetch_reply_t *r) {
       sbx_fetch_result_t *res = r->res;
       if (r->failed) {
         const char *e = r->errno_name[0] ? r->errno_name : NULL;
-        if (e != NULL && !r->after_response && errno_is_fallback(e)) {
+        if (!r->after_response && sbx__errno_is_fallback(r->err)) {
           /* a connect deadline clipped to the time left ends the call */
           if (deadline_passed(f)) { fail(f, f->check ? SBX_FETCH_E_CHECK_TIMEOUT : SBX_FETCH_E_TIMEOUT); return; }
           f->ci++;

@@ -1,6 +1,7 @@
 /*
- * fetch_internal.h: what safefetch.c (one pinned attempt), fetch_call.c
- * (the hop loop, sbx_fetch.h) and fetch_lua.c (the Lua binding) share.
+ * fetch_internal.h: what the safe-fetch family shares: fetch_attempt.c (one
+ * pinned attempt, its body in fetch_decode.c), fetch_call.c (the hop loop,
+ * sbx_fetch.h) and fetch_lua.c (the Lua binding).
  */
 #ifndef SBX_FETCH_INTERNAL_H
 #define SBX_FETCH_INTERNAL_H
@@ -21,6 +22,7 @@ enum {
 
 #define SBX__ATT_MAX_LINES 40        /* 32 caller headers + defaults + forced */
 #define SBX__ATT_MAX_LINE  8800      /* "name: value" */
+#define SBX__ATT_MAX_FIELDS 100      /* fields of a response (1.12) */
 
 typedef struct sbx__attempt sbx__attempt_t;
 
@@ -47,7 +49,7 @@ typedef struct sbx__attempt_out {
   int location_count;
   char *body;                        /* malloc'd, may be NULL; set to NULL to keep it */
   size_t len;
-  const char *code;                  /* errno name, or NULL */
+  int err;                           /* the connection's errno, 0 when none */
   int fallback;                      /* may try the next address */
   const char *message;               /* curl's text for SBX__ATT_TRANSPORT */
   const sbx__attempt_t *a;           /* for sbx__attempt_fields */
@@ -77,7 +79,7 @@ int sbx__attempt_fields(const sbx__attempt_out_t *o, sbx_fetch_header_t *out, si
                         char **mem);
 
 /* The address an attempt is pinned to (1.8), and the two checks libcurl's
- * callbacks make with it. Pure functions, so tests/fetch checks them with
+ * callbacks make with it. Pure functions, so spec/c/fetch checks them with
  * mismatches a real attempt cannot produce. */
 typedef struct sbx__pin {
   int family;                        /* AF_INET / AF_INET6 */
@@ -105,8 +107,9 @@ sbx_fetch_result_t *sbx__result_new(const char *url, size_t url_len, int status,
                                     const sbx_fetch_header_t *h, size_t nh,
                                     char *body, size_t body_len);
 
-/* The Lua binding (fetch_lua.c), opened by sbx__open_safefetch. */
-struct lua_State;
-void sbx__open_fetch_call(struct lua_State *L);
+/* 1.10: 1 when a connection failure with this errno (before any response
+ * byte) lets the call try the next vetted address (fetch_attempt.c; the hop
+ * loop applies the same rule to a transport seam's answer). */
+int sbx__errno_is_fallback(int err);
 
 #endif

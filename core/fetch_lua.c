@@ -6,6 +6,10 @@
  *   core.assert_url_start(url, opts, on_done)   -> call | nil, err
  *   core.fetch_opts_check(opts, check)          -> nil | err
  *   call:cancel()                               on_done never runs
+ *   core.fetch_attempt(opts)                    -> attempt | nil, err: one GET
+ *                                               pinned to one vetted address
+ *                                               (fetch_attempt.c), what
+ *                                               fetch.pinned_transport uses
  *
  * opts carries the 1.3 option names (maxBytes, timeoutMs, idleTimeoutMs,
  * maxRedirects, followRedirects, headers, cainfo) converted here without
@@ -27,33 +31,34 @@
  * status, headers, from_seam }. The result and error never hold raw
  * pointers.
  */
+#include <arpa/inet.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fetch_internal.h"
 #include "netaddr.h"
-#include "sbx_internal.h"
+#include "loop.h"
+#include "parts.h"
 
 #define CALL_MT  "sbx.fetch.call"
 #define REPLY_MT "sbx.fetch.reply"
+#define ATT_MT   "sbx.fetch.attempt"
+#define ATT_WHO  "fetch_attempt"
+#define ATT_MAX_URL 8192
 
 enum { SEAM_RESOLVE, SEAM_TRANSPORT, SEAM_LOCAL, SEAM_N };
 
-typedef struct lf_box lf_box_t;
-
+/* A call's Lua object is a box (aux.h) linked both ways; a reply's Lua
+ * object is a box owning the reply until it answers (or is collected). */
 typedef struct {
   sbx_fetch_t *f;
   sbx__loop_t *lp;
   int done_ref;
   int seam_ref[SEAM_N];
   int cancelling;
-  lf_box_t *box;
+  sbx__box_t *box;
 } lf_call_t;
-
-struct lf_box { lf_call_t *c; };
-
-typedef struct { sbx_fetch_reply_t *r; } lf_reply_t;
 
 /* ---- options ---------------------------------------------------------- */
 
@@ -213,7 +218,7 @@ static void call_free(lua_State *L, lf_call_t *c) {
   int i;
   sbx__unref(L, &c->done_ref);
   for (i = 0; i < SEAM_N; i++) sbx__unref(L, &c->seam_ref[i]);
-  if (c->box != NULL) c->box->c = NULL;
+  sbx__box_unbind(c->box);
   free(c);
 }
 
@@ -238,21 +243,18 @@ static void on_done(sbx_fetch_t *f, sbx_fetch_result_t *res, const sbx_fetch_err
 
 /* ---- seams ----------------------------------------------------------------- */
 
-static lf_reply_t *push_reply(lua_State *L, sbx_fetch_reply_t *r) {
-  lf_reply_t *rb = lua_newuserdatauv(L, sizeof *rb, 0);
-  rb->r = r;
-  luaL_setmetatable(L, REPLY_MT);
+static sbx__box_t *push_reply(lua_State *L, sbx_fetch_reply_t *r) {
+  sbx__box_t *rb = sbx__box_new(L, REPLY_MT);
+  sbx__box_bind(rb, r, NULL);
   return rb;
 }
 
 /* Calls the trampoline with the reply and nargs pushed after it; a raise
  * fails the reply (so the call does not wait for its deadline). */
-static void seam_call(lua_State *L, lf_reply_t *rb, int anchor, int nargs) {
-  if (sbx__pcall(L, 1 + nargs) != 0 && rb->r != NULL) {
-    sbx_fetch_reply_t *r = rb->r;
-    rb->r = NULL;
+static void seam_call(lua_State *L, sbx__box_t *rb, int anchor, int nargs) {
+  sbx_fetch_reply_t *r;
+  if (sbx__pcall(L, 1 + nargs) != 0 && (r = sbx__box_detach(rb)) != NULL)
     sbx_fetch_reply_fail(r, NULL, 0, "seam failed");
-  }
   luaL_unref(L, LUA_REGISTRYINDEX, anchor);
 }
 
@@ -263,9 +265,9 @@ static int anchor_reply(lua_State *L) {
 
 /* Pushes seam `which`'s Lua function and its reply object (anchored in the
  * registry; *anchor is the ref), ready for the seam's own arguments. */
-static lf_reply_t *seam_begin(lf_call_t *c, int which, sbx_fetch_reply_t *r, int *anchor) {
+static sbx__box_t *seam_begin(lf_call_t *c, int which, sbx_fetch_reply_t *r, int *anchor) {
   lua_State *L = c->lp->L;
-  lf_reply_t *rb;
+  sbx__box_t *rb;
   lua_rawgeti(L, LUA_REGISTRYINDEX, c->seam_ref[which]);
   rb = push_reply(L, r);
   *anchor = anchor_reply(L);
@@ -276,7 +278,7 @@ static void seam_resolve(void *ud, const char *host, size_t len, sbx_fetch_reply
   lf_call_t *c = ud;
   lua_State *L = c->lp->L;
   int anchor;
-  lf_reply_t *rb = seam_begin(c, SEAM_RESOLVE, r, &anchor);
+  sbx__box_t *rb = seam_begin(c, SEAM_RESOLVE, r, &anchor);
   lua_pushlstring(L, host, len);
   seam_call(L, rb, anchor, 1);
 }
@@ -285,7 +287,7 @@ static void seam_local(void *ud, sbx_fetch_reply_t *r) {
   lf_call_t *c = ud;
   lua_State *L = c->lp->L;
   int anchor;
-  lf_reply_t *rb = seam_begin(c, SEAM_LOCAL, r, &anchor);
+  sbx__box_t *rb = seam_begin(c, SEAM_LOCAL, r, &anchor);
   seam_call(L, rb, anchor, 0);
 }
 
@@ -293,7 +295,7 @@ static void seam_transport(void *ud, const sbx_fetch_attempt_info *in, sbx_fetch
   lf_call_t *c = ud;
   lua_State *L = c->lp->L;
   int anchor;
-  lf_reply_t *rb = seam_begin(c, SEAM_TRANSPORT, r, &anchor);
+  sbx__box_t *rb = seam_begin(c, SEAM_TRANSPORT, r, &anchor);
   lua_pushlstring(L, in->url, in->url_len);
   lua_createtable(L, 0, 2);
   lua_pushlstring(L, in->address, in->address_len);
@@ -306,10 +308,7 @@ static void seam_transport(void *ud, const sbx_fetch_attempt_info *in, sbx_fetch
 }
 
 static sbx_fetch_reply_t *take_reply(lua_State *L) {
-  lf_reply_t *rb = luaL_checkudata(L, 1, REPLY_MT);
-  sbx_fetch_reply_t *r = rb->r;
-  rb->r = NULL;
-  return r;
+  return sbx__box_detach(luaL_checkudata(L, 1, REPLY_MT));
 }
 
 /* reply:answers(list) / reply:locals(list): a list that is not a table, or
@@ -442,9 +441,8 @@ static int reply_fail(lua_State *L) {
 }
 
 static int reply_gc(lua_State *L) {
-  lf_reply_t *rb = luaL_checkudata(L, 1, REPLY_MT);
-  if (rb->r != NULL) sbx_fetch_reply_release(rb->r);
-  rb->r = NULL;
+  sbx_fetch_reply_t *r = take_reply(L);
+  if (r != NULL) sbx_fetch_reply_release(r);
   return 0;
 }
 
@@ -456,7 +454,7 @@ static int start(lua_State *L, int check) {
   size_t len = 0;
   const char *url = lua_type(L, 1) == LUA_TSTRING ? lua_tolstring(L, 1, &len) : NULL;
   lf_call_t *c;
-  lf_box_t *b;
+  sbx__box_t *b;
   int err = 0, i;
   static const char *const names[SEAM_N] = {"resolve", "transport", "localAddresses"};
   luaL_checktype(L, 3, LUA_TFUNCTION);
@@ -486,10 +484,8 @@ static int start(lua_State *L, int check) {
     return 2;
   }
   c->done_ref = sbx__ref(L, 3);
-  b = lua_newuserdatauv(L, sizeof *b, 0);
-  b->c = c;
-  c->box = b;
-  luaL_setmetatable(L, CALL_MT);
+  b = sbx__box_new(L, CALL_MT);
+  sbx__box_bind(b, c, &c->box);
   return 1;
 }
 
@@ -510,11 +506,10 @@ static int l_fetch_opts_check(lua_State *L) {
 
 /* call:cancel(): stops everything at once; on_done never runs. */
 static int call_cancel(lua_State *L) {
-  lf_box_t *b = luaL_checkudata(L, 1, CALL_MT);
-  lf_call_t *c = b->c;
+  lf_call_t *c = sbx__box_check(L, 1, CALL_MT);
   if (c != NULL && c->f != NULL && !c->cancelling) {
     c->cancelling = 1;
-    sbx_fetch_cancel(c->f);          /* on_done frees c and clears b->c */
+    sbx_fetch_cancel(c->f);          /* on_done frees c and unlinks the box */
   }
   return 0;
 }
@@ -522,17 +517,208 @@ static int call_cancel(lua_State *L) {
 /* A collected call is cancelled: nothing outlives its Lua handle. */
 static int call_gc(lua_State *L) { return call_cancel(L); }
 
-void sbx__open_fetch_call(lua_State *L) {
+/* ---- core.fetch_attempt: one pinned attempt (fetch_attempt.c) ---------------- */
+
+/* The `kind` string core.fetch_attempt hands Lua. */
+static const char *const kind_names[] = {
+  NULL, "ok", "redirect", "idle", "header_block", "declared_too_large",
+  "encoding", "wire_too_large", "body_too_large", "decode", "pin",
+  "bad_status", "connect_timeout", "transport", "nomem"};
+
+
+/* The Lua object and the attempt point at each other through this block;
+ * on_done is held in the registry until done or cancel. */
+typedef struct {
+  sbx__attempt_t *a;
+  sbx__loop_t *lp;
+  int done_ref;
+  sbx__box_t *box;         /* the Lua object, until it is collected */
+} sf_lua_att_t;
+
+static void push_att_fields(lua_State *L, const sbx__attempt_out_t *o) {
+  sbx_fetch_header_t h[SBX__ATT_MAX_FIELDS];
+  char *mem = NULL;
+  int n = sbx__attempt_fields(o, h, SBX__ATT_MAX_FIELDS, &mem), i;
+  lua_createtable(L, 0, n > 0 ? n : 0);
+  for (i = 0; i < n; i++) {
+    lua_pushlstring(L, h[i].name, h[i].name_len);
+    lua_pushlstring(L, h[i].value, h[i].value_len);
+    lua_rawset(L, -3);
+  }
+  free(mem);
+}
+
+/* Runs inside lua_pcall: (fn, outcome) -> fn(res). */
+static int att_deliver(lua_State *L) {
+  const sbx__attempt_out_t *o = lua_touserdata(L, 2);
+  lua_pushvalue(L, 1);
+  lua_createtable(L, 0, 8);
+  lua_pushboolean(L, o->kind == SBX__ATT_OK || o->kind == SBX__ATT_REDIRECT);
+  lua_setfield(L, -2, "ok");
+  lua_pushstring(L, kind_names[o->kind]);
+  lua_setfield(L, -2, "kind");
+  if (o->has_status) {
+    lua_pushinteger(L, (lua_Integer)o->status);
+    lua_setfield(L, -2, "status");
+    if (o->reason != NULL) {
+      lua_pushlstring(L, o->reason, o->reason_len);
+      lua_setfield(L, -2, "status_text");
+    }
+    if (o->has_headers) {
+      push_att_fields(L, o);
+      lua_setfield(L, -2, "headers");
+      lua_pushinteger(L, o->location_count);
+      lua_setfield(L, -2, "location_count");
+    }
+  }
+  if (o->kind == SBX__ATT_OK || o->kind == SBX__ATT_REDIRECT) {
+    lua_pushlstring(L, o->body != NULL ? o->body : "", o->len);
+    lua_setfield(L, -2, "body");
+  }
+  if (o->err != 0) {
+    lua_pushstring(L, sbx__errno_name(o->err));
+    lua_setfield(L, -2, "code");
+  }
+  if (o->message != NULL) {
+    lua_pushstring(L, o->message);
+    lua_setfield(L, -2, "message");
+  }
+  lua_pushboolean(L, o->fallback);
+  lua_setfield(L, -2, "fallback");
+  lua_call(L, 1, 0);
+  return 0;
+}
+
+static void lua_att_done(void *ud, sbx__attempt_out_t *o) {
+  sf_lua_att_t *la = ud;
+  lua_State *L = la->lp->L;
+  int ref = la->done_ref;
+  la->a = NULL;
+  la->done_ref = LUA_NOREF;
+  /* Detach the Lua object first: a cancel from inside on_done is a no-op. */
+  if (la->box != NULL) sbx__box_detach(la->box);
+  lua_pushcfunction(L, att_deliver);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, ref);
+  lua_pushlightuserdata(L, o);
+  sbx__pcall(L, 2);
+  free(la);
+}
+
+/* ---- argument checks (programming errors raise) ----------------------- */
+
+/* A required string field: non-empty, at most max bytes, no NUL. */
+static const char *need_string(lua_State *L, const char *field, size_t max, size_t *len) {
+  size_t n;
+  const char *s = sbx__opt_string_field(L, 1, ATT_WHO, field, max, &n, 0);
+  if (s == NULL || n == 0) luaL_error(L, ATT_WHO ": opts.%s must be a non-empty string", field);
+  if (len != NULL) *len = n;
+  return s;
+}
+
+/* core.fetch_attempt(opts) -> attempt | nil, err. See API.md. The url,
+ * header strings and cainfo stay referenced by opts during the call only:
+ * curl copies them at setopt. */
+static int l_fetch_attempt(lua_State *L) {
+  const char *url, *address, *cainfo = NULL, *lines[SBX__ATT_MAX_LINES];
+  size_t url_len, addr_len;
+  lua_Integer family, port, max_bytes, connect_ms, timeout_ms, idle_ms, i, nh = 0;
+  sbx__attempt_params_t p;
+  sf_lua_att_t *la;
+  sbx__box_t *b;
+  const char *err = NULL;
+  int top;
+
+  luaL_checktype(L, 1, LUA_TTABLE);
+  url = need_string(L, "url", ATT_MAX_URL, &url_len);
+  address = need_string(L, "address", INET6_ADDRSTRLEN, &addr_len);
+  family = sbx__check_integer_field(L, 1, ATT_WHO, "family", 4, 6);
+  port = sbx__check_integer_field(L, 1, ATT_WHO, "port", 1, 65535);
+  max_bytes = sbx__check_integer_field(L, 1, ATT_WHO, "max_bytes", 1, SBX_FETCH_MAX_BYTES);
+  timeout_ms = sbx__check_integer_field(L, 1, ATT_WHO, "timeout_ms", 1, SBX_FETCH_MAX_TIMEOUT_MS);
+  connect_ms = sbx__opt_integer_field(L, 1, ATT_WHO, "connect_timeout_ms", SBX_FETCH_CONNECT_TIMEOUT_MS, 1,
+                                      SBX_FETCH_MAX_TIMEOUT_MS);
+  idle_ms = sbx__check_integer_field(L, 1, ATT_WHO, "idle_timeout_ms", 1, SBX_FETCH_MAX_TIMEOUT_MS);
+  if (lua_getfield(L, 1, "cainfo") != LUA_TNIL) { lua_pop(L, 1); cainfo = need_string(L, "cainfo", 4096, NULL); }
+  else lua_pop(L, 1);
+  if (family == 5) luaL_error(L, "fetch_attempt: opts.family must be 4 or 6");
+  memset(&p, 0, sizeof p);
+  p.family = family == 4 ? AF_INET : AF_INET6;
+  if (inet_pton(p.family, address, p.addr) != 1)
+    luaL_error(L, "fetch_attempt: opts.address is not an IPv%d literal", (int)family);
+  if (lua_getfield(L, 1, "on_done") != LUA_TFUNCTION) luaL_error(L, "fetch_attempt: opts.on_done must be a function");
+  lua_pop(L, 1);
+  if (lua_getfield(L, 1, "headers") == LUA_TTABLE) nh = (lua_Integer)lua_rawlen(L, -1);
+  else if (!lua_isnil(L, -1)) luaL_error(L, "fetch_attempt: opts.headers must be an array");
+  if (nh > SBX__ATT_MAX_LINES) luaL_error(L, "fetch_attempt: too many header lines");
+  top = lua_gettop(L);   /* the headers table stays there: it anchors the lines */
+  for (i = 1; i <= nh; i++) {
+    size_t n;
+    const char *s;
+    if (lua_rawgeti(L, top, i) != LUA_TSTRING) luaL_error(L, "fetch_attempt: header lines must be strings");
+    s = lua_tolstring(L, -1, &n);
+    lua_pop(L, 1);       /* still referenced by the table */
+    if (n > SBX__ATT_MAX_LINE) luaL_error(L, "fetch_attempt: header line too long");
+    if (memchr(s, '\0', n) != NULL || !sbx__header_line_ok(s, n))
+      luaL_error(L, "fetch_attempt: header lines must be 'Name: value' without control characters");
+    lines[i - 1] = s;
+  }
+  p.url = url;
+  p.port = (int)port;
+  p.lines = lines;
+  p.nlines = (size_t)nh;
+  p.max_bytes = (size_t)max_bytes;
+  p.timeout_ms = (long)timeout_ms;
+  p.connect_ms = (long)connect_ms;
+  p.idle_ms = (uint64_t)idle_ms;
+  p.cainfo = cainfo;
+
+  b = sbx__box_new(L, ATT_MT);
+  la = calloc(1, sizeof *la);
+  if (la == NULL) { lua_pushnil(L); lua_pushliteral(L, "out of memory"); return 2; }
+  la->lp = sbx__loop(L);
+  lua_getfield(L, 1, "on_done");
+  la->done_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  la->a = sbx__attempt_start(NULL, &la->lp->uv, &p, lua_att_done, la, &err);
+  if (la->a == NULL) {
+    luaL_unref(L, LUA_REGISTRYINDEX, la->done_ref);
+    free(la);
+    lua_pushnil(L);
+    lua_pushstring(L, err != NULL ? err : "fetch client setup failed");
+    return 2;
+  }
+  sbx__box_bind(b, la, &la->box);
+  return 1;
+}
+
+/* attempt:cancel(): on_done never runs. */
+static int att_cancel(lua_State *L) {
+  sf_lua_att_t *la = sbx__box_detach(luaL_checkudata(L, 1, ATT_MT));
+  if (la != NULL && la->a != NULL) {
+    sbx__attempt_cancel(la->a);
+    sbx__unref(L, &la->done_ref);
+    free(la);
+  }
+  return 0;
+}
+
+void sbx__open_fetch_lua(lua_State *L) {
   static const luaL_Reg call_methods[] = {{"cancel", call_cancel}, {NULL, NULL}};
   static const luaL_Reg reply_methods[] = {
     {"answers", reply_answers}, {"locals", reply_locals}, {"result", reply_result},
     {"fail", reply_fail}, {NULL, NULL}};
+  static const luaL_Reg att_methods[] = {{"cancel", att_cancel}, {NULL, NULL}};
   sbx__class(L, CALL_MT, call_methods, call_gc);
   sbx__class(L, REPLY_MT, reply_methods, reply_gc);
+  /* A collected attempt handle does not stop it (on_done is in the
+   * registry); only the link is dropped. */
+  sbx__class(L, ATT_MT, att_methods, sbx__box_gc);
   lua_pushcfunction(L, l_fetch_start);
   lua_setfield(L, -2, "fetch_start");
   lua_pushcfunction(L, l_assert_url_start);
   lua_setfield(L, -2, "assert_url_start");
   lua_pushcfunction(L, l_fetch_opts_check);
   lua_setfield(L, -2, "fetch_opts_check");
+  lua_pushcfunction(L, l_fetch_attempt);
+  lua_setfield(L, -2, "fetch_attempt");
 }

@@ -2,8 +2,9 @@
  * ffi.c: the flat embedding ABI of sbx_ffi.h.
  *
  * One engine = one thread that owns one Lua state and its libuv loop. The
- * thread makes the state like `sbx` does (standard libraries, sandbox.core
- * preloaded, package.path at the Lua tree), hands the config path and the
+ * thread makes the state like `sbx` does (state.c: standard libraries,
+ * sandbox.core preloaded, package.path at the Lua tree, the generational
+ * collector), hands the config path and the
  * options to lua/sandbox/embed/init.lua and runs the loop until embed says it is
  * done. All Lua runs on that thread.
  *
@@ -34,10 +35,10 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <lualib.h>
-
+#include "json.h"
+#include "loop.h"
 #include "sbx_ffi.h"
-#include "sbx_internal.h"
+#include "state.h"
 
 enum { ST_STARTING, ST_READY, ST_FAILED, ST_DONE };
 
@@ -315,15 +316,22 @@ static int traceback(lua_State *L) {
   return 1;
 }
 
-static const char RESOLVE_DIR[] =
-  "local core = require 'sandbox.core'\n"
-  "local opts, default = ...\n"
-  "if opts == nil or opts == '' then return default end\n"
-  "local o = core.json_decode(opts)\n"
-  "if type(o) ~= 'table' then error('invalid options_json: not a JSON object', 0) end\n"
-  "if o.luaDir == nil then return default end\n"
-  "if type(o.luaDir) ~= 'string' or o.luaDir == '' then error('invalid options_json: luaDir must be a string', 0) end\n"
-  "return o.luaDir\n";
+/*
+ * Protected: (options_json | nil, default_dir | nil) -> the Lua tree to use:
+ * options.luaDir when given (a non-empty string), else the default. The
+ * options are strict JSON (json.c); anything but an object is refused.
+ */
+static int resolve_dir(lua_State *L) {
+  size_t len;
+  const char *opts = lua_tolstring(L, 1, &len);
+  if (opts == NULL || len == 0) { lua_settop(L, 2); return 1; }
+  if (sbx__json_decode(L, opts, len, NULL) != 0 || !sbx__json_is_object(L, -1))
+    return luaL_error(L, "invalid options_json: not a JSON object");
+  if (lua_getfield(L, -1, "luaDir") == LUA_TNIL) { lua_settop(L, 2); return 1; }
+  if (lua_type(L, -1) != LUA_TSTRING || lua_rawlen(L, -1) == 0)
+    return luaL_error(L, "invalid options_json: luaDir must be a string");
+  return 1;
+}
 
 /* Makes the state and calls embed.new; on failure leaves a message. */
 static int engine_setup(sbx_engine *e) {
@@ -331,10 +339,19 @@ static int engine_setup(sbx_engine *e) {
   char dir[PATH_MAX];
   sbx__loop_t *lp;
   const char *d;
-  luaL_openlibs(L);
-  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
-  lua_pushcfunction(L, luaopen_sandbox_core);
-  lua_setfield(L, -2, "sandbox.core");
+
+  lua_pushcfunction(L, traceback);                       /* 1 */
+  if (default_lua_dir(dir, sizeof dir) != 0) dir[0] = '\0';
+  lua_pushcfunction(L, resolve_dir);
+  if (e->options_json != NULL) lua_pushstring(L, e->options_json); else lua_pushnil(L);
+  if (dir[0] != '\0') lua_pushstring(L, dir); else lua_pushnil(L);
+  if (lua_pcall(L, 2, 1, 1) != LUA_OK) return -1;
+  d = lua_tostring(L, -1);
+  if (d == NULL) {
+    lua_pushstring(L, "cannot locate the Lua tree; set SBX_LUA_DIR or options luaDir");
+    return -1;
+  }
+  sbx__state_open(L, d);                                 /* d stays on the stack */
   lua_pop(L, 1);
 
   lp = sbx__loop(L);
@@ -344,24 +361,6 @@ static int engine_setup(sbx_engine *e) {
   }
   e->async.data = e;
   e->async_live = 1;
-
-  lua_pushcfunction(L, traceback);                       /* 1 */
-  if (default_lua_dir(dir, sizeof dir) != 0) dir[0] = '\0';
-  if (luaL_loadstring(L, RESOLVE_DIR) != LUA_OK) return -1;
-  if (e->options_json != NULL) lua_pushstring(L, e->options_json); else lua_pushnil(L);
-  if (dir[0] != '\0') lua_pushstring(L, dir); else lua_pushnil(L);
-  if (lua_pcall(L, 2, 1, 1) != LUA_OK) return -1;
-  d = lua_tostring(L, -1);
-  if (d == NULL) {
-    lua_pushstring(L, "cannot locate the Lua tree; set SBX_LUA_DIR or options luaDir");
-    return -1;
-  }
-  lua_getglobal(L, "package");
-  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua", d, d);
-  lua_setfield(L, -2, "path");
-  lua_pushstring(L, "");
-  lua_setfield(L, -2, "cpath");
-  lua_pop(L, 2);                                         /* package, dir */
 
   lua_getglobal(L, "require");
   lua_pushstring(L, "sandbox.embed");

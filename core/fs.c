@@ -1,6 +1,6 @@
 /*
  * fs.c: the filesystem guards the runtime needs (spec/runtime.md 3.1 step 8,
- * 5.3 steps 3-4 and 10, 7.6). Everything is synchronous and local: these are
+ * 5.3 steps 3-4 and 10, 6.1, 7.6). Everything is synchronous and local: these are
  * a handful of syscalls on directories the service owns, never a payload.
  *
  *   core.fs_stat(path)      follows links   -> {type, mode, uid, gid, size}
@@ -16,10 +16,16 @@
  *                           following any symbolic link (a link is unlinked,
  *                           never entered); a missing path is success
  *   core.fs_readdir(path)   names in the directory except "." and ".."
+ *   core.lock_dir(path)     -> lock: an exclusive non-blocking flock on the
+ *                           directory (spec/runtime.md 6.1); held by another
+ *                           process: nil, "EAGAIN: held by another process",
+ *                           "EAGAIN". lock:release() (also on __gc, __close
+ *                           and process exit), lock:held()
  *
  * `type` is one of "dir", "file", "link", "socket", "fifo", "char",
  * "block", "other"; `mode` holds the permission bits only (07777).
- * Failures return nil, strerror text, errno; a wrong argument type raises.
+ * Failures return nil, "ENAME: strerror text", "ENAME" (sbx__push_error);
+ * a wrong argument (an empty path, one holding NUL) raises.
  * The walk in fs_rmtree uses openat/unlinkat on descriptors opened with
  * O_NOFOLLOW|O_DIRECTORY, so a link swapped in during the walk is never
  * followed; its depth is bounded by FS_RMTREE_MAX_DEPTH.
@@ -30,20 +36,17 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
-#include "sbx_internal.h"
+#include "aux.h"
+#include "parts.h"
 
 #define FS_RMTREE_MAX_DEPTH 128
+#define LOCK_MT "sbx.dirlock"
 
-static int push_errno(lua_State *L, int err) {
-  lua_pushnil(L);
-  lua_pushstring(L, strerror(err));
-  lua_pushinteger(L, err);
-  return 3;
-}
 
 static const char *type_name(mode_t m) {
   if (S_ISDIR(m)) return "dir";
@@ -54,13 +57,6 @@ static const char *type_name(mode_t m) {
   if (S_ISCHR(m)) return "char";
   if (S_ISBLK(m)) return "block";
   return "other";
-}
-
-static const char *check_path(lua_State *L, int idx) {
-  size_t n;
-  const char *p = luaL_checklstring(L, idx, &n);
-  luaL_argcheck(L, n > 0 && strlen(p) == n, idx, "path must be non-empty without NUL");
-  return p;
 }
 
 static int push_stat(lua_State *L, const struct stat *st) {
@@ -80,13 +76,13 @@ static int push_stat(lua_State *L, const struct stat *st) {
 
 static int l_stat(lua_State *L) {
   struct stat st;
-  if (stat(check_path(L, 1), &st) != 0) return push_errno(L, errno);
+  if (stat(sbx__check_path(L, 1, NULL), &st) != 0) return sbx__push_error(L, errno, NULL);
   return push_stat(L, &st);
 }
 
 static int l_lstat(lua_State *L) {
   struct stat st;
-  if (lstat(check_path(L, 1), &st) != 0) return push_errno(L, errno);
+  if (lstat(sbx__check_path(L, 1, NULL), &st) != 0) return sbx__push_error(L, errno, NULL);
   return push_stat(L, &st);
 }
 
@@ -97,8 +93,8 @@ static mode_t opt_mode(lua_State *L, int idx) {
 }
 
 static int l_mkdir(lua_State *L) {
-  const char *p = check_path(L, 1);
-  if (mkdir(p, opt_mode(L, 2)) != 0) return push_errno(L, errno);
+  const char *p = sbx__check_path(L, 1, NULL);
+  if (mkdir(p, opt_mode(L, 2)) != 0) return sbx__push_error(L, errno, NULL);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -106,12 +102,12 @@ static int l_mkdir(lua_State *L) {
 /* Creates each missing component of an absolute or relative path in turn. */
 static int l_mkdir_p(lua_State *L) {
   size_t n;
-  const char *p = check_path(L, 1);
+  const char *p = sbx__check_path(L, 1, NULL);
   mode_t mode = opt_mode(L, 2);
   char buf[PATH_MAX];
   struct stat st;
   n = strlen(p);
-  if (n >= sizeof buf) return push_errno(L, ENAMETOOLONG);
+  if (n >= sizeof buf) return sbx__push_error(L, ENAMETOOLONG, NULL);
   memcpy(buf, p, n + 1);
   for (size_t i = 1; i <= n; i++) {
     if (buf[i] != '/' && buf[i] != '\0') continue;
@@ -120,9 +116,9 @@ static int l_mkdir_p(lua_State *L) {
     buf[i] = '\0';
     if (mkdir(buf, mode) != 0) {
       int err = errno;
-      if (err != EEXIST) return push_errno(L, err);
-      if (stat(buf, &st) != 0) return push_errno(L, errno);
-      if (!S_ISDIR(st.st_mode)) return push_errno(L, ENOTDIR);
+      if (err != EEXIST) return sbx__push_error(L, err, NULL);
+      if (stat(buf, &st) != 0) return sbx__push_error(L, errno, NULL);
+      if (!S_ISDIR(st.st_mode)) return sbx__push_error(L, ENOTDIR, NULL);
     }
     buf[i] = saved;
   }
@@ -131,8 +127,8 @@ static int l_mkdir_p(lua_State *L) {
 }
 
 static int l_realpath(lua_State *L) {
-  char *r = realpath(check_path(L, 1), NULL);
-  if (r == NULL) return push_errno(L, errno);
+  char *r = realpath(sbx__check_path(L, 1, NULL), NULL);
+  if (r == NULL) return sbx__push_error(L, errno, NULL);
   lua_pushstring(L, r);   /* a memory raise here would leak r (PATH_MAX bytes at most) */
   free(r);
   return 1;
@@ -144,9 +140,9 @@ static int l_mkdtemp(lua_State *L) {
   char buf[PATH_MAX];
   luaL_argcheck(L, n >= 6 && strlen(t) == n && strcmp(t + n - 6, "XXXXXX") == 0, 1,
                 "template must end in XXXXXX");
-  if (n >= sizeof buf) return push_errno(L, ENAMETOOLONG);
+  if (n >= sizeof buf) return sbx__push_error(L, ENAMETOOLONG, NULL);
   memcpy(buf, t, n + 1);
-  if (mkdtemp(buf) == NULL) return push_errno(L, errno);
+  if (mkdtemp(buf) == NULL) return sbx__push_error(L, errno, NULL);
   lua_pushstring(L, buf);
   return 1;
 }
@@ -178,35 +174,35 @@ static int rm_children(int dfd, int depth) {
 }
 
 static int l_rmtree(lua_State *L) {
-  const char *p = check_path(L, 1);
+  const char *p = sbx__check_path(L, 1, NULL);
   struct stat st;
   int fd, err;
   if (lstat(p, &st) != 0) {
     if (errno == ENOENT) { lua_pushboolean(L, 1); return 1; }
-    return push_errno(L, errno);
+    return sbx__push_error(L, errno, NULL);
   }
   if (!S_ISDIR(st.st_mode)) {
-    if (unlink(p) != 0 && errno != ENOENT) return push_errno(L, errno);
+    if (unlink(p) != 0 && errno != ENOENT) return sbx__push_error(L, errno, NULL);
     lua_pushboolean(L, 1);
     return 1;
   }
   fd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return push_errno(L, errno);
+  if (fd < 0) return sbx__push_error(L, errno, NULL);
   err = rm_children(fd, 1);
-  if (err != 0) return push_errno(L, err);
-  if (rmdir(p) != 0 && errno != ENOENT) return push_errno(L, errno);
+  if (err != 0) return sbx__push_error(L, err, NULL);
+  if (rmdir(p) != 0 && errno != ENOENT) return sbx__push_error(L, errno, NULL);
   lua_pushboolean(L, 1);
   return 1;
 }
 
 static int l_readdir(lua_State *L) {
-  const char *p = check_path(L, 1);
+  const char *p = sbx__check_path(L, 1, NULL);
   DIR *d;
   struct dirent *e;
   lua_Integer i = 0;
   lua_newtable(L);   /* before opendir: a raise here leaks nothing */
   d = opendir(p);
-  if (d == NULL) return push_errno(L, errno);
+  if (d == NULL) return sbx__push_error(L, errno, NULL);
   for (;;) {
     errno = 0;
     e = readdir(d);
@@ -218,14 +214,62 @@ static int l_readdir(lua_State *L) {
   }
   int err = errno;
   closedir(d);
-  if (err != 0) return push_errno(L, err);
+  if (err != 0) return sbx__push_error(L, err, NULL);
+  return 1;
+}
+
+/* ---- the installation lock --------------------------------------------- */
+
+typedef struct { int fd; } lock_t;
+
+/* core.lock_dir(path) -> lock | nil, message, code. Opens the directory
+ * read-only, close-on-exec, and takes an exclusive non-blocking flock on it;
+ * the lock userdata owns the descriptor before anything can fail. */
+static int l_lock_dir(lua_State *L) {
+  const char *path = sbx__check_path(L, 1, NULL);
+  lock_t *lk = lua_newuserdatauv(L, sizeof *lk, 0);
+  int fd;
+  lk->fd = -1;
+  luaL_setmetatable(L, LOCK_MT);
+  fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return sbx__push_error(L, errno, NULL);
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    close(fd);
+    return sbx__push_error(L, e, e == EWOULDBLOCK ? "held by another process" : NULL);
+  }
+  lk->fd = fd;
+  return 1;
+}
+
+/* lock:release(); idempotent. */
+static int lock_release(lua_State *L) {
+  lock_t *lk = luaL_checkudata(L, 1, LOCK_MT);
+  if (lk->fd >= 0) {
+    close(lk->fd);   /* closing the only descriptor drops the flock */
+    lk->fd = -1;
+  }
+  return 0;
+}
+
+static int lock_held(lua_State *L) {
+  lock_t *lk = luaL_checkudata(L, 1, LOCK_MT);
+  lua_pushboolean(L, lk->fd >= 0);
   return 1;
 }
 
 void sbx__open_fs(lua_State *L) {
+  static const luaL_Reg lock_methods[] = {
+    {"release", lock_release}, {"held", lock_held}, {NULL, NULL}};
   static const luaL_Reg fns[] = {
     {"fs_stat", l_stat}, {"fs_lstat", l_lstat}, {"fs_mkdir", l_mkdir},
     {"fs_mkdir_p", l_mkdir_p}, {"realpath", l_realpath}, {"fs_mkdtemp", l_mkdtemp},
-    {"fs_rmtree", l_rmtree}, {"fs_readdir", l_readdir}, {NULL, NULL}};
+    {"fs_rmtree", l_rmtree}, {"fs_readdir", l_readdir}, {"lock_dir", l_lock_dir},
+    {NULL, NULL}};
+  sbx__class(L, LOCK_MT, lock_methods, lock_release);
+  luaL_getmetatable(L, LOCK_MT);
+  lua_pushcfunction(L, lock_release);
+  lua_setfield(L, -2, "__close");
+  lua_pop(L, 1);
   luaL_setfuncs(L, fns, 0);
 }

@@ -36,7 +36,7 @@
 #include <http_parser.h>
 
 #include "http_head.h"
-#include "sbx_limits.h"
+#include "bounds.h"
 
 /* Permitted header names (section 7.1), lower case. Index = bit in seen. */
 static const char *const permitted[] = {
@@ -67,17 +67,41 @@ typedef struct {
   int complete;             /* on_headers_complete ran */
 } scan_t;
 
-static int is_tchar(unsigned char c) {
+int sbx__http_is_tchar(unsigned char c) {
   if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
     return 1;
   return c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+const char *sbx__http_reason(int status) {
+  switch (status) {
+  case 200: return "OK";
+  case 201: return "Created";
+  case 202: return "Accepted";
+  case 204: return "No Content";
+  case 400: return "Bad Request";
+  case 401: return "Unauthorized";
+  case 403: return "Forbidden";
+  case 404: return "Not Found";
+  case 405: return "Method Not Allowed";
+  case 408: return "Request Timeout";
+  case 410: return "Gone";
+  case 413: return "Payload Too Large";
+  case 429: return "Too Many Requests";
+  case 431: return "Request Header Fields Too Large";
+  case 500: return "Internal Server Error";
+  case 502: return "Bad Gateway";
+  case 503: return "Service Unavailable";
+  case 504: return "Gateway Timeout";
+  default: return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
+  }
 }
 
 static int is_token(const char *s, size_t n) {
   size_t i;
   if (n == 0) return 0;
   for (i = 0; i < n; i++)
-    if (!is_tchar((unsigned char)s[i])) return 0;
+    if (!sbx__http_is_tchar((unsigned char)s[i])) return 0;
   return 1;
 }
 

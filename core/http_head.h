@@ -2,7 +2,8 @@
  * http_head.h: the broker's decision on one request head (spec/broker.md
  * sections 3, 5 steps 0-8, 6 and 7.1), as a pure function: no libuv, no Lua,
  * no allocation. The listener calls it once a head is complete; the fuzzer
- * (fuzz/request_fuzz.c) calls it with arbitrary bytes.
+ * (fuzz/request_fuzz.c) calls it with arbitrary bytes. Also the HTTP token
+ * grammar and reason phrases every HTTP speaker in the core shares.
  */
 #ifndef SBX_HTTP_HEAD_H
 #define SBX_HTTP_HEAD_H
@@ -48,6 +49,14 @@ size_t sbx__head_end(const char *buf, size_t len, size_t from);
  */
 void sbx__head_decide(const char *head, size_t len, const sbx__head_ctx_t *ctx,
                       sbx__head_result_t *out);
+
+/* RFC 9110 tchar: the bytes of a token (a method or a header name). */
+int sbx__http_is_tchar(unsigned char c);
+
+/* The reason phrase of a status line the project's servers write (the
+ * listener, http_server.c): the usual phrase, else "OK", "Client Error" or
+ * "Server Error" by class. */
+const char *sbx__http_reason(int status);
 
 /* The fixed refusal bodies of spec/broker.md section 5. */
 #define SBX_BODY_BAD_REQUEST   "bad request"

@@ -34,7 +34,9 @@
 #include <arpa/inet.h>
 #include <http_parser.h>
 
-#include "sbx_internal.h"
+#include "http_head.h"
+#include "loop.h"
+#include "parts.h"
 
 #define SERVER_MT "sbx.http_server"
 #define REQ_MT    "sbx.http_request"
@@ -95,24 +97,7 @@ struct hreq {
   hconn_t *conn;
 };
 
-typedef struct { srv_t *srv; } srv_box_t;
 
-static const char *reason(int status) {
-  switch (status) {
-  case 200: return "OK";
-  case 400: return "Bad Request";
-  case 404: return "Not Found";
-  case 405: return "Method Not Allowed";
-  case 408: return "Request Timeout";
-  case 413: return "Payload Too Large";
-  case 429: return "Too Many Requests";
-  case 431: return "Request Header Fields Too Large";
-  case 500: return "Internal Server Error";
-  case 502: return "Bad Gateway";
-  case 503: return "Service Unavailable";
-  default: return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
-  }
-}
 
 static void srv_release(srv_t *s) {
   if (--s->refs > 0) return;
@@ -172,7 +157,7 @@ static void hconn_reply(hconn_t *c, int status, const char *ctype, const char *b
   uv_read_stop((uv_stream_t *)&c->tcp);
   n = snprintf(head, sizeof head,
                "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-               status, reason(status), ctype, blen);
+               status, sbx__http_reason(status), ctype, blen);
   if (n < 0 || (size_t)n >= sizeof head) { hconn_close(c); return; }
   c->reply = malloc((size_t)n + blen);
   if (c->reply == NULL) { hconn_close(c); return; }
@@ -189,7 +174,7 @@ static void hconn_reply(hconn_t *c, int status, const char *ctype, const char *b
 }
 
 static void hconn_fixed(hconn_t *c, int status) {
-  const char *msg = reason(status);
+  const char *msg = sbx__http_reason(status);
   hconn_reply(c, status, "text/plain;charset=utf-8", msg, strlen(msg));
 }
 
@@ -356,6 +341,7 @@ static void dispatch(hconn_t *c) {
   if (sbx__pcall(L, 1) != 0 && c->state == H_LUA) hconn_fixed(c, 500);
 }
 
+/* Read buffers of both the server's connections and the line reader. */
 static void hconn_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   (void)h;
   if (suggested > 65536) suggested = 65536;
@@ -436,39 +422,27 @@ static void srv_shutdown(srv_t *s) {
   uv_close((uv_handle_t *)&s->tcp, srv_handle_closed);
 }
 
-static lua_Integer opt_int(lua_State *L, const char *name, lua_Integer def, lua_Integer lo, lua_Integer hi) {
-  lua_Integer v;
-  int isnum;
-  lua_getfield(L, 1, name);
-  if (lua_isnil(L, -1)) { lua_pop(L, 1); return def; }
-  v = lua_tointegerx(L, -1, &isnum);
-  lua_pop(L, 1);
-  if (!isnum || v < lo || v > hi) luaL_error(L, "http_server: %s out of range", name);
-  return v;
-}
-
 /* core.http_server{on_request=fn, port=0, max_head=, max_body=, timeout_ms=}
    -> server | nil, err. Always bound to 127.0.0.1. */
 static int l_http_server(lua_State *L) {
   sbx__loop_t *lp = sbx__loop(L);
   srv_t *s;
-  srv_box_t *box;
+  sbx__box_t *box;
   struct sockaddr_in addr;
   struct sockaddr_storage name;
   int namelen = (int)sizeof name, rc;
   lua_Integer port, max_head, max_body, timeout;
   luaL_checktype(L, 1, LUA_TTABLE);
-  port = opt_int(L, "port", 0, 0, 65535);
-  max_head = opt_int(L, "max_head", HS_DEFAULT_MAX_HEAD, 256, 1024 * 1024);
-  max_body = opt_int(L, "max_body", HS_DEFAULT_MAX_BODY, 0, 64 * 1024 * 1024);
-  timeout = opt_int(L, "timeout_ms", HS_DEFAULT_TIMEOUT, 1, 600000);
+  port = sbx__opt_integer_field(L, 1, "http_server", "port", 0, 0, 65535);
+  max_head = sbx__opt_integer_field(L, 1, "http_server", "max_head", HS_DEFAULT_MAX_HEAD, 256, 1024 * 1024);
+  max_body = sbx__opt_integer_field(L, 1, "http_server", "max_body", HS_DEFAULT_MAX_BODY, 0,
+                                    64 * 1024 * 1024);
+  timeout = sbx__opt_integer_field(L, 1, "http_server", "timeout_ms", HS_DEFAULT_TIMEOUT, 1, 600000);
   if (lua_getfield(L, 1, "on_request") != LUA_TFUNCTION)
     return luaL_error(L, "http_server: on_request must be a function");
+  box = sbx__box_new(L, SERVER_MT);            /* before C memory: it may raise */
   s = calloc(1, sizeof *s);
   if (s == NULL) return luaL_error(L, "out of memory");
-  box = lua_newuserdatauv(L, sizeof *box, 0);
-  box->srv = NULL;
-  luaL_setmetatable(L, SERVER_MT);
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   s->L = lua_tothread(L, -1);
   lua_pop(L, 1);
@@ -487,20 +461,17 @@ static int l_http_server(lua_State *L) {
   if (rc != 0) {
     s->closed = 1;
     uv_close((uv_handle_t *)&s->tcp, srv_handle_closed);
-    lua_pushnil(L);
-    lua_pushstring(L, uv_strerror(rc));
-    return 2;
+    return sbx__push_error(L, -rc, NULL);
   }
   s->port = ntohs(((struct sockaddr_in *)&name)->sin_port);
-  box->srv = s;
+  sbx__box_bind(box, s, NULL);               /* the box owns the server */
   s->on_request_ref = sbx__ref(L, -2);       /* the function under the box */
   s->self_ref = sbx__ref(L, -1);
   return 1;
 }
 
 static srv_t *check_srv(lua_State *L) {
-  srv_box_t *b = luaL_checkudata(L, 1, SERVER_MT);
-  return b->srv;
+  return sbx__box_check(L, 1, SERVER_MT);
 }
 
 static int srv_port(lua_State *L) {
@@ -519,11 +490,8 @@ static int srv_url(lua_State *L) {
 }
 
 static int srv_close(lua_State *L) {
-  srv_box_t *b = luaL_checkudata(L, 1, SERVER_MT);
-  if (b->srv != NULL) {
-    srv_shutdown(b->srv);
-    b->srv = NULL;
-  }
+  srv_t *s = sbx__box_detach(luaL_checkudata(L, 1, SERVER_MT));
+  if (s != NULL) srv_shutdown(s);
   return 0;
 }
 
@@ -586,7 +554,6 @@ typedef struct lines {
   size_t len;
 } lines_t;
 
-typedef struct { lines_t *r; } lines_box_t;
 
 static void lines_free_if_done(lines_t *r) {
   if (r->stopped && r->detached && !r->handle_open && !r->fs_busy && !r->in_cb) {
@@ -654,13 +621,6 @@ static void lines_finish(lines_t *r, sbx__loop_t *lp) {
   if (lines_emit(r, lp, NULL, 0, 1)) lines_stop(r);
 }
 
-static void lines_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  (void)h;
-  if (suggested > 65536) suggested = 65536;
-  buf->base = malloc(suggested);
-  buf->len = buf->base ? suggested : 0;
-}
-
 static void lines_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   lines_t *r = st->data;
   sbx__loop_t *lp = st->loop->data;
@@ -706,15 +666,13 @@ static void lines_fs_read(uv_fs_t *req) {
 static int l_read_lines(lua_State *L) {
   sbx__loop_t *lp = sbx__loop(L);
   lines_t *r;
-  lines_box_t *box;
+  sbx__box_t *box;
   uv_handle_type t = uv_guess_handle(0);
   int rc = 0;
   luaL_checktype(L, 1, LUA_TFUNCTION);
+  box = sbx__box_new(L, LINES_MT);             /* before C memory: it may raise */
   r = calloc(1, sizeof *r);
   if (r == NULL) return luaL_error(L, "out of memory");
-  box = lua_newuserdatauv(L, sizeof *box, 0);
-  box->r = NULL;
-  luaL_setmetatable(L, LINES_MT);
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   r->L = lua_tothread(L, -1);
   lua_pop(L, 1);
@@ -730,9 +688,7 @@ static int l_read_lines(lua_State *L) {
         r->stopped = r->detached = r->handle_open = 1;
         r->h.stream.data = r;
         uv_close((uv_handle_t *)&r->h, lines_handle_closed);
-        lua_pushnil(L);
-        lua_pushfstring(L, "cannot read standard input: %s", uv_strerror(rc));
-        return 2;
+        return sbx__push_error(L, -rc, "cannot read standard input");
       }
     }
   } else if (t == UV_FILE) {
@@ -742,27 +698,23 @@ static int l_read_lines(lua_State *L) {
   }
   if (rc != 0) {
     free(r);
-    lua_pushnil(L);
-    lua_pushfstring(L, "cannot read standard input: %s", uv_strerror(rc));
-    return 2;
+    return sbx__push_error(L, -rc, "cannot read standard input");
   }
   r->fn_ref = sbx__ref(L, 1);
-  box->r = r;
+  sbx__box_bind(box, r, NULL);               /* the box owns the reader */
   if (r->is_file) {
     lines_fs_next(r, &lp->uv);
   } else {
     r->handle_open = 1;
     r->h.stream.data = r;
-    uv_read_start(&r->h.stream, lines_alloc, lines_read);
+    uv_read_start(&r->h.stream, hconn_alloc, lines_read);
   }
   return 1;
 }
 
 static int lines_stop_l(lua_State *L) {
-  lines_box_t *b = luaL_checkudata(L, 1, LINES_MT);
-  if (b->r != NULL) {
-    lines_t *r = b->r;
-    b->r = NULL;
+  lines_t *r = sbx__box_detach(luaL_checkudata(L, 1, LINES_MT));
+  if (r != NULL) {
     lines_stop(r);
     r->detached = 1;
     lines_free_if_done(r);

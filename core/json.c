@@ -29,8 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sbx_internal.h"
-#include "sbx_utf8.h"
+#include "aux.h"
+#include "json.h"
+#include "parts.h"
+#include "utf8_put.h"
 
 #define JSON_OBJECT_MT_KEY "sbx.json.object_mt"
 #define JSON_ARRAY_MT_KEY  "sbx.json.array_mt"
@@ -73,6 +75,15 @@ static void ensure_registry(lua_State *L) {
   lua_setfield(L, -2, "__mode");
   lua_setmetatable(L, -2);
   lua_setfield(L, LUA_REGISTRYINDEX, JSON_ORDER_KEY);
+}
+
+int sbx__json_is_object(lua_State *L, int idx) {
+  int ok;
+  if (lua_type(L, idx) != LUA_TTABLE || !lua_getmetatable(L, idx)) return 0;
+  lua_getfield(L, LUA_REGISTRYINDEX, JSON_OBJECT_MT_KEY);
+  ok = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  return ok;
 }
 
 /* ------------------------------------------------------------------ */

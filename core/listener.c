@@ -24,7 +24,9 @@
  * Flow per connection: read the head into a buffer of SBX_MAX_HEAD_BYTES + 1;
  * once it is complete, http_head.c decides steps 0-8; step 9 takes budget and
  * the in-flight slot; the body (exactly Content-Length bytes) is read into its
- * own buffer; steps 10-12 decode it with json.c; then opts.on_call(call).
+ * own buffer; steps 10-12 decode it with json.c; then opts.on_call(call, i),
+ * where i is the index in opts.routes of the route step 2 matched, so Lua
+ * dispatches on data it handed over and never parses a route again.
  * Every reply is built whole, written, our side is shut down, and bytes the
  * client still sends are drained for at most SBX_LINGER_MS before the close,
  * so a client still writing its refused body reads the reply instead of a
@@ -44,14 +46,14 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "sbx_internal.h"
 #include "http_head.h"
+#include "json.h"
+#include "loop.h"
+#include "parts.h"
 
 #define LISTENER_MT "sbx.listener"
 #define CALL_MT     "sbx.call"
-/* Registry keys where json.c keeps the metatables of decoded values. */
-#define JSON_OBJECT_MT_KEY "sbx.json.object_mt"
-#define JSON_ARRAY_MT_KEY  "sbx.json.array_mt"
+#define WHO         "broker_listen"
 
 #define CT_TEXT "text/plain;charset=utf-8"
 #define CT_JSON "application/json;charset=utf-8"
@@ -74,7 +76,7 @@ struct lst {
   int turn_ended;
   int in_flight;
   lua_Integer budget;      /* calls left */
-  int echo;
+  int test_echo;          /* the test seam opts.test_echo (see API.md) */
   uint64_t head_ms;
   uint64_t request_ms;
   int on_call_ref;
@@ -119,8 +121,6 @@ struct call {
   int close_fired;
 };
 
-typedef struct { lst_t *lst; } lst_box_t;
-
 static char drain_buf[16384];   /* bytes we read only to throw away */
 
 /* ---- helpers ----------------------------------------------------------- */
@@ -132,27 +132,6 @@ static void lst_release(lst_t *lst) {
   free(lst);
 }
 
-static const char *reason(int status) {
-  switch (status) {
-  case 200: return "OK";
-  case 201: return "Created";
-  case 202: return "Accepted";
-  case 204: return "No Content";
-  case 400: return "Bad Request";
-  case 401: return "Unauthorized";
-  case 403: return "Forbidden";
-  case 404: return "Not Found";
-  case 408: return "Request Timeout";
-  case 410: return "Gone";
-  case 413: return "Payload Too Large";
-  case 429: return "Too Many Requests";
-  case 500: return "Internal Server Error";
-  case 502: return "Bad Gateway";
-  case 503: return "Service Unavailable";
-  case 504: return "Gateway Timeout";
-  default: return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
-  }
-}
 
 /* ---- connection teardown ------------------------------------------------ */
 
@@ -277,7 +256,7 @@ static int conn_reply(conn_t *c, int status, const char *ctype,
   if (c->state == C_CLOSING) return -1;
   n = snprintf(head, sizeof head,
                "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-               "Connection: close\r\n\r\n", status, reason(status), ctype, blen);
+               "Connection: close\r\n\r\n", status, sbx__http_reason(status), ctype, blen);
   if (n < 0 || (size_t)n >= sizeof head) { conn_destroy(c, loop_L(c), 1); return -1; }
   c->reply = malloc((size_t)n + blen);
   if (c->reply == NULL) { conn_destroy(c, loop_L(c), 1); return -1; }
@@ -361,27 +340,10 @@ static void start_polling(conn_t *c) {
 
 /* ---- the pipeline: steps 9-12 and the handoff to Lua ---------------------- */
 
-/* Is the value at idx a decoded JSON object (json.c's object metatable)? */
-static int is_json_object(lua_State *L, int idx) {
-  int ok;
-  if (lua_type(L, idx) != LUA_TTABLE) return 0;
-  if (!lua_getmetatable(L, idx)) return 0;
-  if (lua_getfield(L, LUA_REGISTRYINDEX, JSON_OBJECT_MT_KEY) == LUA_TTABLE) {
-    ok = lua_rawequal(L, -1, -2);
-  } else {
-    /* json.c without the documented key: anything but an array. */
-    lua_pop(L, 1);
-    lua_getfield(L, LUA_REGISTRYINDEX, JSON_ARRAY_MT_KEY);
-    ok = !lua_rawequal(L, -1, -2);
-  }
-  lua_pop(L, 2);
-  return ok;
-}
-
 /*
  * Protected (lua_pcall) part of steps 10-12 so that a Lua memory error never
  * unwinds through libuv. Argument: the connection (light userdata). Returns
- * the status that decides (0 = hand a call to Lua, 200 = echo) and, for 0,
+ * the status that decides (0 = hand a call to Lua, 200 = the test_echo seam) and, for 0,
  * the call userdata, anchored by conn->call_ref and by a second ref returned
  * as the third value (released by the caller after on_call).
  */
@@ -393,12 +355,12 @@ static int prep_call(lua_State *L) {
     lua_pushinteger(L, 502);
     return 1;
   }
-  if (!is_json_object(L, -1)) { lua_pushinteger(L, 400); return 1; }  /* 11 */
+  if (!sbx__json_is_object(L, -1)) { lua_pushinteger(L, 400); return 1; }  /* 11 */
   if (lst->turn_ended || c->peer_eof) {                               /* 12 */
     lua_pushinteger(L, 502);
     return 1;
   }
-  if (lst->echo) { lua_pushinteger(L, 200); return 1; }
+  if (lst->test_echo) { lua_pushinteger(L, 200); return 1; }
   call = lua_newuserdatauv(L, sizeof *call, 3);
   memset(call, 0, sizeof *call);
   luaL_setmetatable(L, CALL_MT);
@@ -455,7 +417,8 @@ static void body_complete(conn_t *c) {
 
   lua_rawgeti(L, LUA_REGISTRYINDEX, lst->on_call_ref);
   lua_rawgeti(L, LUA_REGISTRYINDEX, pin);
-  if (sbx__pcall(L, 1) != 0 && !call->replied) {
+  lua_pushinteger(L, (lua_Integer)c->route + 1);   /* the route matched in step 2 */
+  if (sbx__pcall(L, 2) != 0 && !call->replied) {
     /* A handler error is step 13's 502; the slot is released by the reply. */
     call->replied = 1;
     lst->in_flight = 0;
@@ -662,20 +625,7 @@ static void lst_stop(lst_t *lst, lua_State *L) {
 }
 
 static lst_t *check_lst(lua_State *L, int idx) {
-  lst_box_t *b = luaL_checkudata(L, idx, LISTENER_MT);
-  return b->lst;
-}
-
-static lua_Integer opt_int_field(lua_State *L, int t, const char *k, lua_Integer dflt,
-                                 lua_Integer lo, lua_Integer hi) {
-  lua_Integer v;
-  int isnum;
-  if (lua_getfield(L, t, k) == LUA_TNIL) { lua_pop(L, 1); return dflt; }
-  v = lua_tointegerx(L, -1, &isnum);
-  if (!isnum || v < lo || v > hi)
-    luaL_error(L, "broker_listen: opts.%s must be an integer in %d..%d", k, (int)lo, (int)hi);
-  lua_pop(L, 1);
-  return v;
+  return sbx__box_check(L, idx, LISTENER_MT);
 }
 
 /* Copies opts.routes into lst (one block of bytes plus an index). */
@@ -730,7 +680,7 @@ static int l_broker_listen(lua_State *L) {
   const char *path;
   size_t path_len;
   lst_t *lst, **guard;
-  lst_box_t *box;
+  sbx__box_t *box;
   mode_t old;
   int rc;
 
@@ -753,28 +703,21 @@ static int l_broker_listen(lua_State *L) {
     return luaL_error(L, "broker_listen: opts.path must be a string");
   path = lua_tolstring(L, -1, &path_len);       /* stays on the stack */
   read_routes(L, lst);
-  lst->budget = opt_int_field(L, 1, "max_calls", SBX_DEFAULT_MAX_CALLS, 1, SBX_MAX_CALLS_LIMIT);
-  lst->head_ms = (uint64_t)opt_int_field(L, 1, "header_timeout_ms", SBX_HEADER_DEADLINE_MS,
-                                         1, SBX_HEADER_DEADLINE_MS);
-  lst->request_ms = (uint64_t)opt_int_field(L, 1, "request_timeout_ms", SBX_REQUEST_DEADLINE_MS,
-                                            1, SBX_REQUEST_DEADLINE_MS);
-  lua_getfield(L, 1, "echo");
-  lst->echo = lua_toboolean(L, -1);
-  lua_pop(L, 1);
-  if (lua_getfield(L, 1, "on_call") != LUA_TFUNCTION && !lst->echo)
+  lst->budget = sbx__opt_integer_field(L, 1, WHO, "max_calls", SBX_DEFAULT_MAX_CALLS, 1,
+                                       SBX_MAX_CALLS_LIMIT);
+  lst->head_ms = (uint64_t)sbx__opt_integer_field(L, 1, WHO, "header_timeout_ms",
+                                                  SBX_HEADER_DEADLINE_MS, 1, SBX_HEADER_DEADLINE_MS);
+  lst->request_ms = (uint64_t)sbx__opt_integer_field(L, 1, WHO, "request_timeout_ms",
+                                                     SBX_REQUEST_DEADLINE_MS, 1, SBX_REQUEST_DEADLINE_MS);
+  lst->test_echo = sbx__opt_boolean_field(L, 1, WHO, "test_echo", 0);
+  if (lua_getfield(L, 1, "on_call") != LUA_TFUNCTION && !lst->test_echo)
     return luaL_error(L, "broker_listen: opts.on_call must be a function");
   if (strlen(path) != path_len || path_len == 0)
     return luaL_error(L, "broker_listen: opts.path must be a non-empty path");
-  if (path_len > SBX_MAX_SOCKET_PATH) {
-    lua_pushnil(L);
-    lua_pushliteral(L, "broker socket path too long");
-    return 2;
-  }
+  if (path_len > SBX_MAX_SOCKET_PATH) return sbx__push_failure(L, ENAMETOOLONG, "broker socket path too long");
 
   /* From here the server handle owns one reference and frees lst. */
-  box = lua_newuserdatauv(L, sizeof *box, 0);
-  box->lst = NULL;
-  luaL_setmetatable(L, LISTENER_MT);
+  box = sbx__box_new(L, LISTENER_MT);
   *guard = NULL;
   uv_pipe_init(&lp->uv, &lst->server, 0);
   lst->server.data = lst;
@@ -787,12 +730,12 @@ static int l_broker_listen(lua_State *L) {
   if (rc != 0) {
     lst->stopped = 1;
     uv_close((uv_handle_t *)&lst->server, server_closed);   /* unlinks if bound */
-    lua_pushnil(L);
-    lua_pushfstring(L, "cannot listen on the broker socket: %s", uv_strerror(rc));
-    return 2;
+    char msg[128];
+    snprintf(msg, sizeof msg, "cannot listen on the broker socket: %s", uv_strerror(rc));
+    return sbx__push_failure(L, -rc, msg);
   }
   if (lua_type(L, -2) == LUA_TFUNCTION) lst->on_call_ref = sbx__ref(L, -2);
-  box->lst = lst;
+  sbx__box_bind(box, lst, NULL);                /* the listener outlives its box */
   lst->refs++;                                  /* the userdata's */
   lst->self_ref = sbx__ref(L, -1);
   return 1;
@@ -824,10 +767,8 @@ static int l_lst_stats(lua_State *L) {
 }
 
 static int l_lst_gc(lua_State *L) {
-  lst_box_t *b = luaL_checkudata(L, 1, LISTENER_MT);
-  lst_t *lst = b->lst;
+  lst_t *lst = sbx__box_detach(luaL_checkudata(L, 1, LISTENER_MT));
   if (lst == NULL) return 0;
-  b->lst = NULL;
   /* Only reached after stop() or at state close: never call Lua from here. */
   lst->lua_gone = 1;
   lst_stop(lst, NULL);
@@ -936,5 +877,4 @@ void sbx__open_listener(lua_State *L) {
   sbx__class(L, CALL_MT, call_methods, l_call_gc);
   lua_pushcfunction(L, l_broker_listen);
   lua_setfield(L, -2, "broker_listen");
-  sbx__open_pipe_client(L);
 }

@@ -1,6 +1,8 @@
 /*
- * loop.c: the event loop as Lua sees it: core.run(), core.now(),
- * core.timer(ms, fn) and core.on_signal(signum, fn).
+ * loop.c: the libuv loop of a Lua state (sbx__loop, created on first use,
+ * closed when the state closes), the protected callback every part calls
+ * Lua through (sbx__pcall), and the loop as Lua sees it: core.run(),
+ * core.now(), core.timer(ms, fn) and core.on_signal(signum, fn).
  *
  * Timers and signal watchers are userdata owning a uv handle; the handle's
  * close callback is the only place the memory of the handle is released
@@ -12,30 +14,91 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "sbx_internal.h"
+#include "loop.h"
+#include "parts.h"
 
+#define SBX_LOOP_KEY "sbx.loop"        /* registry slot of the loop userdata */
+#define SBX_LOOP_MT  "sbx.loop_mt"     /* its metatable (a different name!) */
 #define TIMER_MT "sbx.timer"
 #define SIGNAL_MT "sbx.signal"
 
-typedef struct watch_box watch_box_t;
+/* ---- the loop of a state ------------------------------------------------- */
 
+static void count_open(uv_handle_t *h, void *arg) {
+  if (!uv_is_closing(h)) (*(int *)arg)++;
+}
+
+/* The loop is created first (core.c), so at lua_close it is finalized last:
+ * every other object has already asked libuv to close its handles. When only
+ * closing handles remain, run their close callbacks (where their memory is
+ * freed) and close the loop. A handle nobody closed (a timer still pending at
+ * exit) could call into the Lua state being closed, so then the loop is not
+ * run at all and is left to the process exit. */
+static int loop_gc(lua_State *L) {
+  sbx__loop_t *lp = luaL_checkudata(L, 1, SBX_LOOP_MT);
+  int open = 0;
+  if (!lp->owned) return 0;
+  uv_walk(&lp->uv, count_open, &open);
+  if (open > 0) return 0;
+  uv_run(&lp->uv, UV_RUN_NOWAIT);
+  if (uv_loop_close(&lp->uv) == 0) lp->owned = 0;
+  return 0;
+}
+
+sbx__loop_t *sbx__loop(lua_State *L) {
+  sbx__loop_t *lp;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, SBX_LOOP_KEY) == LUA_TUSERDATA) {
+    lp = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    return lp;
+  }
+  lua_pop(L, 1);
+  lp = lua_newuserdatauv(L, sizeof *lp, 0);
+  memset(lp, 0, sizeof *lp);
+  if (uv_loop_init(&lp->uv) != 0) luaL_error(L, "cannot initialise the event loop");
+  lp->owned = 1;
+  lp->uv.data = lp;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  lp->L = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  if (luaL_newmetatable(L, SBX_LOOP_MT)) {
+    lua_pushcfunction(L, loop_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_setmetatable(L, -2);
+  lua_setfield(L, LUA_REGISTRYINDEX, SBX_LOOP_KEY);
+  return lp;
+}
+
+int sbx__pcall(lua_State *L, int nargs) {
+  if (lua_pcall(L, nargs, 0, 0) != LUA_OK) {
+    if (getenv("SBX_DEBUG") != NULL)
+      sbx__log("error", "callback raised: %s", luaL_tolstring(L, -1, NULL));
+    else
+      sbx__log("error", "a host callback raised an error (details suppressed; set SBX_DEBUG=1 to see them)");
+    lua_settop(L, 0);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- timers and signal watchers ------------------------------------------- */
+
+/* The Lua object is a box (aux.h): it and the watcher point at each other,
+ * and whichever goes first unlinks the other, so neither ever reaches freed
+ * memory (a one-shot timer frees its watcher when it fires, while the Lua
+ * object may still be stopped later). */
 typedef struct {
   union { uv_timer_t timer; uv_signal_t sig; } h;
   lua_State *L;          /* main state, for unref in close */
   int fn_ref;
   int closing;
-  watch_box_t *box;      /* the Lua object, until it is collected */
+  sbx__box_t *box;       /* the Lua object, until it is collected */
 } watch_t;
-
-/* The Lua object and the watcher point at each other; whichever goes first
- * clears the other's pointer, so neither ever reaches freed memory (a
- * one-shot timer frees its watcher when it fires, while the Lua object may
- * still be stopped later). */
-struct watch_box { watch_t *w; };
 
 static void watch_closed(uv_handle_t *h) {
   watch_t *w = h->data;
-  if (w->box != NULL) w->box->w = NULL;
+  sbx__box_unbind(w->box);
   free(w);
 }
 
@@ -68,9 +131,9 @@ static void signal_fired(uv_signal_t *s, int signum) {
 }
 
 static int watch_stop(lua_State *L) {
-  watch_box_t *b = lua_touserdata(L, 1);
-  luaL_argcheck(L, b != NULL, 1, "watcher expected");
-  if (b->w != NULL) watch_close(b->w);   /* b->w stays until the close callback */
+  sbx__box_t *b = luaL_testudata(L, 1, TIMER_MT);
+  if (b == NULL) b = luaL_checkudata(L, 1, SIGNAL_MT);
+  if (b->obj != NULL) watch_close(b->obj);   /* linked until the close callback */
   return 0;
 }
 
@@ -93,35 +156,21 @@ static watch_t *new_watch(lua_State *L, int fn_idx) {
   return w;
 }
 
-static watch_box_t *new_box(lua_State *L, const char *mt, watch_t *w) {
-  watch_box_t *b = lua_newuserdatauv(L, sizeof *b, 0);
-  b->w = w;
-  w->box = b;
-  luaL_setmetatable(L, mt);
-  return b;
-}
-
 /* core.timer(ms, fn) -> timer; fn runs once after ms unless timer:stop(). */
 static int l_timer(lua_State *L) {
   lua_Integer ms = luaL_checkinteger(L, 1);
   sbx__loop_t *lp = sbx__loop(L);
   watch_t *w;
+  sbx__box_t *box;
   luaL_argcheck(L, ms >= 0 && ms <= 86400000, 1, "timeout out of range");
   luaL_checktype(L, 2, LUA_TFUNCTION);
+  box = sbx__box_new(L, TIMER_MT);
   w = new_watch(L, 2);
   uv_timer_init(&lp->uv, &w->h.timer);
   w->h.timer.data = w;
   uv_timer_start(&w->h.timer, timer_fired, (uint64_t)ms, 0);
-  new_box(L, TIMER_MT, w);
+  sbx__box_bind(box, w, &w->box);
   return 1;
-}
-
-/* Collected timers keep running (fire-and-forget); only stop() cancels. */
-static int timer_gc(lua_State *L) {
-  watch_box_t *b = lua_touserdata(L, 1);
-  if (b->w != NULL) b->w->box = NULL;
-  b->w = NULL;
-  return 0;
 }
 
 /* core.on_signal(signum, fn) -> watcher; fn(signum) on each delivery. */
@@ -129,23 +178,23 @@ static int l_on_signal(lua_State *L) {
   lua_Integer signum = luaL_checkinteger(L, 1);
   sbx__loop_t *lp = sbx__loop(L);
   watch_t *w;
+  sbx__box_t *box;
   luaL_argcheck(L, signum > 0 && signum < 65, 1, "signal number out of range");
   luaL_checktype(L, 2, LUA_TFUNCTION);
+  box = sbx__box_new(L, SIGNAL_MT);
   w = new_watch(L, 2);
   uv_signal_init(&lp->uv, &w->h.sig);
   w->h.sig.data = w;
   uv_signal_start(&w->h.sig, signal_fired, (int)signum);
-  new_box(L, SIGNAL_MT, w);
+  sbx__box_bind(box, w, &w->box);
   return 1;
 }
 
+/* A collected watcher is stopped (a collected timer keeps running: it is
+ * fire-and-forget, and its __gc is sbx__box_gc). */
 static int signal_gc(lua_State *L) {
-  watch_box_t *b = lua_touserdata(L, 1);
-  if (b->w != NULL) {
-    b->w->box = NULL;
-    watch_close(b->w);
-  }
-  b->w = NULL;
+  watch_t *w = sbx__box_detach(lua_touserdata(L, 1));
+  if (w != NULL) watch_close(w);
   return 0;
 }
 
@@ -155,10 +204,10 @@ static int signal_gc(lua_State *L) {
  *
  * Raises when called while the loop is already running, i.e. from a callback
  * or from a task (tasks are resumed from callbacks). uv_run is not reentrant:
- * a nested run runs close callbacks, which free handles (pipe_client.c's
- * req_t, listener.c's conn_t) that the outer libuv frame still reads once the
- * callback returns (uv__stream_io after a read callback). That freed a
- * unix_request block under the broker bench whenever its handle had been
+ * a nested run runs close callbacks, which free handles (unix_stream.c's
+ * stream_t, listener.c's conn_t) that the outer libuv frame still reads once
+ * the callback returns (uv__stream_io after a read callback). That freed a
+ * raw client's block under the broker bench whenever its handle had been
  * collected before the nested run: a crash, or a lost wake-up (timeout). */
 static int l_run(lua_State *L) {
   static const char *const modes[] = {"default", "once", "nowait", NULL};
@@ -226,7 +275,7 @@ void sbx__open_loop(lua_State *L) {
     {"timer", l_timer}, {"on_signal", l_on_signal}, {"log", l_log},
     {"getuid", l_getuid}, {"getpid", l_getpid}, {NULL, NULL}};
   sbx__loop(L)->uv.data = sbx__loop(L);
-  sbx__class(L, TIMER_MT, watch_methods, timer_gc);
+  sbx__class(L, TIMER_MT, watch_methods, sbx__box_gc);
   sbx__class(L, SIGNAL_MT, watch_methods, signal_gc);
   luaL_setfuncs(L, fns, 0);
   lua_pushinteger(L, SIGINT);

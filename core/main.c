@@ -1,8 +1,9 @@
 /*
- * main.c: the `sbx` command. A thin C shell: it makes a Lua state with the
- * standard libraries and `sandbox.core` preloaded, points package.path at the
- * host Lua tree, and hands argv to the Lua module `sandbox.cli`, whose
- * return value is the exit status. All command logic lives in Lua.
+ * main.c: the `sbx` command. A thin C shell: it makes the host Lua state
+ * (state.c: standard libraries, `sandbox.core` preloaded, package.path at
+ * the host Lua tree, the generational collector) and hands argv to the Lua
+ * module `sandbox.cli`, whose return value is the exit status. All command
+ * logic lives in Lua.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -10,9 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <lualib.h>
+#include <lauxlib.h>
 
-#include "sbx_internal.h"
+#include "state.h"
 
 /* Directory of the host Lua tree: $SBX_LUA_DIR, else <exe dir>/../lua. */
 static int lua_dir(char *out, size_t cap) {
@@ -55,17 +56,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "sbx: out of memory\n");
     return 1;
   }
-  luaL_openlibs(L);
-  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
-  lua_pushcfunction(L, luaopen_sandbox_core);
-  lua_setfield(L, -2, "sandbox.core");
-  lua_pop(L, 1);
-  lua_getglobal(L, "package");
-  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua", dir, dir);
-  lua_setfield(L, -2, "path");
-  lua_pushstring(L, "");
-  lua_setfield(L, -2, "cpath");
-  lua_pop(L, 1);
+  sbx__state_open(L, dir);
 
   lua_pushcfunction(L, traceback);
   lua_getglobal(L, "require");

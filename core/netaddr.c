@@ -15,9 +15,9 @@
  * allow-list (2000::/3 minus its holes), IPv4-mapped addresses judged by the
  * IPv4 they carry. Reasons are static strings, safe to show an operator.
  *
- * Lua: core.url_admit, core.url_resolve_ref, core.addr_classify,
- * core.addr_parse (see core/API.md). The interface list for Lua comes from
- * core.local_addresses (safefetch.c).
+ * Lua: core.url_admit, core.addr_classify, core.addr_parse (see
+ * core/API.md); redirect targets (sbx_url_resolve_ref) and the host's own
+ * addresses (sbx_local_addrs_load) are the C hop loop's (fetch_call.c).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -31,7 +31,8 @@
 #include <time.h>
 
 #include "netaddr.h"
-#include "sbx_internal.h"
+#include "aux.h"
+#include "parts.h"
 
 /* ---- small helpers ----------------------------------------------------- */
 
@@ -876,25 +877,6 @@ static int l_url_admit(lua_State *L) {
   return 1;
 }
 
-/* core.url_resolve_ref(base_url, location) -> table | nil, catalogue message.
- * A base that is not admitted gives its own admission message. */
-static int l_url_resolve_ref(lua_State *L) {
-  size_t bn, rn;
-  const char *bs = luaL_checklstring(L, 1, &bn);
-  const char *rs = luaL_checklstring(L, 2, &rn);
-  const char *err;
-  sbx_url_t *base = new_url(L);
-  sbx_url_t *u = new_url(L);
-  if (sbx_url_admit(bs, bn, base, &err) != SBX_URL_OK ||
-      sbx_url_resolve_ref(base, rs, rn, u, &err) != SBX_URL_OK) {
-    lua_pushnil(L);
-    lua_pushstring(L, err);
-    return 2;
-  }
-  push_url(L, u);
-  return 1;
-}
-
 /* Builds a snapshot from the Lua list at idx (the localAddresses seam). */
 static int snapshot_from_list(lua_State *L, int idx, sbx_local_addrs_t *snap) {
   lua_Integer n = luaL_len(L, idx);
@@ -917,8 +899,8 @@ static int snapshot_from_list(lua_State *L, int idx, sbx_local_addrs_t *snap) {
 
 /* core.addr_classify(ip [, port [, local_list]]) -> "public" | nil, reason.
  * port: 0..65535 (0 is refused); absent: the address alone is judged.
- * local_list: address texts treated as the host's own (the seam, or the
- * result of core.local_addresses()); a malformed entry refuses. */
+ * local_list: address texts treated as the host's own (fetch.lua's
+ * localAddresses seam); a malformed entry refuses. */
 static int l_addr_classify(lua_State *L) {
   size_t n;
   const char *s = luaL_checklstring(L, 1, &n);
@@ -977,8 +959,7 @@ static int l_addr_parse(lua_State *L) {
 
 void sbx__open_netaddr(lua_State *L) {
   static const luaL_Reg fns[] = {
-    {"url_admit", l_url_admit}, {"url_resolve_ref", l_url_resolve_ref},
-    {"addr_classify", l_addr_classify}, {"addr_parse", l_addr_parse},
+    {"url_admit", l_url_admit}, {"addr_classify", l_addr_classify}, {"addr_parse", l_addr_parse},
     {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
 }

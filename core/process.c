@@ -1,12 +1,9 @@
 /*
- * process.c: child processes and the installation lock, what the
- * container driver and the stale-container sweep need (spec/runtime.md 4.5-4.7,
- * 6.1):
+ * process.c: child processes, what the container driver and the docker CLI
+ * helpers need (spec/runtime.md 4.5-4.7):
  *
  *   core.spawn(opts) -> process     one child, three pipes, capped reads
  *   process:kill(signum) -> bool    signal it (false once it has exited)
- *   core.lock_dir(path) -> lock | nil, err, code   exclusive non-blocking flock
- *   lock:release()                  (also on __gc and process exit)
  *
  * Design
  * - One child = one heap block (proc_t) owning a uv_process_t, three
@@ -46,18 +43,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "sbx_internal.h"
-
-/* core.unix_stream (unix_stream.c), the Engine API driver's transport; opened
-   with this file so the shared opener list stays as it is. */
-void sbx__open_unix_stream(lua_State *L);
+#include "loop.h"
+#include "parts.h"
 
 #define PROC_MT "sbx.process"
-#define LOCK_MT "sbx.dirlock"
 
 /* Bounds on what a caller (host Lua) may hand us. */
 #define PROC_MAX_ARGS        256
@@ -80,14 +72,13 @@ typedef struct {
 } capture_t;
 
 typedef struct proc proc_t;
-typedef struct { proc_t *p; } proc_box_t;
 
 struct proc {
   uv_process_t proc;
   uv_pipe_t in, out, err;
   uv_timer_t defer;
   uv_write_t wreq;
-  proc_box_t *box;       /* Lua side, or NULL once collected */
+  sbx__box_t *box;       /* Lua side, or NULL once collected */
   int handles;           /* handles not yet closed (freed at 0) */
   int exit_ref;          /* on_exit in the registry */
   int spawned;           /* uv_spawn succeeded */
@@ -124,7 +115,7 @@ static void mark_all_cloexec(void) {
 }
 
 static void proc_free(proc_t *p) {
-  if (p->box != NULL) p->box->p = NULL;
+  sbx__box_unbind(p->box);
   free(p->cap[0].buf);
   free(p->cap[1].buf);
   free(p->stdin_buf);
@@ -273,8 +264,7 @@ static void on_defer(uv_timer_t *t) {
 }
 
 static proc_t *check_proc(lua_State *L, int idx) {
-  proc_box_t *b = luaL_checkudata(L, idx, PROC_MT);
-  return b->p;
+  return sbx__box_check(L, idx, PROC_MT);
 }
 
 /* Copies a Lua array of strings into a NULL-terminated argv-style list
@@ -306,20 +296,6 @@ static char **string_list(lua_State *L, int idx, const char *field, const char *
   return out;             /* table and userdata stay on the stack */
 }
 
-static size_t opt_cap(lua_State *L, int idx, const char *field) {
-  lua_Integer v;
-  int isnum;
-  lua_getfield(L, idx, field);
-  if (lua_isnil(L, -1)) {
-    lua_pop(L, 1);
-    return PROC_DEFAULT_CAP;
-  }
-  v = lua_tointegerx(L, -1, &isnum);
-  if (!isnum || v < 0 || v > PROC_MAX_CAP) luaL_error(L, "core.spawn: %s out of range", field);
-  lua_pop(L, 1);
-  return (size_t)v;
-}
-
 /* core.spawn{file=, args=, env=, stdin=, max_stdout=, max_stderr=,
  *            kill_on_overflow=, on_exit=} -> process */
 static int l_spawn(lua_State *L) {
@@ -330,7 +306,7 @@ static int l_spawn(lua_State *L) {
   size_t max_out, max_err;
   int kill_over, fn_idx, exit_ref;
   proc_t *p;
-  proc_box_t *box;
+  sbx__box_t *box;
   uv_process_options_t o;
   uv_stdio_container_t stdio[3];
   int rc;
@@ -345,19 +321,15 @@ static int l_spawn(lua_State *L) {
   lua_getfield(L, 1, "stdin");
   in = lua_isnil(L, -1) ? NULL : luaL_checklstring(L, -1, &in_len);
   luaL_argcheck(L, in_len <= PROC_MAX_STDIN, 1, "stdin too large");
-  max_out = opt_cap(L, 1, "max_stdout");
-  max_err = opt_cap(L, 1, "max_stderr");
-  lua_getfield(L, 1, "kill_on_overflow");
-  kill_over = lua_toboolean(L, -1);
-  lua_pop(L, 1);
+  max_out = (size_t)sbx__opt_integer_field(L, 1, "spawn", "max_stdout", PROC_DEFAULT_CAP, 0, PROC_MAX_CAP);
+  max_err = (size_t)sbx__opt_integer_field(L, 1, "spawn", "max_stderr", PROC_DEFAULT_CAP, 0, PROC_MAX_CAP);
+  kill_over = sbx__opt_boolean_field(L, 1, "spawn", "kill_on_overflow", 0);
   lua_getfield(L, 1, "on_exit");
   luaL_checktype(L, -1, LUA_TFUNCTION);
   fn_idx = lua_gettop(L);
 
   /* Lua allocations that may raise come before any C memory is owned. */
-  box = lua_newuserdatauv(L, sizeof *box, 0);
-  box->p = NULL;
-  luaL_setmetatable(L, PROC_MT);
+  box = sbx__box_new(L, PROC_MT);
   exit_ref = sbx__ref(L, fn_idx);
 
   p = calloc(1, sizeof *p);
@@ -380,8 +352,7 @@ static int l_spawn(lua_State *L) {
   p->cap[1].max = max_err;
   p->kill_on_overflow = kill_over;
   p->exit_ref = exit_ref;
-  p->box = box;
-  box->p = p;
+  sbx__box_bind(box, p, &p->box);
 
   mark_all_cloexec();
   uv_pipe_init(&lp->uv, &p->in, 0);
@@ -455,89 +426,13 @@ static int proc_pid(lua_State *L) {
   return 1;
 }
 
-/* A collected userdata leaves the child running; on_exit still fires. */
-static int proc_gc(lua_State *L) {
-  proc_box_t *b = luaL_checkudata(L, 1, PROC_MT);
-  if (b->p != NULL) b->p->box = NULL;
-  b->p = NULL;
-  return 0;
-}
-
-/* ---- file system ------------------------------------------------------- */
-
-typedef struct { int fd; } lock_t;
-
-/* core.lock_dir(path) -> lock | nil, message, code ("busy" when another
- * process holds it). Opens the directory read-only, close-on-exec, and
- * takes an exclusive non-blocking flock on it (spec/runtime.md 6.1). */
-static int l_lock_dir(lua_State *L) {
-  size_t len;
-  const char *path = luaL_checklstring(L, 1, &len);
-  lock_t *lk = lua_newuserdatauv(L, sizeof *lk, 0);
-  int fd;
-  lk->fd = -1;
-  luaL_setmetatable(L, LOCK_MT);
-  if (strlen(path) != len) {
-    lua_pushnil(L);
-    lua_pushliteral(L, "path contains NUL");
-    lua_pushliteral(L, "EINVAL");
-    return 3;
-  }
-  fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) {
-    int e = errno;
-    lua_pushnil(L);
-    lua_pushstring(L, strerror(e));
-    lua_pushstring(L, uv_err_name(-e));
-    return 3;
-  }
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    int e = errno;
-    close(fd);
-    lua_pushnil(L);
-    lua_pushstring(L, e == EWOULDBLOCK ? "held by another process" : strerror(e));
-    lua_pushstring(L, e == EWOULDBLOCK ? "busy" : uv_err_name(-e));
-    return 3;
-  }
-  lk->fd = fd;
-  return 1;
-}
-
-/* lock:release(); idempotent. */
-static int lock_release(lua_State *L) {
-  lock_t *lk = luaL_checkudata(L, 1, LOCK_MT);
-  if (lk->fd >= 0) {
-    close(lk->fd);   /* closing the only descriptor drops the flock */
-    lk->fd = -1;
-  }
-  return 0;
-}
-
-static int lock_held(lua_State *L) {
-  lock_t *lk = luaL_checkudata(L, 1, LOCK_MT);
-  lua_pushboolean(L, lk->fd >= 0);
-  return 1;
-}
-
 void sbx__open_process(lua_State *L) {
   static const luaL_Reg proc_methods[] = {
     {"kill", proc_kill}, {"pid", proc_pid}, {NULL, NULL}};
-  static const luaL_Reg lock_methods[] = {
-    {"release", lock_release}, {"held", lock_held}, {NULL, NULL}};
-  static const luaL_Reg fns[] = {
-    {"spawn", l_spawn}, {"lock_dir", l_lock_dir}, {NULL, NULL}};
-  sbx__class(L, PROC_MT, proc_methods, proc_gc);
-  if (luaL_newmetatable(L, LOCK_MT)) {
-    luaL_newlib(L, lock_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, lock_release);
-    lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, lock_release);
-    lua_setfield(L, -2, "__close");
-  }
-  lua_pop(L, 1);
+  static const luaL_Reg fns[] = {{"spawn", l_spawn}, {NULL, NULL}};
+  /* A collected userdata leaves the child running; on_exit still fires. */
+  sbx__class(L, PROC_MT, proc_methods, sbx__box_gc);
   luaL_setfuncs(L, fns, 0);
-  sbx__open_unix_stream(L);
   lua_pushinteger(L, SIGKILL);
   lua_setfield(L, -2, "SIGKILL");
 }

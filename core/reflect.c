@@ -35,7 +35,9 @@
 #include <emmintrin.h>
 #endif
 
-#include "sbx_internal.h"
+#include "aux.h"
+#include "json.h"
+#include "parts.h"
 
 #define REFLECT_MT "sbx.reflect"
 #define REFLECT_NEEDLES 6
@@ -399,46 +401,41 @@ int sbx_reflect_hit(const sbx_reflect_t *f, const char *buf, size_t len) {
 /* Lua binding                                                         */
 /* ------------------------------------------------------------------ */
 
-typedef struct {
-  sbx_reflect_t *f;
-} reflect_box_t;
+/* A filter's Lua object is a box (aux.h) that owns it. */
 
 /* The filter of the core.reflect_filter userdata at idx (raises otherwise).
  * json.c uses it for core.json_decode(s, filter). */
-
 const struct sbx_reflect *sbx__reflect_check(lua_State *L, int idx) {
-  reflect_box_t *b = luaL_checkudata(L, idx, REFLECT_MT);
-  luaL_argcheck(L, b->f != NULL, idx, "reflection filter is closed");
-  return b->f;
+  const sbx_reflect_t *f = sbx__box_check(L, idx, REFLECT_MT);
+  luaL_argcheck(L, f != NULL, idx, "reflection filter is closed");
+  return f;
 }
 
 /* core.reflect_filter(key) -> filter | nil, err */
 static int l_reflect_filter(lua_State *L) {
   size_t len;
   const char *key = luaL_checklstring(L, 1, &len);
-  reflect_box_t *b;
+  sbx__box_t *b;
+  sbx_reflect_t *f = NULL;
   int rc;
   if (len == 0 || len > SBX_MAX_CREDENTIAL_BYTES) {
     lua_pushnil(L);
     lua_pushliteral(L, "invalid key length");
     return 2;
   }
-  b = lua_newuserdatauv(L, sizeof *b, 0);
-  b->f = NULL;
-  luaL_setmetatable(L, REFLECT_MT);
-  rc = sbx_reflect_new(key, len, &b->f);
+  b = sbx__box_new(L, REFLECT_MT);
+  rc = sbx_reflect_new(key, len, &f);
   if (rc != 0) {
     lua_pushnil(L);
     lua_pushstring(L, sbx_strerror(rc));
     return 2;
   }
+  sbx__box_bind(b, f, NULL);
   return 1;
 }
 
 static int l_reflect_gc(lua_State *L) {
-  reflect_box_t *b = luaL_checkudata(L, 1, REFLECT_MT);
-  sbx_reflect_free(b->f);
-  b->f = NULL;
+  sbx_reflect_free(sbx__box_detach(luaL_checkudata(L, 1, REFLECT_MT)));
   return 0;
 }
 

@@ -27,9 +27,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sbx_internal.h"
+#include "aux.h"
+#include "parts.h"
 #include "sbx_scrub.h"
-#include "sbx_utf8.h"
+#include "utf8_put.h"
 
 #define MASK "[redacted]"
 #define MASK_LEN (sizeof MASK - 1)
@@ -599,9 +600,7 @@ static int lua_limit(lua_State *L, int idx, double *max) {
 }
 
 static int l_box_gc(lua_State *L) {
-  char **box = luaL_checkudata(L, 1, BOX_MT);
-  free(*box);
-  *box = NULL;
+  free(sbx__box_detach(luaL_checkudata(L, 1, BOX_MT)));
   return 0;
 }
 
@@ -612,7 +611,8 @@ static int l_scrub_diagnostic(lua_State *L) {
   double max;
   const char *text;
   size_t len, out_len;
-  char **box;
+  sbx__box_t *box;
+  char *out = NULL;
   int rc;
   lua_settop(L, 2);
   if (!lua_limit(L, 2, &max)) {
@@ -622,14 +622,12 @@ static int l_scrub_diagnostic(lua_State *L) {
   text = lua_type(L, 1) == LUA_TSTRING ? lua_tolstring(L, 1, &len) : luaL_tolstring(L, 1, &len);
   /* The result lives in a box until it is a Lua string, so an error while
    * pushing it cannot leak it. */
-  box = lua_newuserdatauv(L, sizeof *box, 0);
-  *box = NULL;
-  luaL_setmetatable(L, BOX_MT);
-  rc = sbx_scrub_diagnostic(text, len, max, box, &out_len);
+  box = sbx__box_new(L, BOX_MT);
+  rc = sbx_scrub_diagnostic(text, len, max, &out, &out_len);
+  sbx__box_bind(box, out, NULL);
   if (rc != 0) return luaL_error(L, "scrub_diagnostic: %s", sbx_scrub_strerror(rc));
-  lua_pushlstring(L, *box, out_len);
-  free(*box);
-  *box = NULL;
+  lua_pushlstring(L, out, out_len);
+  free(sbx__box_detach(box));
   return 1;
 }
 
@@ -656,10 +654,7 @@ void sbx__open_scrub(lua_State *L) {
     {"scrub_trim", l_scrub_trim},
     {"scrub_valid_limit", l_scrub_valid_limit},
     {NULL, NULL}};
-  if (luaL_newmetatable(L, BOX_MT)) {
-    lua_pushcfunction(L, l_box_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
+  static const luaL_Reg no_methods[] = {{NULL, NULL}};
+  sbx__class(L, BOX_MT, no_methods, l_box_gc);
   luaL_setfuncs(L, fns, 0);
 }

@@ -6,7 +6,7 @@
  * stdin may only be written after the daemon's 101 answer has been read
  * (bytes sent earlier are dropped by the daemon).
  *
- *   core.unix_stream(path, on_event) -> stream | nil, err
+ *   core.unix_stream(path, on_event) -> stream | nil, "ENAME: message", "ENAME"
  *     on_event("data", bytes)   per chunk read (at most 64 KiB each)
  *     on_event("end", err)      once: err nil at EOF, "connect" or "io"
  *   stream:write(bytes)         queued until connected; false once ended
@@ -19,31 +19,30 @@
  * callback is held in the registry until "end" or close). Lua enforces any
  * size cap (it sees every chunk and closes the stream). Nothing here logs.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/un.h>
 
-#include "sbx_internal.h"
+#include "loop.h"
+#include "parts.h"
 
 #define STREAM_MT "sbx.unix_stream"
 #define STREAM_READ_CHUNK 65536
 #define STREAM_MAX_WRITE (64 * 1024 * 1024)
 
-typedef struct stream stream_t;
-typedef struct { stream_t *s; } stream_box_t;
-
-struct stream {
+typedef struct stream {
   uv_pipe_t pipe;
   uv_connect_t creq;
   uv_shutdown_t sreq;
-  stream_box_t *box;
+  sbx__box_t *box;
   int cb_ref;
   int done;             /* "end" delivered or closed: no more events */
   int connected;
   int shut, shut_pending;
   char *early;          /* writes queued before the connect completed */
   size_t early_len;
-};
+} stream_t;
 
 typedef struct {
   uv_write_t w;
@@ -52,7 +51,7 @@ typedef struct {
 
 static void stream_closed(uv_handle_t *h) {
   stream_t *s = h->data;
-  if (s->box != NULL) s->box->s = NULL;
+  sbx__box_unbind(s->box);
   free(s->early);
   free(s);
 }
@@ -160,8 +159,7 @@ static void on_connect(uv_connect_t *c, int status) {
 }
 
 static stream_t *check_stream(lua_State *L) {
-  stream_box_t *b = luaL_checkudata(L, 1, STREAM_MT);
-  return b->s;
+  return sbx__box_check(L, 1, STREAM_MT);
 }
 
 /* core.unix_stream(path, on_event) -> stream | nil, err */
@@ -170,29 +168,21 @@ static int l_unix_stream(lua_State *L) {
   size_t len;
   const char *path = luaL_checklstring(L, 1, &len);
   sbx__loop_t *lp = sbx__loop(L);
-  stream_box_t *box;
+  sbx__box_t *box;
   stream_t *s;
   int ref;
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  if (len == 0 || len >= sizeof sun.sun_path || strlen(path) != len) {
-    lua_pushnil(L);
-    lua_pushliteral(L, "invalid socket path");
-    return 2;
-  }
-  box = lua_newuserdatauv(L, sizeof *box, 0);
-  box->s = NULL;
-  luaL_setmetatable(L, STREAM_MT);
+  if (len == 0 || len >= sizeof sun.sun_path || strlen(path) != len)
+    return sbx__push_error(L, len >= sizeof sun.sun_path ? ENAMETOOLONG : EINVAL, "invalid socket path");
+  box = sbx__box_new(L, STREAM_MT);
   ref = sbx__ref(L, 2);
   s = calloc(1, sizeof *s);   /* nothing below raises */
   if (s == NULL) {
     luaL_unref(L, LUA_REGISTRYINDEX, ref);
-    lua_pushnil(L);
-    lua_pushliteral(L, "out of memory");
-    return 2;
+    return sbx__push_error(L, ENOMEM, NULL);
   }
   s->cb_ref = ref;
-  s->box = box;
-  box->s = s;
+  sbx__box_bind(box, s, &s->box);
   uv_pipe_init(&lp->uv, &s->pipe, 0);
   s->pipe.data = s;
   s->creq.data = s;
@@ -238,17 +228,10 @@ static int l_close(lua_State *L) {
   return 0;
 }
 
-static int l_gc(lua_State *L) {
-  stream_box_t *b = luaL_checkudata(L, 1, STREAM_MT);
-  if (b->s != NULL) b->s->box = NULL;   /* the stream goes on */
-  b->s = NULL;
-  return 0;
-}
-
 void sbx__open_unix_stream(lua_State *L) {
   static const luaL_Reg methods[] = {
     {"write", l_write}, {"shutdown", l_shutdown}, {"close", l_close}, {NULL, NULL}};
-  sbx__class(L, STREAM_MT, methods, l_gc);
+  sbx__class(L, STREAM_MT, methods, sbx__box_gc);   /* a dropped stream goes on */
   lua_pushcfunction(L, l_unix_stream);
   lua_setfield(L, -2, "unix_stream");
 }

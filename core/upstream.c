@@ -23,10 +23,11 @@
  *
  * Policy: the headers sent are the caller's lines plus Host and
  * Content-Length, nothing else (no User-Agent, Accept, Accept-Encoding,
- * Expect or the form Content-Type libcurl would add). No redirects, no
- * proxy (environment ignored), no netrc, no cookies, no connection reuse
- * (one request, one connection: a POST is never silently retried on a stale
- * connection), HTTP/1.1, TLS verified. The final status line decides: a
+ * Expect or the form Content-Type libcurl would add). The transfer policy is
+ * safe fetch's too (sbx__curl_harden, curl_loop.c): no redirects, no proxy
+ * (environment ignored), no netrc, no cookies, no connection reuse (one
+ * request, one connection: a POST is never silently retried on a stale
+ * connection), no DNS cache, HTTP/1.1 and never HTTP/0.9, TLS 1.2+ verified. The final status line decides: a
  * non-2xx stops the transfer before any body byte is read, 1xx interim
  * responses are skipped. A Content-Encoding other than identity stops it
  * too. The body is read up to max_body bytes; one more stops it.
@@ -41,12 +42,15 @@
 #include <curl/curl.h>
 
 #include "curl_loop.h"
-#include "sbx_internal.h"
+#include "http_head.h"
+#include "loop.h"
+#include "parts.h"
 
 #define MULTI_KEY "sbx.upstream.multi"      /* registry field: the box */
 #define MULTI_MT "sbx.upstream.multi_mt"    /* its metatable (a different name:
                                                luaL_newmetatable owns its key) */
 #define REQ_MT "sbx.upstream.request"
+#define WHO "http_post"
 
 /* Bounds on what a caller may hand us (the caller is host Lua). */
 #define UP_MAX_URL           8192
@@ -71,13 +75,11 @@ struct up_multi {
   up_req_t *reqs;        /* in-flight requests */
 };
 
-typedef struct { up_multi_t *m; } up_multi_box_t;
-typedef struct { up_req_t *r; } up_req_box_t;
 
 struct up_req {
   up_req_t *prev, *next;
   up_multi_t *m;
-  up_req_box_t *box;     /* Lua side, or NULL once collected */
+  sbx__box_t *box;       /* Lua side, or NULL once collected */
   CURL *easy;
   struct curl_slist *headers, *connect_to;
   char *body;            /* our copy of the request body (POSTFIELDS) */
@@ -129,7 +131,7 @@ static void req_destroy(lua_State *L, up_req_t *r, char **keep_buf) {
   free(r->body);
   if (keep_buf != NULL) *keep_buf = r->buf; else free(r->buf);
   if (L != NULL) sbx__unref(L, &r->done_ref);
-  if (r->box != NULL) r->box->r = NULL;
+  sbx__box_unbind(r->box);
   free(r);
 }
 
@@ -291,10 +293,8 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
 /* Tears the multi down without calling Lua: in-flight requests are dropped
  * (their on_done never runs: the state is going away). */
 static int multi_gc(lua_State *L) {
-  up_multi_box_t *b = luaL_checkudata(L, 1, MULTI_MT);
-  up_multi_t *m = b->m;
+  up_multi_t *m = sbx__box_detach(luaL_checkudata(L, 1, MULTI_MT));
   if (m == NULL) return 0;
-  b->m = NULL;
   while (m->reqs != NULL) req_destroy(L, m->reqs, NULL);
   sbx__curl_loop_close(m->cl);       /* freed in its close callbacks */
   free(m);
@@ -302,31 +302,30 @@ static int multi_gc(lua_State *L) {
 }
 
 static up_multi_t *get_multi(lua_State *L) {
-  up_multi_box_t *b;
+  sbx__box_t *b;
   up_multi_t *m;
   sbx__loop_t *lp;
   if (lua_getfield(L, LUA_REGISTRYINDEX, MULTI_KEY) == LUA_TUSERDATA) {
     b = lua_touserdata(L, -1);
     lua_pop(L, 1);
-    return b->m;
+    return b->obj;
   }
   lua_pop(L, 1);
   if (sbx__curl_global() != 0) return NULL;
   lp = sbx__loop(L);
   /* The box first: a Lua allocation may raise, and nothing is owned yet. */
-  b = lua_newuserdatauv(L, sizeof *b, 0);
-  b->m = NULL;
   if (luaL_newmetatable(L, MULTI_MT)) {
     lua_pushcfunction(L, multi_gc);
     lua_setfield(L, -2, "__gc");
   }
-  lua_setmetatable(L, -2);
+  lua_pop(L, 1);
+  b = sbx__box_new(L, MULTI_MT);
   m = calloc(1, sizeof *m);
   if (m == NULL) { lua_pop(L, 1); return NULL; }
   m->lp = lp;
   m->cl = sbx__curl_loop_new(&lp->uv, up_curl_done);
   if (m->cl == NULL) { free(m); lua_pop(L, 1); return NULL; }
-  b->m = m;
+  sbx__box_bind(b, m, NULL);        /* the box owns the multi */
   /* May raise (the registry grows); m is owned by b by then, whose __gc
    * frees it. */
   lua_setfield(L, LUA_REGISTRYINDEX, MULTI_KEY);
@@ -334,29 +333,6 @@ static up_multi_t *get_multi(lua_State *L) {
 }
 
 /* ---- argument checks (programming errors raise) ----------------------- */
-
-/* A string field, at most max bytes (NUL bytes refused unless allow_nul);
- * NULL when absent. The string stays alive in the opts table. */
-static const char *opt_string(lua_State *L, const char *field, size_t max, size_t *len,
-                              int allow_nul) {
-  const char *s;
-  size_t n;
-  int t = lua_getfield(L, 1, field);
-  if (t == LUA_TNIL) { lua_pop(L, 1); return NULL; }
-  if (t != LUA_TSTRING) luaL_error(L, "http_post: opts.%s must be a string", field);
-  s = lua_tolstring(L, -1, &n);
-  lua_pop(L, 1);
-  if (n > max) luaL_error(L, "http_post: opts.%s is too long", field);
-  if (!allow_nul && memchr(s, '\0', n) != NULL)
-    luaL_error(L, "http_post: opts.%s holds a NUL byte", field);
-  if (len != NULL) *len = n;
-  return s;
-}
-
-static int is_tchar(unsigned char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
-}
 
 /* "Name: value": token name, non-empty value of HTAB/SP/VCHAR/obs-text.
  * Framing headers are the client's own and refused. Returns the name
@@ -366,7 +342,7 @@ static size_t check_header_line(lua_State *L, const char *s, size_t n) {
     "host", "content-length", "transfer-encoding", "expect", "connection", NULL};
   size_t i = 0, k;
   int has_value = 0;
-  while (i < n && is_tchar((unsigned char)s[i])) i++;
+  while (i < n && sbx__http_is_tchar((unsigned char)s[i])) i++;
   if (i == 0 || i >= n || s[i] != ':')
     luaL_error(L, "http_post: header lines must be 'Name: value'");
   for (k = 0; framing[k] != NULL; k++)
@@ -380,24 +356,6 @@ static size_t check_header_line(lua_State *L, const char *s, size_t n) {
   }
   if (!has_value) luaL_error(L, "http_post: header lines must be 'Name: value'");
   return i;
-}
-
-static lua_Integer opt_integer(lua_State *L, const char *field, lua_Integer dflt,
-                               lua_Integer lo, lua_Integer hi, int required) {
-  lua_Integer v;
-  int isnum = 0;
-  int t = lua_getfield(L, 1, field);
-  if (t == LUA_TNIL) {
-    lua_pop(L, 1);
-    if (required) luaL_error(L, "http_post: opts.%s is required", field);
-    return dflt;
-  }
-  if (t == LUA_TNUMBER) v = lua_tointegerx(L, -1, &isnum);
-  else v = 0;
-  lua_pop(L, 1);
-  if (!isnum || v < lo || v > hi)
-    luaL_error(L, "http_post: opts.%s must be an integer in %I..%I", field, lo, hi);
-  return v;
 }
 
 /* Checks opts.headers and opts.connect_to; raises on anything malformed.
@@ -479,30 +437,14 @@ static int build_lists(lua_State *L, up_req_t *r) {
 
 #define SET(opt, val) (bad |= curl_easy_setopt(r->easy, opt, val) != CURLE_OK)
 
-/* All easy options; returns 0, or -1 when curl refused one (every option
- * here is policy, so none may be skipped). */
+/* The shared policy (curl_loop.c, sbx__curl_harden: https only unless
+ * allow_http) and this transfer's own options; returns 0, or -1 when curl
+ * refused one (every option here is policy, so none may be skipped). */
 static int setup_easy(up_req_t *r, const char *url, size_t body_len, long timeout_ms,
                       int allow_http, const char *cainfo) {
-  int bad = 0;
-  const char *protos = allow_http ? "http,https" : "https";
+  int bad = sbx__curl_harden(r->easy, allow_http ? "http,https" : "https", cainfo) != 0;
   SET(CURLOPT_PRIVATE, (char *)r);
   SET(CURLOPT_URL, url);
-  SET(CURLOPT_PATH_AS_IS, 1L);
-  SET(CURLOPT_DISALLOW_USERNAME_IN_URL, 1L);
-  SET(CURLOPT_PROTOCOLS_STR, protos);
-  SET(CURLOPT_REDIR_PROTOCOLS_STR, protos);
-  SET(CURLOPT_FOLLOWLOCATION, 0L);
-  SET(CURLOPT_MAXREDIRS, 0L);
-  SET(CURLOPT_PROXY, "");
-  SET(CURLOPT_NOPROXY, "*");
-  SET(CURLOPT_NETRC, (long)CURL_NETRC_IGNORED);
-  SET(CURLOPT_SSL_VERIFYPEER, 1L);
-  SET(CURLOPT_SSL_VERIFYHOST, 2L);
-  SET(CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
-  SET(CURLOPT_HTTP_CONTENT_DECODING, 0L);
-  SET(CURLOPT_FRESH_CONNECT, 1L);
-  SET(CURLOPT_FORBID_REUSE, 1L);
-  SET(CURLOPT_NOSIGNAL, 1L);
   SET(CURLOPT_TIMEOUT_MS, timeout_ms);
   SET(CURLOPT_POST, 1L);
   SET(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
@@ -512,7 +454,6 @@ static int setup_easy(up_req_t *r, const char *url, size_t body_len, long timeou
   SET(CURLOPT_HEADERDATA, r);
   SET(CURLOPT_WRITEFUNCTION, on_body);
   SET(CURLOPT_WRITEDATA, r);
-  if (cainfo != NULL) SET(CURLOPT_CAINFO, cainfo);
   if (r->connect_to != NULL) SET(CURLOPT_CONNECT_TO, r->connect_to);
   return bad ? -1 : 0;
 }
@@ -544,20 +485,16 @@ static int l_http_post(lua_State *L) {
   int allow_http, ref;
   up_multi_t *m;
   up_req_t *r;
-  up_req_box_t *b;
+  sbx__box_t *b;
 
   luaL_checktype(L, 1, LUA_TTABLE);
-  url = opt_string(L, "url", UP_MAX_URL, &url_len, 0);
+  url = sbx__opt_string_field(L, 1, WHO, "url", UP_MAX_URL, &url_len, 0);
   if (url == NULL || url_len == 0) luaL_error(L, "http_post: opts.url is required");
-  body = opt_string(L, "body", UP_MAX_REQUEST_BODY, &body_len, 1);
-  cainfo = opt_string(L, "cainfo", UP_MAX_SEAM_STRING, NULL, 0);
-  timeout_ms = opt_integer(L, "timeout_ms", 0, 1, UP_MAX_TIMEOUT_MS, 1);
-  max_body = opt_integer(L, "max_body", SBX_MAX_UPSTREAM_BYTES, 0, UP_MAX_BODY_LIMIT, 0);
-  lua_getfield(L, 1, "allow_http");
-  if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
-    luaL_error(L, "http_post: opts.allow_http must be a boolean");
-  allow_http = lua_toboolean(L, -1);
-  lua_pop(L, 1);
+  body = sbx__opt_string_field(L, 1, WHO, "body", UP_MAX_REQUEST_BODY, &body_len, 1);
+  cainfo = sbx__opt_string_field(L, 1, WHO, "cainfo", UP_MAX_SEAM_STRING, NULL, 0);
+  timeout_ms = sbx__check_integer_field(L, 1, WHO, "timeout_ms", 1, UP_MAX_TIMEOUT_MS);
+  max_body = sbx__opt_integer_field(L, 1, WHO, "max_body", SBX_MAX_UPSTREAM_BYTES, 0, UP_MAX_BODY_LIMIT);
+  allow_http = sbx__opt_boolean_field(L, 1, WHO, "allow_http", 0);
   if (lua_getfield(L, 1, "on_done") != LUA_TFUNCTION)
     luaL_error(L, "http_post: opts.on_done must be a function");
   lua_pop(L, 1);
@@ -566,9 +503,7 @@ static int l_http_post(lua_State *L) {
   m = get_multi(L);
   if (m == NULL || m->cl == NULL) return fail(L, NULL, "upstream client unavailable");
   /* Lua allocations (which may raise) before any C allocation. */
-  b = lua_newuserdatauv(L, sizeof *b, 0);
-  b->r = NULL;
-  luaL_setmetatable(L, REQ_MT);
+  b = sbx__box_new(L, REQ_MT);
   lua_getfield(L, 1, "on_done");
   ref = luaL_ref(L, LUA_REGISTRYINDEX);
   r = calloc(1, sizeof *r);
@@ -590,32 +525,23 @@ static int l_http_post(lua_State *L) {
   if (sbx__curl_loop_add(m->cl, r->easy) != 0)
     return fail(L, r, "upstream client setup failed");
   req_link(m, r);
-  r->box = b;
-  b->r = r;
+  sbx__box_bind(b, r, &r->box);
   return 1;
 }
 
 /* request:cancel(): aborts the transfer; on_done will not run. Idempotent,
  * safe from any callback (curl is never on the stack when Lua runs). */
 static int req_cancel(lua_State *L) {
-  up_req_box_t *b = luaL_checkudata(L, 1, REQ_MT);
-  if (b->r != NULL) req_destroy(L, b->r, NULL);
-  b->r = NULL;
-  return 0;
-}
-
-/* A collected request object lets the transfer run on (on_done is held in
- * the registry); it only forgets the link. */
-static int req_gc(lua_State *L) {
-  up_req_box_t *b = luaL_checkudata(L, 1, REQ_MT);
-  if (b->r != NULL) b->r->box = NULL;
-  b->r = NULL;
+  up_req_t *r = sbx__box_detach(luaL_checkudata(L, 1, REQ_MT));
+  if (r != NULL) req_destroy(L, r, NULL);
   return 0;
 }
 
 void sbx__open_upstream(lua_State *L) {
   static const luaL_Reg methods[] = {{"cancel", req_cancel}, {NULL, NULL}};
-  sbx__class(L, REQ_MT, methods, req_gc);
+  /* A collected request object lets the transfer run on (on_done is held
+   * in the registry); it only forgets the link. */
+  sbx__class(L, REQ_MT, methods, sbx__box_gc);
   lua_pushcfunction(L, l_http_post);
   lua_setfield(L, -2, "http_post");
 }

@@ -18,9 +18,8 @@
 #include <lualib.h>
 #include <lauxlib.h>
 
-/* Relative paths: core/limits.h would shadow <limits.h> under -Icore. */
-#include "../core/sbx.h"
-#include "../core/sbx_internal.h"
+#include "json.h"
+#include "sbx.h"
 
 /* Two keys: "key" has a 3-byte needle (the SSE2 scan), "model" needles of
  * 5+ bytes (the skipping scan). The input's size picks one. */

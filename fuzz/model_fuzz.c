@@ -21,9 +21,8 @@
 
 #include <lauxlib.h>
 #include <lua.h>
-#include <lualib.h>
 
-#include "sbx_internal.h"
+#include "state.h"
 
 static const char *const CHECK =
   "local json = require 'sandbox.json'\n"
@@ -57,15 +56,7 @@ static int check_ref;
 static void setup(void) {
   L = luaL_newstate();
   if (L == NULL) abort();
-  luaL_openlibs(L);
-  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
-  lua_pushcfunction(L, luaopen_sandbox_core);
-  lua_setfield(L, -2, "sandbox.core");
-  lua_pop(L, 1);
-  lua_getglobal(L, "package");
-  lua_pushstring(L, "lua/?.lua;lua/?/init.lua");
-  lua_setfield(L, -2, "path");
-  lua_pop(L, 1);
+  sbx__state_open(L, "lua");                      /* the host state, GC mode included */
   if (luaL_loadstring(L, CHECK) != LUA_OK || lua_pcall(L, 0, 1, 0) != LUA_OK) {
     fprintf(stderr, "model_fuzz: setup failed (run from the repository root): %s\n", lua_tostring(L, -1));
     abort();

@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "http_head.h"
-#include "sbx_limits.h"
+#include "bounds.h"
 
 static const sbx__route_t routes[] = {
   {"/model", 6}, {"/tools/clock", 12}, {"/tools/bash", 11}, {"/mcp/public", 11}};

@@ -8,10 +8,10 @@
 #   busted       spec/**/*_spec.lua except spec/docker/, against build/
 #   busted-asan  the same specs against the ASan/UBSan build (build-asan/),
 #                minus the tag `slow`
-#   ffi          tests/ffi/ffi_test.c (embedding ABI) against build/; one test per case
+#   ffi          spec/c/ffi/ffi_test.c (embedding ABI) against build/; one test per case
 #   ffi-shim     the same through build/libsbx_ffi.so (the RTLD_DEEPBIND loader Bun uses)
 #   ffi-asan     the same against build-asan/ (ASan/UBSan, leaks checked)
-#   fetch        tests/fetch/fetch_test.c (safe fetch's C API, core/sbx_fetch.h) against build/
+#   fetch        spec/c/fetch/fetch_test.c (safe fetch's C API, core/sbx_fetch.h) against build/
 #   fetch-asan   the same against build-asan/ (ASan/UBSan, leaks checked)
 #   fuzz         every fuzz/*_fuzz.c for FUZZ_SECONDS (default 10); one test each
 #   docker       (hook) spec/docker/*_spec.lua, real Docker; runs when present
@@ -19,8 +19,8 @@
 #   rich-worker  spec/rich_worker/ on bun (the rich worker, worker/pi/)
 #   rich-docker  spec/docker/*.test.mjs on bun against `make image-pi`, real Docker
 #
-# Counting: busted runs with an output handler written by this script (below)
-# that records passed / failed / skipped in a file of its own, apart from the
+# Counting: busted runs with the output handler spec/support/count_handler.lua,
+# which records passed / failed / skipped in a file of its own, apart from the
 # tests' stdout; errors outside an `it` (a spec file that does not load, a
 # failing before_each) count as failed, `pending` as skipped. A busted process
 # that dies before its end (a sanitizer abort, a timeout) keeps what it had
@@ -112,10 +112,10 @@ make_copy() {
 
 # ---- build ---------------------------------------------------------------------
 build_ok=1
-say check "building (make all)"
-if ! make --no-print-directory -j"$(nproc)" all >"$LOGS/build.log" 2>&1; then
+say check "building (make all c-tests)"
+if ! make --no-print-directory -j"$(nproc)" all c-tests >"$LOGS/build.log" 2>&1; then
   build_ok=0
-  say check "make all FAILED"
+  say check "make all c-tests FAILED"
   show_tail "$LOGS/build.log" 40
 fi
 asan_build_ok=1
@@ -142,104 +142,6 @@ if [ "$runner_ok" -eq 1 ] && is_root; then
   fi
 fi
 
-# ---- the busted output handler that counts -------------------------------------
-HANDLER="$SPEC_TMP/sbx_count_handler.lua"
-cat >"$HANDLER" <<'LUA'
--- Written by scripts/check.sh. Prints one line per test to stdout (the log)
--- and keeps "passed failed skipped state" in the file given by -Xoutput,
--- rewritten after every test, so a run that dies midway still tells how far
--- it got. Errors outside an `it` (load errors, hooks) count as failed.
-return function(options)
-  local busted = require 'busted'
-  local handler = require 'busted.outputHandlers.base'()
-  local counts_file = options.arguments and options.arguments[1]
-  local passed, failed, skipped = 0, 0, 0
-  local failures = {}
-
-  local function save(state)
-    if not counts_file then return end
-    local f = io.open(counts_file, 'w')
-    if f then f:write(string.format('%d %d %d %s\n', passed, failed, skipped, state)); f:close() end
-  end
-  local function out(s) io.stdout:write(s, '\n'); io.stdout:flush() end
-  local function where(element)
-    local t = element and element.trace
-    if t and t.short_src then return t.short_src .. ':' .. tostring(t.currentline) end
-    return '?'
-  end
-  local function text(message)
-    if message == nil then return 'nil error' end
-    if type(message) ~= 'string' then
-      local ok, pretty = pcall(require, 'pl.pretty')
-      return ok and pretty.write(message) or tostring(message)
-    end
-    return message
-  end
-  local function add_failure(kind, name, element, message)
-    failed = failed + 1
-    failures[#failures + 1] = string.format('%s %s (%s)\n    %s', kind, name, where(element),
-      (text(message):gsub('\n', '\n    ')))
-    out(string.format('%s %s (%s)', kind, name, where(element)))
-  end
-
-  handler.testStart = function(element)
-    out('.... ' .. handler.getFullName(element))
-    return nil, true
-  end
-
-  handler.testEnd = function(element, parent, status)
-    local name = handler.getFullName(element)
-    if status == 'success' then
-      passed = passed + 1
-      out('ok   ' .. name)
-    elseif status == 'pending' then
-      skipped = skipped + 1
-      local p = handler.pendings[#handler.pendings]
-      local msg = p and p.message
-      out('SKIP ' .. name .. ((msg and msg ~= '') and (': ' .. text(msg)) or ''))
-    elseif status == 'failure' then
-      local f = handler.failures[#handler.failures]
-      add_failure('FAIL', name, element, f and f.message)
-    else
-      local e = handler.errors[#handler.errors]
-      add_failure('ERR ', name, element, e and e.message)
-    end
-    save('running')
-    return nil, true
-  end
-
-  -- Failures and errors not inside an `it`: a file that does not load, a
-  -- describe that raises, a failing setup/before_each/after_each.
-  local function outside_it(element, parent, message)
-    if element.descriptor ~= 'it' then
-      add_failure('ERR ', (element.descriptor or '?') .. ' ' .. handler.getFullName(element), element, message)
-      save('running')
-    end
-    return nil, true
-  end
-
-  handler.suiteEnd = function()
-    if #failures > 0 then
-      out('')
-      out('Failures and errors (' .. #failures .. '):')
-      for i = 1, #failures do out(string.format('%d) %s', i, failures[i])) end
-    end
-    out(string.format('busted: %d passed, %d failed, %d skipped', passed, failed, skipped))
-    save('done')
-    return nil, true
-  end
-
-  save('running')
-  busted.subscribe({ 'test', 'start' }, handler.testStart)
-  busted.subscribe({ 'test', 'end' }, handler.testEnd)
-  busted.subscribe({ 'error' }, outside_it)
-  busted.subscribe({ 'failure' }, outside_it)
-  busted.subscribe({ 'suite', 'end' }, handler.suiteEnd)
-  return handler
-end
-LUA
-chmod 0644 "$HANDLER"
-is_root && [ "$runner_ok" -eq 1 ] && chown "$SBX_USER:" "$HANDLER"
 
 # run_busted SUITE LOG [busted args...]: runs busted in $WORK as the spec user
 # with the counting handler, then records the suite.
@@ -255,7 +157,7 @@ run_busted() {
     cd "$WORK" &&
       "${RUN_AS[@]}" env "TMPDIR=$tmp" ${BUSTED_ENV[@]+"${BUSTED_ENV[@]}"} \
         timeout -k 10 "$SUITE_TIMEOUT" lua5.4 /usr/bin/busted \
-        -o "$HANDLER" -Xoutput "$counts" "$@"
+        -o spec/support/count_handler.lua -Xoutput "$counts" "$@"
   ) >"$log" 2>&1 </dev/null
   rc=$?
   local took; took="$(elapsed "$start")"
@@ -313,50 +215,65 @@ fi
 DOCKER_ENV=()
 [ "$docker_state" = ok ] && DOCKER_ENV=("SANDBOX_DOCKER_TEST=1")
 
+# can_run SUITE BUILD: true when SUITE may run against BUILD ("build" or
+# "asan"); otherwise records the one failure that says why it could not (or,
+# for the sanitizer build left out by CHECK_SKIP, says so and records nothing).
+can_run() {
+  local suite="$1" build="$2"
+  if [ "$build" = asan ] && skipped_by_knob asan; then
+    say check "suite $suite: left out (CHECK_SKIP)"
+    return 1
+  elif [ "$runner_ok" -ne 1 ]; then
+    record "$suite" 0 1 0 "could not run: no user to run the tests as"
+  elif [ "$build" = build ] && [ "$build_ok" -ne 1 ]; then
+    record "$suite" 0 1 0 "could not run: make all c-tests failed (build/check-logs/build.log)"
+  elif [ "$build" = asan ] && [ "$asan_build_ok" -ne 1 ]; then
+    record "$suite" 0 1 0 "could not run: make check-asan failed (build/check-logs/build-asan.log)"
+  else
+    return 0
+  fi
+  return 1
+}
+
 # ---- suite: busted --------------------------------------------------------------
-BUSTED_ENV=(${DOCKER_ENV[@]+"${DOCKER_ENV[@]}"})
-if [ "$runner_ok" -ne 1 ]; then
-  record busted 0 1 0 "could not run: no user to run the specs as"
-elif [ "$build_ok" -ne 1 ]; then
-  record busted 0 1 0 "could not run: make all failed (build/check-logs/build.log)"
-elif [ ${#SPECS[@]} -eq 0 ]; then
-  record busted 0 0 0 "no spec files"
-else
-  say check "suite busted: ${#SPECS[@]} spec files against build/"
-  run_busted busted "$LOGS/busted.log" --cpath='build/lua/?.so' "${SPECS[@]}"
+if can_run busted build; then
+  if [ ${#SPECS[@]} -eq 0 ]; then
+    record busted 0 0 0 "no spec files"
+  else
+    BUSTED_ENV=(${DOCKER_ENV[@]+"${DOCKER_ENV[@]}"})
+    say check "suite busted: ${#SPECS[@]} spec files against build/"
+    run_busted busted "$LOGS/busted.log" --cpath='build/lua/?.so' "${SPECS[@]}"
+    BUSTED_ENV=()
+  fi
 fi
-BUSTED_ENV=()
 
 # ---- suite: busted-asan ---------------------------------------------------------
-if skipped_by_knob asan; then
-  say check "suite busted-asan: left out (CHECK_SKIP)"
-elif [ "$runner_ok" -ne 1 ]; then
-  record busted-asan 0 1 0 "could not run: no user to run the specs as"
-elif [ "$asan_build_ok" -ne 1 ]; then
-  record busted-asan 0 1 0 "could not run: make check-asan failed (build/check-logs/build-asan.log)"
-elif [ ${#SPECS[@]} -eq 0 ]; then
-  record busted-asan 0 0 0 "no spec files"
-else
-  # lua5.4 is not instrumented, so the ASan runtime must be loaded first.
-  preload="$(gcc -print-file-name=libasan.so)"
-  ubsan="$(gcc -print-file-name=libubsan.so)"
-  [ -e "$ubsan" ] && preload="$preload:$ubsan"
-  BUSTED_ENV=(
-    "LD_PRELOAD=$preload"
-    "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1"
-    "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1"
-  )
-  say check "suite busted-asan: ${#SPECS[@]} spec files against build-asan/ (without #slow)"
-  run_busted busted-asan "$LOGS/busted-asan.log" --cpath='build-asan/lua/?.so' \
-    --exclude-tags=slow "${SPECS[@]}"
-  BUSTED_ENV=()
+if can_run busted-asan asan; then
+  if [ ${#SPECS[@]} -eq 0 ]; then
+    record busted-asan 0 0 0 "no spec files"
+  else
+    # lua5.4 is not instrumented, so the ASan runtime must be loaded first.
+    preload="$(gcc -print-file-name=libasan.so)"
+    ubsan="$(gcc -print-file-name=libubsan.so)"
+    [ -e "$ubsan" ] && preload="$preload:$ubsan"
+    BUSTED_ENV=(
+      "LD_PRELOAD=$preload"
+      "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1"
+      "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1"
+    )
+    say check "suite busted-asan: ${#SPECS[@]} spec files against build-asan/ (without #slow)"
+    run_busted busted-asan "$LOGS/busted-asan.log" --cpath='build-asan/lua/?.so' \
+      --exclude-tags=slow "${SPECS[@]}"
+    BUSTED_ENV=()
+  fi
 fi
 
-# ---- suites: ffi / ffi-asan / fetch / fetch-asan (the C drivers) -----------------
-# tests/ffi/ffi_test.c drives the embedding ABI (core/sbx_ffi.h),
-# tests/fetch/fetch_test.c the safe-fetch C API (core/sbx_fetch.h, against a
+# ---- suites: ffi / ffi-shim / ffi-asan / fetch / fetch-asan (the C drivers) -------
+# spec/c/ffi/ffi_test.c drives the embedding ABI (core/sbx_ffi.h),
+# spec/c/fetch/fetch_test.c the safe-fetch C API (core/sbx_fetch.h, against a
 # loopback server it starts itself), each against build/ and the sanitizer
-# build (leaks checked at exit). One test per C test case: "ok   " lines
+# build (leaks checked at exit); `make all c-tests` and `make check-asan`
+# built them above. One test per C test case (spec/c/runner.h): "ok   " lines
 # pass, "FAIL " lines fail; a run that dies before its summary line
 # "NAME: N passed, M failed" (sanitizer report, timeout) adds one failure.
 # Runs as the spec user.
@@ -364,9 +281,8 @@ run_c_driver() { # run_c_driver SUITE BUILD_DIR BINARY NAME [ARGS...]
   local suite="$1" bdir="$2" bin="$3" name="$4" log="$LOGS/$1.log" start rc p f note=""
   shift 4
   start="$(now_s)"
-  if ! make --no-print-directory "$bdir/$bin" >"$LOGS/$suite-build.log" 2>&1; then
-    record "$suite" 0 1 0 "could not run: make $bdir/$bin failed (build/check-logs/$suite-build.log)"
-    show_tail "$LOGS/$suite-build.log" 30
+  if [ ! -x "$bdir/$bin" ]; then
+    record "$suite" 0 1 0 "could not run: $bdir/$bin was not built"
     return
   fi
   if [ "$WORK" != "$SBX_ROOT" ]; then
@@ -391,46 +307,24 @@ run_c_driver() { # run_c_driver SUITE BUILD_DIR BINARY NAME [ARGS...]
   record "$suite" "$p" "$f" 0 "${note}$(elapsed "$start")s"
   [ "$f" -ne 0 ] && show_tail "$log" 60
 }
-run_ffi() { run_c_driver "$1" "$2" "$3" ffi "$WORK/tests/ffi"; }
-run_fetch_test() { run_c_driver "$1" "$2" fetch_test fetch; }
-if [ "$runner_ok" -ne 1 ]; then
-  record ffi 0 1 0 "could not run: no user to run the tests as"
-elif [ "$build_ok" -ne 1 ]; then
-  record ffi 0 1 0 "could not run: make all failed (build/check-logs/build.log)"
-else
-  say check "suite ffi: tests/ffi/ffi_test.c against build/libsbx.so"
+run_ffi() { run_c_driver "$1" "$2" "$3" ffi "$WORK/spec/c/ffi"; }
+if can_run ffi build; then
+  say check "suite ffi: spec/c/ffi/ffi_test.c against build/libsbx.so"
   run_ffi ffi build ffi_test
-  say check "suite ffi-shim: tests/ffi/ffi_test.c through build/libsbx_ffi.so (the loader Bun uses)"
+  say check "suite ffi-shim: spec/c/ffi/ffi_test.c through build/libsbx_ffi.so (the loader Bun uses)"
   run_ffi ffi-shim build ffi_test_shim
 fi
-if skipped_by_knob asan; then
-  say check "suite ffi-asan: left out (CHECK_SKIP)"
-elif [ "$runner_ok" -ne 1 ]; then
-  record ffi-asan 0 1 0 "could not run: no user to run the tests as"
-elif [ "$asan_build_ok" -ne 1 ]; then
-  record ffi-asan 0 1 0 "could not run: make check-asan failed (build/check-logs/build-asan.log)"
-else
-  say check "suite ffi-asan: tests/ffi/ffi_test.c against build-asan/libsbx.so"
+if can_run ffi-asan asan; then
+  say check "suite ffi-asan: spec/c/ffi/ffi_test.c against build-asan/libsbx.so"
   run_ffi ffi-asan build-asan ffi_test
 fi
-
-if [ "$runner_ok" -ne 1 ]; then
-  record fetch 0 1 0 "could not run: no user to run the tests as"
-elif [ "$build_ok" -ne 1 ]; then
-  record fetch 0 1 0 "could not run: make all failed (build/check-logs/build.log)"
-else
-  say check "suite fetch: tests/fetch/fetch_test.c against build/libsbx.so"
-  run_fetch_test fetch build
+if can_run fetch build; then
+  say check "suite fetch: spec/c/fetch/fetch_test.c against build/libsbx.so"
+  run_c_driver fetch build fetch_test fetch
 fi
-if skipped_by_knob asan; then
-  say check "suite fetch-asan: left out (CHECK_SKIP)"
-elif [ "$runner_ok" -ne 1 ]; then
-  record fetch-asan 0 1 0 "could not run: no user to run the tests as"
-elif [ "$asan_build_ok" -ne 1 ]; then
-  record fetch-asan 0 1 0 "could not run: make check-asan failed (build/check-logs/build-asan.log)"
-else
-  say check "suite fetch-asan: tests/fetch/fetch_test.c against build-asan/libsbx.so"
-  run_fetch_test fetch-asan build-asan
+if can_run fetch-asan asan; then
+  say check "suite fetch-asan: spec/c/fetch/fetch_test.c against build-asan/libsbx.so"
+  run_c_driver fetch-asan build-asan fetch_test fetch
 fi
 
 # ---- suite: fuzz ------------------------------------------------------------------
@@ -457,10 +351,8 @@ fi
 shopt -s nullglob
 DOCKER_SPECS=(spec/docker/*_spec.lua)
 shopt -u nullglob
-if [ ${#DOCKER_SPECS[@]} -gt 0 ]; then
-  if [ "$runner_ok" -ne 1 ]; then
-    record docker 0 1 0 "could not run: no user to run the specs as"
-  elif [ "$docker_state" != ok ]; then
+if [ ${#DOCKER_SPECS[@]} -gt 0 ] && can_run docker build; then
+  if [ "$docker_state" != ok ]; then
     record docker 0 1 0 "could not run: $docker_state"
   else
     say check "suite docker: ${#DOCKER_SPECS[@]} spec files against real Docker"
@@ -471,12 +363,8 @@ if [ ${#DOCKER_SPECS[@]} -gt 0 ]; then
 fi
 
 # ---- hook: suite bun (bun/package.json, `bun test`) ------------------------------
-if [ -f bun/package.json ]; then
-  if [ "$runner_ok" -ne 1 ]; then
-    record bun 0 1 0 "could not run: no user to run the tests as"
-  elif [ "$build_ok" -ne 1 ]; then
-    record bun 0 1 0 "could not run: make all failed"
-  elif ! have bun; then
+if [ -f bun/package.json ] && can_run bun build; then
+  if ! have bun; then
     record bun 0 1 0 "could not run: bun is not installed (make deps)"
   else
     say check "suite bun: bun test in bun/"

@@ -9,6 +9,7 @@ local model_payload = require "sandbox.broker._model_payload"
 local broker_config = require "sandbox.broker._config"
 local H = require "broker_harness"
 local fake_upstream = require "fake_upstream"
+local unix_request = require "unix_request"
 
 local run = async.run
 
@@ -635,7 +636,7 @@ describe("/tools/<name>", function()
       done = true
       return "x"
     end) }, function(_, path)
-      local h = core.unix_request(path, H.raw("/tools/probe", "{}"), { timeout_ms = 5000 }, function() end)
+      local h = unix_request(path, H.raw("/tools/probe", "{}"), { timeout_ms = 5000 }, function() end)
       for _ = 1, 500 do if started then break end; async.sleep(10) end
       assert.is_true(started)
       h:close()
@@ -653,7 +654,7 @@ describe("/tools/<name>", function()
       while not ctx.signal.aborted do async.sleep(10) end
       return "x"
     end) }, function(b, path)
-      local h = core.unix_request(path, H.raw("/tools/probe", "{}"), { timeout_ms = 5000 }, function() end)
+      local h = unix_request(path, H.raw("/tools/probe", "{}"), { timeout_ms = 5000 }, function() end)
       for _ = 1, 500 do if signal_seen then break end; async.sleep(10) end
       assert.is_not_nil(signal_seen)
       b:end_turn()

@@ -1,13 +1,14 @@
 -- listener_spec.lua: core.broker_listen over the real Unix socket (spec/broker.md
 -- sections 2.2 step 4, 3, 5 steps 0-12, 6 and 7.1; items 12 and 21-39 of
 -- "Behaviours the specs must cover"), driven byte for byte with
--- core.unix_request. Replies are compared as exact bytes.
+-- spec/support/unix_request.lua. Replies are compared as exact bytes.
 --
 -- Slow specs use the real 10 s and 60 s deadlines: busted --exclude-tags=slow.
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local lfs = require "lfs"
 local spec_fs = require "spec_fs"
+local unix_request = require "unix_request"
 
 local BODY = '{"messages":[]}'
 local DUMMY = "Bearer sandbox-dummy-key"
@@ -55,10 +56,10 @@ end
 
 local sh, mode_of = spec_fs.sh, spec_fs.mode
 
--- Inside a task: one exchange; returns the result table of core.unix_request.
+-- Inside a task: one exchange; returns the result table of unix_request.
 local function exchange(path, bytes, opts)
   return async.await(function(resume)
-    assert(core.unix_request(path, bytes, opts or { timeout_ms = 5000 }, resume))
+    assert(unix_request(path, bytes, opts or { timeout_ms = 5000 }, resume))
   end)
 end
 
@@ -72,7 +73,7 @@ end
 -- Starts an exchange without waiting; returns handle and a result box.
 local function start_request(path, bytes, opts)
   local box = { done = false }
-  box.handle = assert(core.unix_request(path, bytes, opts, function(res)
+  box.handle = assert(unix_request(path, bytes, opts, function(res)
     box.done, box.res, box.at = true, res, core.now()
   end))
   return box
@@ -774,8 +775,8 @@ describe("core.broker_listen", function()
       end)
     end)
 
-    it("echo mode replies 200 with the body as read, without Lua", function()
-      listener = assert(core.broker_listen { path = path, routes = ROUTES, echo = true })
+    it("the test_echo seam replies 200 with the body as read, without Lua", function()
+      listener = assert(core.broker_listen { path = path, routes = ROUTES, test_echo = true })
       async.run(function()
         local body = '{"a": [1, 2] }'
         assert.are.equal(reply(200, body), send(path, request { body = body }))
@@ -785,9 +786,9 @@ describe("core.broker_listen", function()
     end)
   end)
 
-  describe("core.unix_request", function()
+  describe("unix_request (spec/support)", function()
     it("reports connect, timeout and too large, and close() silences the callback", function()
-      listener = assert(core.broker_listen { path = path, routes = ROUTES, echo = true })
+      listener = assert(core.broker_listen { path = path, routes = ROUTES, test_echo = true })
       async.run(function()
         assert.are.same({ ok = false, error = "connect", data = "" }, exchange(dir .. "/none.sock", "x"))
         assert.are.same({ ok = false, error = "timeout", data = "" },
@@ -795,13 +796,13 @@ describe("core.broker_listen", function()
         local res = exchange(path, request(), { max_bytes = 20 })
         assert.are.same({ ok = false, error = "too large", data = OK:sub(1, 20) }, res)
         local called = false
-        local h = core.unix_request(path, "", { keep_open = true }, function() called = true end)
+        local h = unix_request(path, "", { keep_open = true }, function() called = true end)
         h:close()
         h:close()
         async.sleep(50)
         assert.is_false(called)
         assert.is_nil(select(1, h:write("x")))
-        local l, err = core.unix_request(("p"):rep(200), "", {}, function() end)
+        local l, err = unix_request(("p"):rep(200), "", {}, function() end)
         assert.is_nil(l)
         assert.are.equal("invalid socket path", err)
       end)
@@ -815,10 +816,10 @@ describe("core.broker_listen", function()
     it("answers every request across listener restarts while each handle is collected at once", function()
       async.run(function()
         for _ = 1, 4 do
-          listener = assert(core.broker_listen { path = path, routes = ROUTES, echo = true })
+          listener = assert(core.broker_listen { path = path, routes = ROUTES, test_echo = true })
           for _ = 1, 5 do
             local res = async.await(function(resume)
-              core.unix_request(path, request(), { timeout_ms = 5000 }, resume)
+              unix_request(path, request(), { timeout_ms = 5000 }, resume)
               collectgarbage()                   -- the handle is gone before the reply
             end)
             assert.are.same({ ok = true, data = reply(200, BODY) }, res)
@@ -833,7 +834,7 @@ describe("core.broker_listen", function()
     end)
 
     it("half-closes after the bytes unless told not to, and can shut down later", function()
-      listener = assert(core.broker_listen { path = path, routes = ROUTES, echo = true })
+      listener = assert(core.broker_listen { path = path, routes = ROUTES, test_echo = true })
       async.run(function()
         local bytes = request()
         local b = start_request(path, bytes:sub(1, #bytes - 1), { keep_open = true, timeout_ms = 5000 })

@@ -325,6 +325,17 @@ describe("core.http_post", function()
       end)
     end)
 
+    -- The policy is sbx__curl_harden (core/curl_loop.c), shared with safe
+    -- fetch: HTTP09_ALLOWED 0 (libcurl's default too since 7.66).
+    it("refuses an HTTP/0.9 reply (bytes without a status line): error 'network', no body", function()
+      async.run(function()
+        up:reset()
+        up:script({ { raw = '{"choices":[]}' } })
+        assert.same({ ok = false, error = "network" }, post(base("/v09")))
+        assert.equal(1, #up:log())
+      end)
+    end)
+
     it("reports a refused connection as error 'network'", function()
       local gone = fake.start()
       local port = gone.port
@@ -557,6 +568,42 @@ describe("core.http_post over TLS", function()
                          connect_to = { "api.example:" .. up.port .. ":127.0.0.1:" .. up.port } })
       assert.same({ ok = false, error = "network" }, res)
       assert.same({}, up:log())
+    end)
+  end)
+end)
+
+describe("core.http_post to an upstream that speaks only TLS 1.1", function()
+  local dir, tls, old
+
+  setup(function()
+    dir = tmpdir()
+    tls = fake.make_ca(dir)
+    old = fake.start({ tls = tls, tls_max = "TLSv1.1" })
+  end)
+  teardown(function()
+    old:stop()
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
+  -- openssl's own client, told to go down to TLS 1.1: the fake answers that
+  -- handshake and refuses a TLS 1.2 one.
+  local function handshake(flag)
+    return os.execute(string.format(
+      "env -u LD_PRELOAD openssl s_client -connect 127.0.0.1:%d %s -cipher 'DEFAULT@SECLEVEL=0' </dev/null >/dev/null 2>&1",
+      old.port, flag))
+  end
+
+  -- The policy is sbx__curl_harden (core/curl_loop.c), shared with safe
+  -- fetch: CURLOPT_SSLVERSION TLSv1_2 at least (Debian's OpenSSL security
+  -- level refuses TLS 1.1 by default as well).
+  it("refuses the handshake: error 'network', the fake reached by nothing", function()
+    assert.is_true(handshake("-tls1_1"), "the fake does not speak TLS 1.1")
+    assert.is_falsy(handshake("-tls1_2"), "the fake speaks TLS 1.2")
+    async.run(function()
+      local res = post({ url = old:url("/v1/chat/completions"), timeout_ms = 5000, cainfo = tls.ca,
+                         connect_to = { "models.example:" .. old.port .. ":127.0.0.1:" .. old.port },
+                         headers = { "Content-Type: application/json" }, body = "{}" })
+      assert.same({ ok = false, error = "network" }, res)
     end)
   end)
 end)

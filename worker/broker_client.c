@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "sbxw.h"
+#include "waux.h"
 
 #define ERR_TRANSPORT -1
 #define ERR_TOOLARGE  -2
@@ -167,8 +168,8 @@ static long rd_line(rd_t *r, char *out, size_t *budget, int toolarge) {
 }
 
 /* Appends exactly n bytes from the connection to b; ERR_TRANSPORT at EOF. */
-static int rd_exact(rd_t *r, sbxw_buf_t *b, size_t n) {
-  char *dst = sbxw_buf_reserve(b, n);
+static int rd_exact(rd_t *r, sbxw__buf_t *b, size_t n) {
+  char *dst = sbxw__buf_reserve(b, n);
   while (n > 0) {
     int rc = rd_fill(r);
     if (rc <= 0) return ERR_TRANSPORT;
@@ -260,7 +261,7 @@ static int read_head(rd_t *r, head_t *h) {
   return 0;
 }
 
-static int read_chunked(rd_t *r, sbxw_buf_t *b) {
+static int read_chunked(rd_t *r, sbxw__buf_t *b) {
   char line[MAX_CHUNK_LINE + 3];                       /* budget + 1 */
   for (;;) {
     size_t budget = MAX_CHUNK_LINE + 2, size = 0;
@@ -292,14 +293,14 @@ static int read_chunked(rd_t *r, sbxw_buf_t *b) {
   }
 }
 
-static int read_to_close(rd_t *r, sbxw_buf_t *b) {
+static int read_to_close(rd_t *r, sbxw__buf_t *b) {
   for (;;) {
     int rc = rd_fill(r);
     if (rc < 0) return rc;
     if (rc == 0) return 0;
     size_t take = r->len - r->pos;
     if (take > SBXW_MAX_BODY_BYTES - b->len) return ERR_TOOLARGE;
-    memcpy(sbxw_buf_reserve(b, take), r->buf + r->pos, take);
+    memcpy(sbxw__buf_reserve(b, take), r->buf + r->pos, take);
     b->len += take;
     r->pos = r->len;
   }
@@ -307,7 +308,7 @@ static int read_to_close(rd_t *r, sbxw_buf_t *b) {
 
 /* The whole exchange; returns the status or an ERR_* code. */
 static int exchange(lua_State *L, int fd, const char *route, const char *body, size_t blen,
-                    sbxw_buf_t *b) {
+                    sbxw__buf_t *b) {
   char head[SBXW_MAX_ROUTE_BYTES + 256];
   long long deadline = mono_ms() + deadline_ms;
   head_t h;
@@ -344,15 +345,15 @@ static int l_broker_request(lua_State *L) {
   size_t rlen, blen;
   const char *route = luaL_checklstring(L, 1, &rlen);
   const char *body = luaL_checklstring(L, 2, &blen);
-  sbxw_buf_t b;
+  sbxw__buf_t b;
   int *fd, rc;
   luaL_argcheck(L, route_ok(route, rlen), 1, "route must be /<printable ASCII>");
   lua_settop(L, 2);
-  fd = sbxw_fd_box(L);                                   /* slot 3 */
-  sbxw_buf_init(L, &b);                                  /* slot 4 */
+  fd = sbxw__fd_box(L);                                   /* slot 3 */
+  sbxw__buf_init(L, &b);                                  /* slot 4 */
   *fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   rc = *fd < 0 ? ERR_TRANSPORT : exchange(L, *fd, route, body, blen, &b);
-  sbxw_fd_close(fd);
+  sbxw__fd_close(fd);
   if (rc < 0) {
     lua_pushnil(L);
     if (rc == ERR_TOOLARGE) lua_pushliteral(L, "broker response too large");
@@ -378,7 +379,7 @@ static int l_set_socket(lua_State *L) {
 }
 #endif
 
-void sbxw_open_broker(lua_State *L) {
+void sbxw__open_broker(lua_State *L) {
   lua_pushcfunction(L, l_broker_request);
   lua_setfield(L, -2, "broker_request");
 #ifdef SBXW_MODULE

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "sbxw.h"
+#include "waux.h"
 
 #define READ_MIN_ROOM 1   /* reserve at least this much before each read */
 
@@ -31,12 +32,12 @@ static int l_read_file(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   lua_Integer max = luaL_checkinteger(L, 2);
   struct stat st;
-  sbxw_buf_t b;
+  sbxw__buf_t b;
   int *fd;
   luaL_argcheck(L, max >= 0, 2, "max_bytes must not be negative");
   lua_settop(L, 2);
-  fd = sbxw_fd_box(L);                                   /* slot 3 */
-  sbxw_buf_init(L, &b);                                  /* slot 4 */
+  fd = sbxw__fd_box(L);                                   /* slot 3 */
+  sbxw__buf_init(L, &b);                                  /* slot 4 */
   *fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (*fd < 0) {
     if (errno == ENOENT) return fail(L, "missing");
@@ -44,36 +45,36 @@ static int l_read_file(lua_State *L) {
     return fail(L, "io");
   }
   if (fstat(*fd, &st) != 0) {
-    sbxw_fd_close(fd);
+    sbxw__fd_close(fd);
     return fail(L, "io");
   }
   if (!S_ISREG(st.st_mode)) {
-    sbxw_fd_close(fd);
+    sbxw__fd_close(fd);
     return fail(L, "not a regular file");
   }
   if ((unsigned long long)st.st_size > (unsigned long long)max) {
-    sbxw_fd_close(fd);
+    sbxw__fd_close(fd);
     return fail(L, "too large");
   }
   /* The size is known: one buffer of size + 1 (the +1 sees growth). */
-  sbxw_buf_reserve(&b, (size_t)st.st_size + 1);
+  sbxw__buf_reserve(&b, (size_t)st.st_size + 1);
   for (;;) {
-    char *at = sbxw_buf_reserve(&b, READ_MIN_ROOM);
+    char *at = sbxw__buf_reserve(&b, READ_MIN_ROOM);
     size_t room = b.cap - b.len;
     ssize_t n = read(*fd, at, room);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      sbxw_fd_close(fd);
+      sbxw__fd_close(fd);
       return fail(L, "io");
     }
     if (n == 0) break;
     b.len += (size_t)n;
     if (b.len > (size_t)max) {                           /* grew meanwhile */
-      sbxw_fd_close(fd);
+      sbxw__fd_close(fd);
       return fail(L, "too large");
     }
   }
-  sbxw_fd_close(fd);
+  sbxw__fd_close(fd);
   lua_pushlstring(L, b.p, b.len);
   return 1;
 }
@@ -107,7 +108,7 @@ static int l_write_file_atomic(lua_State *L) {
   int *fd, ok = 0;
   luaL_argcheck(L, plen > 0 && strlen(path) == plen, 1, "invalid path");
   lua_settop(L, 2);
-  fd = sbxw_fd_box(L);
+  fd = sbxw__fd_box(L);
   if (plen + sizeof ".tmp" > sizeof tmp) return fail(L, "write failed");
   memcpy(tmp, path, plen);
   memcpy(tmp + plen, ".tmp", sizeof ".tmp");
@@ -117,11 +118,11 @@ static int l_write_file_atomic(lua_State *L) {
   *fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0600);
   if (*fd < 0) return fail(L, "write failed");
   /* 3. Write, fsync, close; 4. rename over the file. */
-  if (sbxw_write_all(*fd, bytes, len) == 0 && fsync(*fd) == 0) {
-    int c = sbxw_fd_close(fd);
+  if (sbxw__write_all(*fd, bytes, len) == 0 && fsync(*fd) == 0) {
+    int c = sbxw__fd_close(fd);
     ok = c == 0 && rename(tmp, path) == 0;
   }
-  sbxw_fd_close(fd);
+  sbxw__fd_close(fd);
   if (!ok) {
     (void)unlink(tmp);
     return fail(L, "write failed");
@@ -156,7 +157,7 @@ static int l_mkdir(lua_State *L) {
   return 1;
 }
 
-void sbxw_open_fs(lua_State *L) {
+void sbxw__open_fs(lua_State *L) {
   static const luaL_Reg fns[] = {
     {"read_file", l_read_file}, {"write_file_atomic", l_write_file_atomic},
     {"mkdir", l_mkdir}, {NULL, NULL}};

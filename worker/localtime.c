@@ -113,7 +113,7 @@ static int l_local_time(lua_State *L) {
   return 1;
 }
 
-void sbxw_open_localtime(lua_State *L) {
+void sbxw__open_localtime(lua_State *L) {
   static const luaL_Reg fns[] = {
     {"zone_valid", l_zone_valid}, {"local_time", l_local_time}, {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);

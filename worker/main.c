@@ -27,6 +27,7 @@
 #include <lualib.h>
 
 #include "sbxw.h"
+#include "waux.h"
 
 #ifndef SBXW_LUA_DIR
 #define SBXW_LUA_DIR "/app/worker/lua"
@@ -206,8 +207,8 @@ int main(void) {
     lua_pushcfunction(L, run);
     ok = lua_pcall(L, 0, 0, 0) == LUA_OK;
   }
-  if (!sbxw_emitted(&status)) {
-    (void)sbxw_write_all(1, failed_reply, sizeof failed_reply - 1);
+  if (!sbxw__emitted(&status)) {
+    (void)sbxw__write_all(1, failed_reply, sizeof failed_reply - 1);
     status = 1;
   } else if (!ok) {
     status = 1;

@@ -15,7 +15,8 @@
 
 #include "lowercase_table.h"
 #include "sbxw.h"
-#include "sbx_utf8.h"
+#include "utf8_put.h"
+#include "waux.h"
 
 /* Length of the valid sequence at s[0], or 0 (RFC 3629 table). */
 static size_t seq_len(const unsigned char *s, size_t avail) {
@@ -144,12 +145,12 @@ static int l_trim(lua_State *L) {
 static int l_lower(lua_State *L) {
   size_t len, i = 0, n;
   const unsigned char *s = check_text(L, &len);
-  sbxw_buf_t b;
+  sbxw__buf_t b;
   if (s == NULL) return 2;
   lua_settop(L, 1);
-  sbxw_buf_init(L, &b);
+  sbxw__buf_init(L, &b);
   /* A mapping grows a code point by at most one byte (2 -> 3). */
-  sbxw_buf_reserve(&b, len + len / 2 + 4);
+  sbxw__buf_reserve(&b, len + len / 2 + 4);
   while (i < len) {
     if (s[i] < 0x80) {
       unsigned char c = s[i++];
@@ -192,7 +193,7 @@ static int l_json_string_prefix(lua_State *L) {
   return 1;
 }
 
-void sbxw_open_utf8(lua_State *L) {
+void sbxw__open_utf8(lua_State *L) {
   static const luaL_Reg fns[] = {
     {"utf8_len", l_utf8_len}, {"utf8_prefix", l_utf8_prefix}, {"trim", l_trim},
     {"lower", l_lower}, {"json_string_size", l_json_string_size},

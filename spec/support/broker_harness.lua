@@ -5,6 +5,7 @@ local async = require "sandbox.async"
 local core = require "sandbox.core"
 local sandbox = require "sandbox"
 local spec_fs = require "spec_fs"
+local unix_request = require "unix_request"
 
 local H = {}
 
@@ -52,7 +53,7 @@ end
 -- Sends raw bytes over the socket and waits for the whole reply (in a task).
 function H.send(path, bytes, opts)
   local res = async.await(function(resume)
-    core.unix_request(path, bytes, opts or { timeout_ms = 70000 }, resume)
+    unix_request(path, bytes, opts or { timeout_ms = 70000 }, resume)
   end)
   assert(res.ok, "unix_request failed: " .. tostring(res.error))
   return H.parse(res.data)

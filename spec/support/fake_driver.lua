@@ -12,6 +12,7 @@
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
+local unix_request = require "unix_request"
 
 local M = {}
 
@@ -82,7 +83,7 @@ end
 -- (inside a task). Returns {status=, body=} or {error=...}.
 function M.post(spec, route, body)
   local res = async.await(function(resume)
-    core.unix_request(M.socket(spec), M.raw(route, body), { timeout_ms = 20000 }, resume)
+    unix_request(M.socket(spec), M.raw(route, body), { timeout_ms = 20000 }, resume)
   end)
   if not res.ok then return { error = res.error } end
   return parse(res.data)
@@ -91,7 +92,7 @@ end
 -- Sends a request and does not wait for the reply (a worker exiting while a
 -- call is pending). Returns the request handle.
 function M.post_and_leave(spec, route, body)
-  return core.unix_request(M.socket(spec), M.raw(route, body), { timeout_ms = 20000 }, function() end)
+  return unix_request(M.socket(spec), M.raw(route, body), { timeout_ms = 20000 }, function() end)
 end
 
 return M

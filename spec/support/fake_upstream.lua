@@ -218,13 +218,14 @@ Fake.stop = M.stop_process
 Fake.__gc = Fake.stop
 
 -- Starts a node fixture with `--parent <our pid>` (and `--tls CERT KEY` when
--- opts.tls) and returns its stdout pipe and first line (a JSON object with
+-- opts.tls, `--tls-max V` when opts.tls_max too) and returns its stdout pipe and first line (a JSON object with
 -- at least "pid"). env -u LD_PRELOAD: a sanitizer run preloads libasan for
 -- the core; the fixture is not under test and must not inherit it.
 function M.spawn(fixture, opts, who)
   local cmd = string.format("exec env -u LD_PRELOAD node %s --parent %d", fixture, core.getpid())
   if opts and opts.tls then
     cmd = cmd .. string.format(" --tls '%s' '%s'", opts.tls.cert, opts.tls.key)
+    if opts.tls_max then cmd = cmd .. " --tls-max " .. opts.tls_max end
   end
   local pipe = assert(io.popen(cmd, "r"))
   local line = pipe:read("l")

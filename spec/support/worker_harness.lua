@@ -10,7 +10,7 @@
 --
 -- Broker functions: W.scripted(script) answers from Lua (a log of every
 -- request); W.socket_broker(path) sends the worker's exact request over the
--- real Unix socket with core.unix_request inside an async task, so the
+-- real Unix socket with unix_request.lua inside an async task, so the
 -- broker's loop keeps turning while the worker waits (the worker's loop
 -- runs inside that task's coroutine and yields with it).
 -- The sanitizer run (scripts/check.sh) puts build-asan/ on the cpath.
@@ -183,12 +183,12 @@ end
 -- statuses collects every HTTP status seen.
 function W.socket_broker(path, statuses, bodies)
   local async = require "sandbox.async"
-  local core = require "sandbox.core"
+  local unix_request = require "unix_request"
   local client = require "broker_client"
   return function(route, body)
     if bodies then bodies[#bodies + 1] = { route = route, body = body } end
     local res = async.await(function(resume)
-      core.unix_request(path, W.raw_request(route, body), { timeout_ms = 65000 }, resume)
+      unix_request(path, W.raw_request(route, body), { timeout_ms = 65000 }, resume)
     end)
     if not res.ok then return client.interpret(nil, "transport") end
     local code, rest = res.data:match("^HTTP/1%.[01] (%d%d%d)[^\r\n]*\r\n(.*)$")

@@ -8,7 +8,7 @@ local json = require "sandbox.json"
 
 local M = {}
 
-M.MAX_BODY = 1048576
+M.MAX_BODY = core.limits.MAX_UPSTREAM_BYTES   -- core/bounds.h
 
 -- opts: url, headers (array of lines), body (string), deadline (core.now()
 -- milliseconds), allow_http, credential (or nil), transport (trusted seam:

@@ -22,9 +22,10 @@ local M = {}
 M.FAILED = "broker call failed"
 M.MCP_REFUSED = "MCP method or tool refused"
 M.SOCKET_TOO_LONG = errors.SOCKET_TOO_LONG
-M.CALL_DEADLINE_MS = 60000
-M.MAX_REPLY_BYTES = 1048576
-M.MAX_SOCKET_PATH = 100
+-- The broker's bounds are the C core's (core/bounds.h), never restated here.
+M.CALL_DEADLINE_MS = core.limits.CALL_DEADLINE_MS
+M.MAX_REPLY_BYTES = core.limits.MAX_REPLY_BYTES
+M.MAX_SOCKET_PATH = core.limits.MAX_SOCKET_PATH
 
 local Broker = {}
 Broker.__index = Broker
@@ -61,18 +62,35 @@ function M.bind(cfg, b)
     turn_signal = b.signal or signal.new(),
     audit = b.audit,
   }, Broker)
+  self.route_list = self:_route_table()
   self.turn_signal:on_abort(function()
     if self.listener then self.listener:end_turn() end
   end)
   return self
 end
 
+-- The routes this broker serves, as data: { path, kind, handle(self, body,
+-- sig, deadline) -> status[, body] }. The listener matches a request-target
+-- against the paths in C (step 2) and hands on_call the index it matched.
+function Broker:_route_table()
+  local list = { { path = "/model", kind = "model",
+                   handle = function(b, body, sig, deadline) return b:_model(body, sig, deadline) end } }
+  for _, t in ipairs(self.cfg.tool_list) do
+    list[#list + 1] = { path = "/tools/" .. t.name, kind = "tools",
+                        handle = function(b, body, sig) return b:_tool(t, body, sig) end }
+  end
+  for _, s in ipairs(self.cfg.server_list) do
+    list[#list + 1] = { path = "/mcp/" .. s.name, kind = "mcp",
+                        handle = function(b, body, sig, deadline) return b:_mcp(s, body, sig, deadline) end }
+  end
+  return list
+end
+
 -- The exact request-targets this broker serves.
 function Broker:routes()
-  local routes = { "/model" }
-  for _, t in ipairs(self.cfg.tool_list) do routes[#routes + 1] = "/tools/" .. t.name end
-  for _, s in ipairs(self.cfg.server_list) do routes[#routes + 1] = "/mcp/" .. s.name end
-  return routes
+  local paths = {}
+  for i, r in ipairs(self.route_list) do paths[i] = r.path end
+  return paths
 end
 
 -- Binds the socket and starts serving. Returns true, or nil and a message.
@@ -86,7 +104,7 @@ function Broker:start(path)
     path = path,
     routes = self:routes(),
     max_calls = self.cfg.maxCalls,
-    on_call = function(call) self:_dispatch(call) end,
+    on_call = function(call, i) self:_dispatch(call, self.route_list[i]) end,
   }
   if not listener then return nil, err end
   self.listener = listener
@@ -176,35 +194,17 @@ function Broker:_mcp(server, body, sig, deadline)
   return reply_json(value)
 end
 
--- Step 13: route to the handler. Returns status[, body].
-function Broker:_handle(route, body, sig, deadline)
-  if route == "/model" then return self:_model(body, sig, deadline) end
-  local tool_name = route:match("^/tools/(.+)$")
-  if tool_name then
-    local tool = self.cfg.tools[tool_name]
-    if tool then return self:_tool(tool, body, sig) end
-    return 502
-  end
-  local server_name = route:match("^/mcp/(.+)$")
-  local server = server_name and self.cfg.servers[server_name]
-  if server then return self:_mcp(server, body, sig, deadline) end
-  return 502
-end
-
-local function route_kind(route)
-  return route == "/model" and "model" or route:match("^/(%a+)/") or "unknown"
-end
-
--- Called by the listener once steps 0-12 passed for an accepted call.
-function Broker:_dispatch(call)
+-- Called by the listener once steps 0-12 passed for an accepted call, with
+-- the route it matched (step 13 runs that route's handler).
+function Broker:_dispatch(call, route)
   local started = core.now()
   local deadline = started + M.CALL_DEADLINE_MS
   local sig = signal.child(self.turn_signal)
   local timer = core.timer(M.CALL_DEADLINE_MS, function() sig:abort("call deadline") end)
   call:on_close(function() sig:abort("client closed") end)
-  local route, body = call:route(), call:body()
+  local body = call:body()
   async.spawn(function()
-    local ok, status, reply = pcall(self._handle, self, route, body, sig, deadline)
+    local ok, status, reply = pcall(route.handle, self, body, sig, deadline)
     timer:stop()
     sig:detach()
     if not ok or type(status) ~= "number" or (status == 200 and sig.aborted) then
@@ -213,7 +213,7 @@ function Broker:_dispatch(call)
     if status ~= 200 and reply == nil then reply = M.FAILED end
     call:reply(status, reply)
     if self.audit then
-      pcall(self.audit, { route = route_kind(route), status = status, ms = core.now() - started })
+      pcall(self.audit, { route = route.kind, status = status, ms = core.now() - started })
     end
   end)
 end

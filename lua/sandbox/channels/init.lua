@@ -35,7 +35,6 @@ M.E_ABSOLUTE = errors.STATE_ABSOLUTE
 M.E_NAME = errors.STATE_NAME
 M.E_MOUNTS = errors.STATE_MOUNTS
 
-local ENOENT = 2
 local DIR_MODE = tonumber("700", 8)
 local PRIVATE_BITS = tonumber("077", 8)
 
@@ -129,11 +128,11 @@ function M.open(opts)
     if lst.type ~= "file" or lst.uid ~= core.getuid() then fail(M.E_FILE) end
     local bytes, _, rcode = core.read_file_nofollow(path, M.MAX_FILE_BYTES)
     if not bytes then
-      if rcode == 27 then fail(M.E_INVALID_STATE) end           -- EFBIG: over 1 MiB
+      if rcode == "EFBIG" then fail(M.E_INVALID_STATE) end      -- over 1 MiB
       fail(M.E_FILE)
     end
     list, existed = decode(bytes), true                           -- step 4
-  elseif code == ENOENT then
+  elseif code == "ENOENT" then
     local seed = opts.initialChannels
     if seed == nil then seed = {} end
     if type(seed) ~= "table" then fail(M.E_INVALID_STATE) end

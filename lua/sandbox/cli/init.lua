@@ -27,15 +27,9 @@ local function usage()
   return table.concat(lines, "\n") .. "\n"
 end
 
--- The host processes this project owns (the sbx CLI here, the embedding
--- engine in embed.lua) run Lua's generational collector: the incremental
--- collector's steps were the broker's p99 tail (4.3-5.4x a bare echo,
--- 0.97-1.00x generational; bench/results.md). A library require never
--- changes the collector of a Lua state it does not own.
-M.GC_MODE = "generational"
-
+-- The collector (generational) is the host state's, set in C by
+-- core/state.c for every state the project makes; nothing here changes it.
 function M.main(argv)
-  collectgarbage(M.GC_MODE)
   local name = argv[1]
   if name == nil or name == "--help" or name == "-h" or name == "help" then
     io.stdout:write(usage())

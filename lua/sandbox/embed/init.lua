@@ -96,7 +96,6 @@ end
 -- engine that serves only the host facilities of embed_utilities.lua (safe
 -- fetch, the scoped delegator, ...) and ping/status.
 function M.new(config_path, options_json, c)
-  collectgarbage(require("sandbox.cli").GC_MODE)   -- the engine owns its state (see cli.lua)
   local opts = decode_options(options_json)
   local self = setmetatable({
     c = c, pending = {}, npending = 0, keys = {}, next_key = 0,

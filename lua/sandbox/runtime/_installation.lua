@@ -39,7 +39,7 @@ end
 -- 6.1: exclusive non-blocking flock on the run root directory.
 function M.try_lock(run_root)
   local lock, err, code = core.lock_dir(run_root)
-  if not lock then return nil, code == "busy" and "busy" or err end
+  if not lock then return nil, code == "EAGAIN" and "busy" or err end   -- EAGAIN: another holder
   return lock
 end
 

@@ -52,7 +52,6 @@ M.MAX_TEXT_CHARS = 32000
 M.MAX_SPEAKER_CHARS = 256
 M.MAX_TURN_BYTES = 262144
 
-local EEXIST = 17
 local DIR_MODE = tonumber("700", 8)
 
 local function fail(msg) error(msg, 0) end
@@ -183,7 +182,7 @@ function Runtime:_workspace(channel)
   local st = core.fs_lstat(dir)
   if not st then
     local made, _, code = core.fs_mkdir(dir, DIR_MODE)
-    if not made and code ~= EEXIST then fail(M.E_WORKSPACE) end
+    if not made and code ~= "EEXIST" then fail(M.E_WORKSPACE) end
     st = core.fs_lstat(dir)
   end
   if not st or st.type ~= "dir" or st.uid ~= self.puid then fail(M.E_WORKSPACE) end

@@ -3,7 +3,7 @@
  * against libsbx.so (and, in the ASan variant, the sanitizer build of it).
  *
  * usage: ffi_test TESTS_DIR [NAME...]
- *   TESTS_DIR holds the config scripts (tests/ffi). The Lua tree is found by
+ *   TESTS_DIR holds the config scripts (spec/c/ffi). The Lua tree is found by
  *   the library itself (next to libsbx.so, or $SBX_LUA_DIR).
  * Prints "ok   <case>" / "FAIL <case>: <why>" per case and, last,
  * "ffi: N passed, N failed". Exits 1 if any case failed.
@@ -24,15 +24,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "runner.h"
 #include "sbx_ffi.h"
 
 static const char *dir;
-static int passed, failed;
-static char why[512];
-
-#define CHECK(cond, ...) do { \
-    if (!(cond)) { snprintf(why, sizeof why, __VA_ARGS__); return -1; } \
-  } while (0)
 
 /* ---- collected outputs (callback mode) ---------------------------------- */
 
@@ -754,7 +749,7 @@ static int t_call_timeout(void) {
 
 /* ---- runner ----------------------------------------------------------------- */
 
-static const struct { const char *name; int (*fn)(void); } CASES[] = {
+static const test_case CASES[] = {
   {"abi_version", t_abi_version},
   {"new_unknown_option_error", t_new_unknown_option},
   {"new_errors", t_new_errors},
@@ -774,8 +769,6 @@ static const struct { const char *name; int (*fn)(void); } CASES[] = {
 };
 
 int main(int argc, char **argv) {
-  size_t i;
-  int j, run;
   if (argc < 2) {
     fprintf(stderr, "usage: ffi_test TESTS_DIR [CASE...]\n");
     return 2;
@@ -785,20 +778,5 @@ int main(int argc, char **argv) {
     return 2;
   }
   dir = argv[1];
-  for (i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
-    run = argc == 2;
-    for (j = 2; j < argc; j++) if (strcmp(argv[j], CASES[i].name) == 0) run = 1;
-    if (!run) continue;
-    why[0] = '\0';
-    if (CASES[i].fn() == 0) {
-      passed++;
-      printf("ok   %s\n", CASES[i].name);
-    } else {
-      failed++;
-      printf("FAIL %s: %s\n", CASES[i].name, why);
-    }
-    fflush(stdout);
-  }
-  printf("ffi: %d passed, %d failed\n", passed, failed);
-  return failed ? 1 : 0;
+  return run_cases("ffi", CASES, sizeof CASES / sizeof CASES[0], argv + 2, argc - 2) ? 1 : 0;
 }

@@ -1,9 +1,11 @@
 /*
- * sbx_limits.h: every bound of the broker in one place (spec/broker.md section 1).
- * Change a number here and nowhere else.
+ * bounds.h: every bound of the broker in one place (spec/broker.md section 1).
+ * Change a number here and nowhere else: Lua reads the same numbers as
+ * core.limits (constants.c) and the worker's broker client includes this
+ * header too.
  */
-#ifndef SBX_LIMITS_H
-#define SBX_LIMITS_H
+#ifndef SBX_BOUNDS_H
+#define SBX_BOUNDS_H
 
 #define SBX_MAX_CONNECTIONS        16
 #define SBX_HEADER_DEADLINE_MS     10000
@@ -27,9 +29,5 @@
 #define SBX_MAX_DISCARD_BYTES      (SBX_MAX_HEAD_BYTES + SBX_MAX_BODY_BYTES)
 #define SBX_HUP_POLL_MS            200     /* peer half-closed mid-call: check for hang-up */
 #define SBX_MAX_CONTENT_TYPE_BYTES 128
-
-/* Raw Unix-socket client (pipe_client.c). */
-#define SBX_CLIENT_MAX_BYTES       (SBX_MAX_REPLY_BYTES + 65536)
-#define SBX_CLIENT_TIMEOUT_MS      65000
 
 #endif

@@ -1,10 +1,10 @@
 /*
- * sbx_utf8.h: UTF-8 writing shared by the core's JSON (core/json.c) and the
+ * utf8_put.h: UTF-8 writing shared by the core's JSON (core/json.c) and the
  * worker's text primitives (worker/utf8.c). Header-only, so the worker takes
  * it without linking anything more of the core.
  */
-#ifndef SBX_UTF8_H
-#define SBX_UTF8_H
+#ifndef SBX_UTF8_PUT_H
+#define SBX_UTF8_PUT_H
 
 #include <stddef.h>
 

@@ -12,7 +12,7 @@
  * "fetch: N passed, M failed". Exit status 0 only when nothing failed and the
  * loop closed with no handle left (ASan checks leaks at exit).
  *
- * Usage: fetch_test
+ * Usage: fetch_test [CASE...]
  */
 #include <math.h>
 #include <stdio.h>
@@ -25,17 +25,11 @@
 #include <sys/un.h>
 
 #include "fetch_internal.h"
+#include "runner.h"
 #include "sbx_fetch.h"
 
 static uv_loop_t loop;
 static int port;
-static char why[512];
-static int passed, failed;
-
-#define CHECK(cond, ...) \
-  do { \
-    if (!(cond)) { snprintf(why, sizeof why, __VA_ARGS__); return -1; } \
-  } while (0)
 
 /* ---- the loopback server ------------------------------------------------ */
 
@@ -203,6 +197,18 @@ static void base_opts(sbx_fetch_opts *o, seams_t *s) {
 
 static void run_until(outcome_t *o) {
   while (!o->done) uv_run(&loop, UV_RUN_ONCE);
+}
+
+static void turn_done(uv_timer_t *t) { (void)t; }
+
+/* Lets the loop turn for ms (the loopback server keeps it alive). */
+static void turn_for(uint64_t ms) {
+  uv_timer_t t;
+  uv_timer_init(&loop, &t);
+  uv_timer_start(&t, turn_done, ms, 0);
+  while (uv_is_active((uv_handle_t *)&t)) uv_run(&loop, UV_RUN_ONCE);
+  uv_close((uv_handle_t *)&t, NULL);
+  uv_run(&loop, UV_RUN_NOWAIT);                /* its close callback */
 }
 
 static sbx_fetch_t *fetch(const char *url, const sbx_fetch_opts *opts, outcome_t *o, int *err) {
@@ -451,6 +457,43 @@ static int t_assert_public_url(void) {
   return 0;
 }
 
+static uv_sem_t pool_gate;
+static void pool_blocked(uv_work_t *w) { (void)w; uv_sem_wait(&pool_gate); }
+static void pool_released(uv_work_t *w, int status) { (void)w; (void)status; }
+
+/* The default resolver (getaddrinfo on the thread pool) for a name in
+ * /etc/hosts (no DNS): its loopback answers are vetted and refused. Then a
+ * call cancelled while its lookup is queued abandons it: the pool's one
+ * thread (main sets UV_THREADPOOL_SIZE=1) is held by a blocked work item, so
+ * the lookup cannot answer before the cancel; done_cb says ABORTED once, the
+ * late answer is dropped, and nothing leaks (ASan checks the lookup block is
+ * freed at exit). */
+static int t_system_resolver(void) {
+  sbx_fetch_opts o;
+  outcome_t out;
+  int err = 0;
+  sbx_fetch_t *f;
+  uv_work_t blocker;
+  sbx_fetch_opts_init(&o);
+  CHECK(fetch("http://localhost/", &o, &out, &err) != NULL, "start refused: %d", err);
+  run_until(&out);
+  CHECK(out.code == SBX_FETCH_E_NON_PUBLIC, "localhost: got %d %s", out.code, out.message);
+  CHECK(uv_sem_init(&pool_gate, 0) == 0, "semaphore");
+  CHECK(uv_queue_work(&loop, &blocker, pool_blocked, pool_released) == 0, "queue the blocker");
+  f = fetch("http://localhost/", &o, &out, &err);
+  if (f == NULL) uv_sem_post(&pool_gate);
+  CHECK(f != NULL, "start refused: %d", err);
+  uv_run(&loop, UV_RUN_NOWAIT);                /* the kick: the lookup is queued */
+  err = out.done;
+  sbx_fetch_cancel(f);
+  uv_sem_post(&pool_gate);
+  turn_for(200);                               /* blocker, then the abandoned answer */
+  uv_sem_destroy(&pool_gate);
+  CHECK(err == 0, "finished before its lookup could answer");
+  CHECK(out.done == 1 && out.code == SBX_FETCH_E_ABORTED, "cancel: done %d code %d", out.done, out.code);
+  return 0;
+}
+
 /* The pin checks of 1.8 (libcurl's OPENSOCKET and PREREQ callbacks) with
  * mismatches a real attempt, whose CONNECT_TO comes from the same pin, never
  * produces: another address, port, family, scope id, purpose, AF_UNIX. */
@@ -493,30 +536,36 @@ static int t_pin_checks(void) {
   return 0;
 }
 
-static void run_case(const char *name, int (*fn)(void)) {
-  why[0] = '\0';
-  if (fn() == 0) { printf("ok   %s\n", name); passed++; }
-  else { printf("FAIL %s: %s\n", name, why); failed++; }
-  fflush(stdout);
-}
-
-int main(void) {
+/* Last: the server and every connection it still holds are closed, and the
+ * loop must then close (a handle left behind is a leak). */
+static int t_teardown(void) {
   int rc;
-  uv_loop_init(&loop);
-  if (server_start() != 0) { printf("FAIL server: cannot listen on loopback\nfetch: 0 passed, 1 failed\n"); return 1; }
-  run_case("a 200 with its body through the pinned transport (hostname kept, repeats joined)", t_ok_body);
-  run_case("a redirect chain, one lookup per hop; port 0 target; max_redirects 0; follow off", t_redirect_chain);
-  run_case("invalid bounds, headers and URLs give NULL and their code; ResponseTooLarge", t_bound_refusals);
-  run_case("cancel mid-transfer and mid-seam gives SBX_FETCH_E_ABORTED; a late answer is discarded", t_cancel_mid_transfer);
-  run_case("a resolver that never answers ends with the whole-call deadline", t_deadline);
-  run_case("a transport seam's ECONNREFUSED falls back to the next address", t_transport_seam_fallback);
-  run_case("assert_public_url refuses a non-public literal and canonicalises a public URL", t_assert_public_url);
-  run_case("the pin checks refuse another address, port, family, scope id, purpose or AF_UNIX", t_pin_checks);
   uv_close((uv_handle_t *)&server, NULL);
   uv_walk(&loop, close_walk, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
   rc = uv_loop_close(&loop);
-  if (rc != 0) { printf("FAIL teardown: the loop still holds handles (%s)\n", uv_strerror(rc)); failed++; }
-  printf("fetch: %d passed, %d failed\n", passed, failed);
+  CHECK(rc == 0, "the loop still holds handles (%s)", uv_strerror(rc));
+  return 0;
+}
+
+static const test_case CASES[] = {
+  {"a 200 with its body through the pinned transport (hostname kept, repeats joined)", t_ok_body},
+  {"a redirect chain, one lookup per hop; port 0 target; max_redirects 0; follow off", t_redirect_chain},
+  {"invalid bounds, headers and URLs give NULL and their code; ResponseTooLarge", t_bound_refusals},
+  {"cancel mid-transfer and mid-seam gives SBX_FETCH_E_ABORTED; a late answer is discarded", t_cancel_mid_transfer},
+  {"a resolver that never answers ends with the whole-call deadline", t_deadline},
+  {"a transport seam's ECONNREFUSED falls back to the next address", t_transport_seam_fallback},
+  {"assert_public_url refuses a non-public literal and canonicalises a public URL", t_assert_public_url},
+  {"the system resolver's answers are vetted; a cancel abandons its lookup in flight", t_system_resolver},
+  {"the pin checks refuse another address, port, family, scope id, purpose or AF_UNIX", t_pin_checks},
+  {"teardown: the loop closes with no handle left", t_teardown},
+};
+
+int main(int argc, char **argv) {
+  int failed;
+  setenv("UV_THREADPOOL_SIZE", "1", 1);        /* before the pool starts: t_system_resolver */
+  uv_loop_init(&loop);
+  if (server_start() != 0) { printf("FAIL server: cannot listen on loopback\nfetch: 0 passed, 1 failed\n"); return 1; }
+  failed = run_cases("fetch", CASES, sizeof CASES / sizeof CASES[0], argv + 1, argc - 1);
   return failed == 0 ? 0 : 1;
 }

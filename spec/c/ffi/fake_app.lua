@@ -1,4 +1,4 @@
--- fake_app.lua: a config for tests/ffi/ffi_test.c that returns a duck-typed
+-- fake_app.lua: a config for spec/c/ffi/ffi_test.c that returns a duck-typed
 -- app (the methods of lua/sandbox/app.lua, no runtime, no Docker), so the
 -- embedding ABI is tested on its own: claims, typing events, host apiKey
 -- round trips, slow turns that end on dispose, commands, services, status.

@@ -1,5 +1,5 @@
 -- real_app.lua: the real app (sandbox{...}) over a Lua fake driver (no
--- Docker), for tests/ffi/ffi_test.c and bench/ffi_bench.*. The embedding
+-- Docker), for spec/c/ffi/ffi_test.c and bench/ffi_bench.*. The embedding
 -- passes its decoded options_json as the chunk's argument; `root` is the
 -- caller's temp folder.
 --
@@ -10,6 +10,9 @@
 -- model provider received (so a host-side apiKey is seen end to end).
 local async = require "sandbox.async"
 local core = require "sandbox.core"
+-- The specs' raw Unix client (a test transport, not part of the product).
+local unix_request = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or ".")
+  .. "/../../support/unix_request.lua")
 
 local opts = ...
 local root = assert(opts.root, "options_json.root is required")
@@ -28,7 +31,7 @@ local function post_model(spec)
   local raw = "POST /model HTTP/1.1\r\nHost: broker\r\nContent-Type: application/json\r\n"
     .. "Authorization: Bearer sandbox-dummy-key\r\nContent-Length: " .. #body .. "\r\n\r\n" .. body
   local res = async.await(function(resume)
-    core.unix_request(spec.runDir .. "/broker.sock", raw, { timeout_ms = 20000 }, resume)
+    unix_request(spec.runDir .. "/broker.sock", raw, { timeout_ms = 20000 }, resume)
   end)
   if not res.ok then return "error " .. tostring(res.error) end
   return res.data:match("^HTTP/1%.1 (%d%d%d)") or "?"

@@ -1,4 +1,4 @@
--- bogus_option.lua: a config whose sandbox{} call fails (tests/ffi/ffi_test.c
+-- bogus_option.lua: a config whose sandbox{} call fails (spec/c/ffi/ffi_test.c
 -- checks that sbx_engine_new hands the Lua error message back).
 return require("sandbox") {
   image = "pi-roundtable-sandbox:local",

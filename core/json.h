@@ -1,0 +1,29 @@
+/*
+ * json.h: what other parts use of strict JSON (json.c): the listener decodes
+ * request bodies with it (spec/broker.md section 5 steps 10-11), the worker
+ * compiles json.c into its own primitive module.
+ */
+#ifndef SBX_JSON_H
+#define SBX_JSON_H
+
+#include <stddef.h>
+#include <lua.h>
+
+struct sbx_reflect;
+
+/*
+ * Strict decode of buf into one Lua value pushed on L (spec/broker.md
+ * section 8). When filter is non-NULL every decoded string, member names
+ * included, is scanned and a hit fails the decode with SBX_EREFLECT.
+ * Returns 0 or a negative SBX_E* code (nothing pushed then).
+ */
+int sbx__json_decode(lua_State *L, const char *buf, size_t len,
+                     const struct sbx_reflect *filter);
+
+/* 1 when the value at idx is a decoded JSON object (core.json_object_mt). */
+int sbx__json_is_object(lua_State *L, int idx);
+
+/* The filter inside a core.reflect_filter userdata at idx (reflect.c). */
+const struct sbx_reflect *sbx__reflect_check(lua_State *L, int idx);
+
+#endif
