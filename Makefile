@@ -130,6 +130,7 @@ clean:
 # and the rich-mode (Pi) worker images (worker/pi/pi.mk: make image-pi).
 include worker/worker.mk
 -include worker/pi/pi.mk
+-include worker/precheck/precheck.mk
 
 # Generated header dependencies of everything compiled above.
 -include $(LIB_OBJ:.o=.d) $(B)/obj/main.d $(B)/obj/ffi_shim/sbx_ffi_shim.d \

@@ -15,9 +15,9 @@
 set -euo pipefail
 B="${1:-build}"
 IMAGE="${SBX_IMAGE:-pi-roundtable-sandbox:local}"   # `make image SBX_IMAGE=...` for another tag
-LABEL="pi-roundtable-sandbox.context"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+. scripts/image_lib.sh
 CTX="${SBX_IMAGE_CONTEXT:-$B/image}"   # a writable dir when build/ is not ours
 FS="$CTX/rootfs"
 ZONES=/usr/share/zoneinfo
@@ -53,24 +53,6 @@ find "$FS" -type d -exec chmod 0755 {} +
 find "$FS" -type f -exec chmod 0644 {} +
 chmod 0755 "$FS/app/worker/sbx-worker"
 chmod 1777 "$FS/tmp"
-find "$CTX" -exec touch -h -d @0 {} +
-
-# Content checksum: every path with its type and mode, then every file's bytes.
-SUM="$(cd "$CTX" && {
-  find . -printf '%y %m %p\n' | LC_ALL=C sort
-  find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
-} | sha256sum | cut -c1-64)"
-
-have="$(docker image inspect --format "{{ index .Config.Labels \"$LABEL\" }}" "$IMAGE" 2>/dev/null || true)"
-if [ "$have" = "$SUM" ]; then
-  echo "image: $IMAGE is up to date (context $SUM)"
-else
-  echo "image: building $IMAGE (context $SUM)"
-  if ! out="$(DOCKER_BUILDKIT=0 docker build --quiet --pull=false --label "$LABEL=$SUM" \
-                -t "$IMAGE" "$CTX" 2>&1)"; then
-    printf '%s\n' "$out" >&2
-    exit 1
-  fi
-fi
-size="$(docker image inspect --format '{{ .Size }}' "$IMAGE")"
+image_build "$CTX" "$IMAGE"
+size="$(image_size "$IMAGE")"
 echo "image: $IMAGE size $size bytes ($((size / 1024)) KiB); binary $(stat -c %s "$B/worker/sbx-worker") bytes; zone files $(find "$FS/usr/share/zoneinfo" -type f | wc -l)"
