@@ -2,7 +2,9 @@
  * http_head.c: steps 0-8 of the broker pipeline (spec/broker.md section 5)
  * for one complete request head, as a pure function of the bytes, the route
  * table and two bits of turn state. It owns nothing and allocates nothing;
- * the listener (listener.c) owns sockets, budget and Lua.
+ * the listener (listener.c) owns sockets, budget and Lua. The framing scan
+ * (sbx__head_scan: step 0 and the facts later steps read) is shared with the
+ * precheck broker's own order of checks (precheck_head.c).
  *
  * Framing is shared between our own checks and http_parser 2.9.4 (Debian's
  * libhttp-parser, built non-strict):
@@ -60,8 +62,8 @@ typedef struct {
   int te;                   /* a Transfer-Encoding header was present */
   int has_cl;
   uint64_t cl;
-  const char *auth;
-  size_t auth_len;
+  const char *auth;         /* first Authorization value */
+  int auth_bad;             /* some Authorization value is not the dummy */
   const char *host;
   size_t host_len;
   int complete;             /* on_headers_complete ran */
@@ -149,9 +151,12 @@ static void finish_header(scan_t *sc) {
     sc->has_cl = 1;
     sc->cl = n;
   }
+  if (idx == H_AUTHORIZATION) {
+    if (!eq(v, vn, SBX_DUMMY_AUTHORIZATION)) sc->auth_bad = 1;
+    if (sc->auth == NULL) sc->auth = v;
+  }
   if (sc->seen & (1u << idx)) { sc->refused = 1; return; }
   sc->seen |= 1u << idx;
-  if (idx == H_AUTHORIZATION) { sc->auth = v; sc->auth_len = vn; }
   if (idx == H_HOST) { sc->host = v; sc->host_len = vn; }
 }
 
@@ -248,8 +253,7 @@ static void defuse_long_lengths(char *in, size_t len) {
   }
 }
 
-void sbx__head_decide(const char *head, size_t len, const sbx__head_ctx_t *ctx,
-                      sbx__head_result_t *out) {
+int sbx__head_scan(const char *head, size_t len, sbx__head_facts_t *f) {
   static const char prefix[] = "POST / ";
   char in[SBX_MAX_HEAD_BYTES + 16];
   http_parser parser;
@@ -257,35 +261,33 @@ void sbx__head_decide(const char *head, size_t len, const sbx__head_ctx_t *ctx,
   scan_t sc;
   const char *eol, *sp1, *sp2, *target, *ver;
   size_t line_len, tlen, vlen, inlen, nparsed, i;
-  int bad_url = 0, is_post;
+  int bad_url = 0;
 
-  memset(out, 0, sizeof *out);
-  refuse(out, 0, 400, SBX_BODY_BAD_REQUEST);
-  if (head == NULL || len == 0 || len > SBX_MAX_HEAD_BYTES) return;
-  if (sbx__head_end(head, len, 0) != len || !lines_ok(head, len)) return;
+  memset(f, 0, sizeof *f);
+  if (head == NULL || len == 0 || len > SBX_MAX_HEAD_BYTES) return -1;
+  if (sbx__head_end(head, len, 0) != len || !lines_ok(head, len)) return -1;
 
   /* Request line: method SP target SP version CRLF. */
   eol = memchr(head, '\n', len);
   line_len = (size_t)(eol - head) - 1;          /* without CRLF; lines_ok: CR */
   sp1 = memchr(head, ' ', line_len);
-  if (sp1 == NULL || !is_token(head, (size_t)(sp1 - head))) return;
+  if (sp1 == NULL || !is_token(head, (size_t)(sp1 - head))) return -1;
   target = sp1 + 1;
   sp2 = memchr(target, ' ', line_len - (size_t)(target - head));
-  if (sp2 == NULL || sp2 == target) return;
+  if (sp2 == NULL || sp2 == target) return -1;
   tlen = (size_t)(sp2 - target);
   ver = sp2 + 1;
   vlen = line_len - (size_t)(ver - head);
-  if (!eq(ver, vlen, "HTTP/1.1") && !eq(ver, vlen, "HTTP/1.0")) return;
+  if (!eq(ver, vlen, "HTTP/1.1") && !eq(ver, vlen, "HTTP/1.0")) return -1;
   for (i = 0; i < tlen; i++) {
     unsigned char c = (unsigned char)target[i];
     if (c >= 0x80 || c == '\t' || c == '\f') bad_url = 1;
-    else if (c < 0x21 || c == 0x7f) return;
+    else if (c < 0x21 || c == 0x7f) return -1;
   }
-  is_post = eq(head, (size_t)(sp1 - head), "POST");
 
   /* Headers: http_parser over `POST / <version>` + the rest of the head. */
   inlen = sizeof prefix - 1 + (len - (size_t)(ver - head));
-  if (inlen > sizeof in) return;
+  if (inlen > sizeof in) return -1;
   memcpy(in, prefix, sizeof prefix - 1);
   memcpy(in + sizeof prefix - 1, ver, len - (size_t)(ver - head));
 
@@ -301,26 +303,53 @@ void sbx__head_decide(const char *head, size_t len, const sbx__head_ctx_t *ctx,
   http_parser_init(&parser, HTTP_REQUEST);
   parser.data = &sc;
   nparsed = http_parser_execute(&parser, &settings, in, inlen);
-  if (HTTP_PARSER_ERRNO(&parser) != HPE_OK || !sc.complete || sc.bad) return;
-  if (nparsed != inlen && !parser.upgrade) return;
-  if (sc.te && sc.has_cl) return;
+  if (HTTP_PARSER_ERRNO(&parser) != HPE_OK || !sc.complete || sc.bad) return -1;
+  if (nparsed != inlen && !parser.upgrade) return -1;
+  if (sc.te && sc.has_cl) return -1;
 
-  if (bad_url) { refuse(out, 1, 400, SBX_BODY_INVALID_URL); return; }
-  if (!is_post || memchr(target, '?', tlen) != NULL || memchr(target, '#', tlen) != NULL) {
+  f->target = target;
+  f->target_len = tlen;
+  f->bad_url = bad_url;
+  f->is_post = eq(head, (size_t)(sp1 - head), "POST");
+  f->header_refused = sc.refused;
+  f->auth_present = sc.auth != NULL;
+  f->auth_bad = sc.auth_bad;
+  f->host = sc.host;
+  f->host_len = sc.host_len;
+  f->has_length = sc.has_cl;
+  f->length = sc.cl;
+  return 0;
+}
+
+size_t sbx__route_find(const sbx__route_t *routes, size_t nroutes, const char *target,
+                       size_t len) {
+  size_t i;
+  for (i = 0; routes != NULL && i < nroutes; i++)
+    if (routes[i].len == len && memcmp(routes[i].s, target, len) == 0) return i;
+  return nroutes;
+}
+
+void sbx__head_decide(const char *head, size_t len, const sbx__head_ctx_t *ctx,
+                      sbx__head_result_t *out) {
+  sbx__head_facts_t f;
+  size_t i;
+
+  memset(out, 0, sizeof *out);
+  refuse(out, 0, 400, SBX_BODY_BAD_REQUEST);
+  if (sbx__head_scan(head, len, &f) != 0) return;
+  if (f.bad_url) { refuse(out, 1, 400, SBX_BODY_INVALID_URL); return; }
+  if (!f.is_post || memchr(f.target, '?', f.target_len) != NULL ||
+      memchr(f.target, '#', f.target_len) != NULL) {
     refuse(out, 2, 404, SBX_BODY_NOT_FOUND);
     return;
   }
-  if (sc.refused) { refuse(out, 3, 403, SBX_BODY_FORBIDDEN_HDR); return; }
-  if (sc.auth != NULL && !eq(sc.auth, sc.auth_len, SBX_DUMMY_AUTHORIZATION)) {
-    refuse(out, 4, 403, SBX_BODY_FORBIDDEN_CRED);
-    return;
-  }
-  if (sc.host == NULL || !eq(sc.host, sc.host_len, SBX_BROKER_HOST)) {
+  if (f.header_refused) { refuse(out, 3, 403, SBX_BODY_FORBIDDEN_HDR); return; }
+  if (f.auth_bad) { refuse(out, 4, 403, SBX_BODY_FORBIDDEN_CRED); return; }
+  if (f.host == NULL || !eq(f.host, f.host_len, SBX_BROKER_HOST)) {
     refuse(out, 5, 403, SBX_BODY_FORBIDDEN_HOST);
     return;
   }
-  for (i = 0; ctx != NULL && i < ctx->nroutes; i++)
-    if (ctx->routes[i].len == tlen && memcmp(ctx->routes[i].s, target, tlen) == 0) break;
+  i = ctx != NULL ? sbx__route_find(ctx->routes, ctx->nroutes, f.target, f.target_len) : 0;
   if (ctx == NULL || i == ctx->nroutes) { refuse(out, 6, 404, SBX_BODY_NOT_FOUND); return; }
   if (ctx->turn_ended) { refuse(out, 7, 410, SBX_BODY_TURN_ENDED); return; }
   if (ctx->busy) { refuse(out, 8, 429, SBX_BODY_BUSY); return; }
@@ -329,6 +358,6 @@ void sbx__head_decide(const char *head, size_t len, const sbx__head_ctx_t *ctx,
   out->step = 9;
   out->body = NULL;
   out->route = i;
-  out->has_length = sc.has_cl;
-  out->length = sc.cl;
+  out->has_length = f.has_length;
+  out->length = f.length;
 }

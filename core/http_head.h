@@ -43,6 +43,37 @@ typedef struct sbx__head_result {
 size_t sbx__head_end(const char *buf, size_t len, size_t from);
 
 /*
+ * What one head says, once its framing is valid (sbx__head_scan): the facts
+ * both pipelines' orders of checks are decided from (the sealed broker's in
+ * sbx__head_decide, the precheck broker's in precheck_head.c). Pointers point
+ * into the head; values are trimmed of SP/HT.
+ */
+typedef struct sbx__head_facts {
+  const char *target;   /* request-target bytes */
+  size_t target_len;
+  int bad_url;          /* a target byte >= 0x80, HT or FF (step 1) */
+  int is_post;          /* method exactly POST */
+  int header_refused;   /* a name outside the permitted list, or one twice */
+  int auth_present;     /* an Authorization header was seen */
+  int auth_bad;         /* some Authorization value is not exactly the dummy */
+  const char *host;     /* first Host value, or NULL */
+  size_t host_len;
+  int has_length;
+  uint64_t length;      /* Content-Length, saturated at UINT64_MAX */
+} sbx__head_facts_t;
+
+/*
+ * Step 0 for head[0..len), which must be exactly one complete head (as
+ * delimited by sbx__head_end) of at most SBX_MAX_HEAD_BYTES: returns 0 and
+ * fills *f when framing is valid, -1 otherwise (400 bad request).
+ */
+int sbx__head_scan(const char *head, size_t len, sbx__head_facts_t *f);
+
+/* The index of the route equal to target[0..len) byte for byte, or nroutes. */
+size_t sbx__route_find(const sbx__route_t *routes, size_t nroutes, const char *target,
+                       size_t len);
+
+/*
  * Decides steps 0-8 for head[0..len), which must be exactly one complete head
  * (as delimited by sbx__head_end) of at most SBX_MAX_HEAD_BYTES; anything else
  * is a framing error (400). Always fills *out.
