@@ -80,6 +80,8 @@ M.catalogue = {
   { name = "MOUNT_SEPARATE", message = "broker and workspace mounts must be separate" },
   { name = "LIMITS", message = "invalid resource limits" },
   { name = "LABELS", message = "invalid container labels" },
+  { name = "ENTRYPOINT", message = "invalid entrypoint",
+    fix = "give entrypoint as a list of absolute paths and arguments, none empty or starting with '-'" },
 
   -- Broker configuration (spec/broker.md 4)
   { name = "BROKER_OPTIONS", message = "broker options must be a table" },

@@ -74,5 +74,10 @@ M.scrub_diagnostic = require("sandbox.scrub").scrub_diagnostic
 M.fetch = require "sandbox.fetch"
 M.safe_fetch = M.fetch.safe_fetch
 M.assert_public_url = M.fetch.assert_public_url
+-- The precheck script runner (precheck.md): agent-written JavaScript
+-- prechecks in a sealed container with granted MCP tools only.
+M.precheck = require "sandbox.precheck"
+M.precheckScriptRunner = M.precheck.new
+M.PRECHECK_ENTRYPOINT = M.precheck.PRECHECK_ENTRYPOINT
 
 return setmetatable(M, { __call = function(_, opts) return M.new(opts) end })

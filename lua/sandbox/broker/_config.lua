@@ -27,16 +27,17 @@ local function whole_in(v, lo, hi)
     or (math.type(v) == "float" and v == math.floor(v) and v >= lo and v <= hi)
 end
 
--- Raises "unknown sandbox option: <name>" for the first (sorted) key of opts
--- that `allowed` (name -> true) lacks: sandbox{} and sandbox.runtime{} each
--- check their own option set this way.
-function M.check_option_names(opts, allowed)
+-- Raises "unknown sandbox option: <name>" (or `prefix` .. name) for the
+-- first (sorted) key of opts that `allowed` (name -> true) lacks: sandbox{},
+-- sandbox.runtime{} and the precheck runner each check their own option set
+-- this way.
+function M.check_option_names(opts, allowed, prefix)
   local unknown = {}
   for k in pairs(opts) do
     if not allowed[k] then unknown[#unknown + 1] = tostring(k) end
   end
   table.sort(unknown)
-  if unknown[1] then fail(M.E_UNKNOWN .. unknown[1]) end
+  if unknown[1] then fail((prefix or M.E_UNKNOWN) .. unknown[1]) end
 end
 
 -- Unicode White_Space code points.

@@ -11,10 +11,12 @@ local M = {}
 M.MAX_BODY = core.limits.MAX_UPSTREAM_BYTES   -- core/bounds.h
 
 -- opts: url, headers (array of lines), body (string), deadline (core.now()
--- milliseconds), allow_http, credential (or nil), transport (trusted seam:
--- {cainfo=, connectTo=}). Returns the decoded value, or nil and a short
--- internal reason (never shown to the guest, never holding payload).
-function M.post_json(opts, signal)
+-- milliseconds), allow_http, transport (trusted seam: {cainfo=, connectTo=}).
+-- Returns core.http_post's result table for a 2xx ({ok=true, status, body,
+-- content_type}), or nil and a short internal reason ("aborted",
+-- "deadline", or core.http_post's error: "status", "too large", ...; never
+-- shown to the guest, never holding payload) and the status when one came.
+function M.post(opts, signal)
   if signal.aborted then return nil, "aborted" end
   local left = opts.deadline - core.now()
   if left <= 0 then return nil, "deadline" end
@@ -38,7 +40,15 @@ function M.post_json(opts, signal)
     end)
   end)
   if signal.aborted then return nil, "aborted" end
-  if not res.ok then return nil, res.error end
+  if not res.ok then return nil, res.error, res.status end
+  return res
+end
+
+-- M.post, then the strict parse and, when opts.credential is set, the
+-- reflection filter. Returns the decoded value, or nil and a reason.
+function M.post_json(opts, signal)
+  local res, why = M.post(opts, signal)
+  if not res then return nil, why end
   local filter = opts.credential and core.reflect_filter(opts.credential) or nil
   local value, err = json.decode(res.body, filter)
   if value == nil then return nil, err end

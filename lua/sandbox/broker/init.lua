@@ -195,7 +195,10 @@ function Broker:_mcp(server, body, sig, deadline)
 end
 
 -- Called by the listener once steps 0-12 passed for an accepted call, with
--- the route it matched (step 13 runs that route's handler).
+-- the route it matched (step 13 runs that route's handler). Shared with the
+-- precheck broker (lua/sandbox/precheck/_broker.lua) as M.dispatch: any
+-- object with turn_signal and an optional audit, and routes of the same
+-- shape, gets the same call signal, deadline and reply rules.
 function Broker:_dispatch(call, route)
   local started = core.now()
   local deadline = started + M.CALL_DEADLINE_MS
@@ -217,5 +220,7 @@ function Broker:_dispatch(call, route)
     end
   end)
 end
+
+M.dispatch = Broker._dispatch
 
 return M

@@ -122,9 +122,10 @@ end
 
 -- Spawns `docker run` with the turn on stdin (then EOF); an abort SIGKILLs
 -- the CLI, never the container (4.6 step 4).
-function Driver:start(h, input)
+function Driver:start(h, input, max_stdout)
   h.task = async.spawn(self.exec, self, h.argv, {
-    stdin = input, max_stdout = M.MAX_STDOUT, max_stderr = M.MAX_STDERR, kill_on_overflow = true,
+    stdin = input, max_stdout = max_stdout or M.MAX_STDOUT, max_stderr = M.MAX_STDERR,
+    kill_on_overflow = true,
     on_proc = function(proc)
       if h.signal then h.unregister = h.signal:on_abort(function() proc:kill(core.SIGKILL) end) end
     end,

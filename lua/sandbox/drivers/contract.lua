@@ -7,6 +7,8 @@
 -- third file over the same contract, not a fork of the algorithm.
 --
 --   contract.run(d, spec, turn, signal) -> {ok=, text=}   4.6 (yields; raises 4.8)
+--   contract.attached(d, c, input, signal, {max_stdout=, check=}) -> stdout
+--                                       4.6 for any checked spec and stdin bytes
 --   contract.remove(d, name)            4.7 (yields; raises the cleanup error)
 --   contract.list(d, installation)      6.3 step 1 (yields; raises the cleanup error)
 --   contract.parse_reply(stdout)        4.6 step 9 / 8.4 -> {ok=, text=} (raises)
@@ -20,9 +22,9 @@
 --                                   `docker run`); h.failed when the daemon
 --                                   refused. From here on an abort of signal
 --                                   ends everything h holds (4.6 step 4).
---   d:start(h, input)               start it attached and write input on its
+--   d:start(h, input, max_stdout)   start it attached and write input on its
 --                                   stdin, then end of file (4.6 step 3, 5)
---   d:read(h) -> stdout, truncated  stdout until it ends, within MAX_STDOUT,
+--   d:read(h) -> stdout, truncated  stdout until it ends, within max_stdout,
 --                                   stderr drained within MAX_STDERR (either
 --                                   limit: truncated); or nil, nil, err when
 --                                   nothing could be started (4.8: the spawn
@@ -124,14 +126,19 @@ local function input_of(spec, turn)
   return container.turn_json(turn)
 end
 
--- One turn in one fresh container (4.6). turn is the 8.2 turn (its table,
--- or its bytes).
-function M.run(d, spec, turn, signal)
-  local c = container.check(spec)                                      -- 1
-  local input = input_of(spec, turn)
+-- One run of the checked spec c (runtime/container.lua check) in a fresh
+-- container, attached (4.6 steps 2-8 and 10): `input` on stdin, then stdout
+-- once the container exited 0, within o.max_stdout bytes (default
+-- MAX_STDOUT), handed to o.check (4.6 step 9) when given. Raises the abort
+-- reason, `body too large`, `sandbox worker failed`, o.check's error or the
+-- spawn error; a removal failure replaces any of them. The sealed turn and
+-- the precheck runner (lua/sandbox/precheck/_docker.lua, its own stdout
+-- bound and answer rules) are its two callers.
+function M.attached(d, c, input, signal, o)
+  o = o or {}
   if signal and signal.aborted then error(M.abort_reason(signal), 0) end  -- 2
   local h = d:create(c, signal)                                        -- 3-4
-  d:start(h, input)                                                     -- 3, 5
+  d:start(h, input, o.max_stdout or M.MAX_STDOUT)                       -- 3, 5
   local stdout, truncated, unstarted = d:read(h)                        -- 6
   if unstarted then                                                     -- nothing started,
     d:release(h)                                                        -- nothing to remove
@@ -144,7 +151,8 @@ function M.run(d, spec, turn, signal)
     if truncated then fail(M.E_TOO_LARGE) end                           -- 6
     if signal and signal.aborted then error(M.abort_reason(signal), 0) end  -- 7
     if failed then fail(M.E_WORKER) end                                 -- 8
-    return M.parse_reply(stdout)                                        -- 9
+    if o.check then return o.check(stdout) end                          -- 9
+    return stdout
   end)
   -- 10: always, last. A removal failure replaces whatever came before.
   M.remove(d, c.name)
@@ -154,6 +162,14 @@ function M.run(d, spec, turn, signal)
   end
   if not ok then error(out, 0) end
   return out
+end
+
+-- One turn in one fresh container (4.6). turn is the 8.2 turn (its table,
+-- or its bytes).
+function M.run(d, spec, turn, signal)
+  local c = container.check(spec)                                      -- 1
+  local input = input_of(spec, turn)
+  return M.attached(d, c, input, signal, { check = M.parse_reply })
 end
 
 -- The driver methods of spec 4.1 for a driver class made of primitives:

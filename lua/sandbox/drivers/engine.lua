@@ -183,7 +183,7 @@ end
 -- The hijacked attach stream. Returns an object whose :wait_ready() yields
 -- until the 101 head (true) or failure (false), and :wait_end() until the
 -- stream ended; .stdout, .stdout_truncated, .stderr_truncated, .bad.
-local function attach(self, name, group)
+local function attach(self, name, group, max_stdout)
   local a = { out = {}, out_len = 0, err_len = 0, ready = nil, ended = false, waiters = {} }
   local buf, head_done = "", false
   local function notify()
@@ -201,7 +201,7 @@ local function attach(self, name, group)
       local n = string.unpack(">I4", buf, pos + 4)
       if #buf - pos + 1 < 8 + n then break end
       if t == 1 then
-        if a.out_len + n > contract.MAX_STDOUT then a.stdout_truncated = true; over(); return end
+        if a.out_len + n > max_stdout then a.stdout_truncated = true; over(); return end
         a.out[#a.out + 1] = buf:sub(pos + 8, pos + 7 + n)
         a.out_len = a.out_len + n
       elseif t == 2 then
@@ -218,7 +218,7 @@ local function attach(self, name, group)
     -- a frame header announcing more than a limit is refused before its body
     if #buf >= 8 then
       local t, n = buf:byte(1), string.unpack(">I4", buf, 5)
-      if (t == 1 and a.out_len + n > contract.MAX_STDOUT) then a.stdout_truncated = true; over()
+      if (t == 1 and a.out_len + n > max_stdout) then a.stdout_truncated = true; over()
       elseif (t == 2 and a.err_len + n > contract.MAX_STDERR) then a.stderr_truncated = true; over() end
     end
   end
@@ -287,9 +287,9 @@ end
 
 -- Attach, wait on its own connection, start (204), then the turn on the
 -- attach stream and a half-close (4.6 steps 3 and 5).
-function Driver:start(h, input)
+function Driver:start(h, input, max_stdout)
   if h.failed then return end
-  local a = attach(self, h.name, h.group)
+  local a = attach(self, h.name, h.group, max_stdout or contract.MAX_STDOUT)
   if not a.wait_ready() then
     a.wait_end()
     h.failed = true

@@ -114,9 +114,10 @@ function M.time_zone_ok(zone)
   return magic == "TZif"
 end
 
--- limits (spec/runtime.md 2.3) -> resolved {memoryMb, cpus, pids} or nil.
-function M.resolve_limits(limits)
-  local d = M.DEFAULT_LIMITS
+-- limits (spec/runtime.md 2.3) -> resolved {memoryMb, cpus, pids} or nil;
+-- defaults fill what limits leaves out (the runtime's unless given).
+function M.resolve_limits(limits, defaults)
+  local d = defaults or M.DEFAULT_LIMITS
   if limits == nil then return { memoryMb = d.memoryMb, cpus = d.cpus, pids = d.pids } end
   if type(limits) ~= "table" then return nil end
   for k in pairs(limits) do
@@ -153,7 +154,7 @@ local function dry_run(spec, limits_ok)
 end
 
 -- Step 8 for one root: absolute dedicated path, created 0700, private.
-local function check_root(path, uid)
+function M.check_root(path, uid)
   if type(path) ~= "string" or path:sub(1, 1) ~= "/" or path:find("%z") or path:find("^/+$") then
     fail(M.E_ROOT_PATH)
   end
@@ -189,8 +190,8 @@ function M.resolve(opts, checked)
   local timeout = M.check_turn_timeout(opts.turnTimeoutMs)
   -- 8
   local puid, pgid = core.getuid()
-  check_root(opts.runRoot, puid)
-  check_root(opts.workspaceRoot, puid)
+  M.check_root(opts.runRoot, puid)
+  M.check_root(opts.workspaceRoot, puid)
   -- 9
   local run_root, ws_root = core.realpath(opts.runRoot), core.realpath(opts.workspaceRoot)
   if not run_root or not ws_root then fail(M.E_ROOT_PRIVATE) end

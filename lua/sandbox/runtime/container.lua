@@ -24,6 +24,12 @@
 -- labels}; labels = {[LABEL_INSTALLATION]=..., [LABEL_OWNER]=...}. A label
 -- missing from `labels` is rendered with an empty value (the runtime's
 -- construction dry run passes none); the driver refuses to run without both.
+-- The precheck runner's containers (shared/spec/precheck.md 6.1) add three
+-- fields: labels = false (no --label at all), workspaceReadOnly = true (the
+-- workspace mount gains `readonly`) and entrypoint = {path, args...}
+-- (`--entrypoint <path>` after --env, the args after the image). A dry run
+-- sets canonical = true: the mount sources are taken as already canonical
+-- (they need not exist yet) instead of being resolved with realpath.
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local json = require "sandbox.json"
@@ -36,6 +42,7 @@ M.E_MOUNT_PATH = errors.MOUNT_PATH
 M.E_MOUNT_SEPARATE = errors.MOUNT_SEPARATE
 M.E_LIMITS = errors.LIMITS
 M.E_LABELS = errors.LABELS
+M.E_ENTRYPOINT = errors.ENTRYPOINT
 
 M.LABEL_INSTALLATION = "roundtable.sandbox.installation"
 M.LABEL_OWNER = "roundtable.sandbox.owner"
@@ -122,6 +129,22 @@ function M.format_cpus(cpus)
   return text, math.tointeger(tonumber(nano_text))
 end
 
+-- A non-empty list of non-empty strings, none starting with '-' or holding
+-- NUL, CR or LF.
+local function entrypoint_ok(ep)
+  if type(ep) ~= "table" or #ep == 0 then return false end
+  local n = 0
+  for _ in pairs(ep) do n = n + 1 end
+  if n ~= #ep then return false end
+  for _, part in ipairs(ep) do
+    if type(part) ~= "string" or part == "" or part:sub(1, 1) == "-" or part:find("[%z\r\n]") then
+      return false
+    end
+  end
+  return true
+end
+M.entrypoint_ok = entrypoint_ok
+
 local function label_ok(v)
   return v == nil or (type(v) == "string" and #v <= 256 and not v:find("[^\33-\126]"))
 end
@@ -129,16 +152,21 @@ end
 -- Validates a spec (4.2, in the table's order) and returns a new table with
 -- canonical mount sources and the formatted numbers:
 -- {name, image, runDir, workspaceDir, uid, gid, memoryMb, cpus (text),
---  nanoCpus, pids, installation, owner}.
+--  nanoCpus, pids, installation, owner, labelled, workspaceReadOnly,
+--  entrypoint}.
 function M.check(spec)
   if type(spec) ~= "table" then fail(M.E_NAME_IMAGE) end
   if not name_ok(spec.name) or not image_ok(spec.image) then fail(M.E_NAME_IMAGE) end
+  if spec.entrypoint ~= nil and not entrypoint_ok(spec.entrypoint) then fail(M.E_ENTRYPOINT) end
   local uid, gid = as_integer(spec.uid), as_integer(spec.gid)
   if not uid or uid <= 0 or not gid or gid <= 0 then fail(M.E_NON_ROOT) end
   if not mount_path_ok(spec.runDir) or not mount_path_ok(spec.workspaceDir) then fail(M.E_MOUNT_PATH) end
   -- Canonicalise, so an operator-side symlink cannot redirect a mount; the
   -- canonical form must pass the same rules (a link to "/" or a comma path).
-  local run_dir, ws_dir = core.realpath(spec.runDir), core.realpath(spec.workspaceDir)
+  local run_dir, ws_dir = spec.runDir, spec.workspaceDir
+  if spec.canonical ~= true then
+    run_dir, ws_dir = core.realpath(spec.runDir), core.realpath(spec.workspaceDir)
+  end
   if not mount_path_ok(run_dir) or not mount_path_ok(ws_dir) then fail(M.E_MOUNT_PATH) end
   if inside(run_dir, ws_dir) or inside(ws_dir, run_dir) then fail(M.E_MOUNT_SEPARATE) end
   local mem, pids = as_integer(spec.memoryMb), as_integer(spec.pids)
@@ -147,6 +175,8 @@ function M.check(spec)
     fail(M.E_LIMITS)
   end
   local labels = spec.labels
+  local labelled = labels ~= false
+  if labels == false then labels = nil end
   if labels ~= nil and type(labels) ~= "table" then fail(M.E_LABELS) end
   labels = labels or {}
   local inst, owner = labels[M.LABEL_INSTALLATION], labels[M.LABEL_OWNER]
@@ -157,19 +187,21 @@ function M.check(spec)
   return {
     name = spec.name, image = spec.image, runDir = run_dir, workspaceDir = ws_dir,
     uid = uid, gid = gid, memoryMb = mem, cpus = cpus, nanoCpus = nano, pids = pids,
-    installation = inst or "", owner = owner or "",
+    installation = inst or "", owner = owner or "", labelled = labelled,
+    workspaceReadOnly = spec.workspaceReadOnly == true, entrypoint = spec.entrypoint,
   }
 end
 
 -- The argv of spec 4.3 (without the binary itself): 41 elements, then the
--- image. Raises the 4.2 errors.
+-- image. Raises the 4.2 errors. A precheck spec (see the top) drops the two
+-- labels, may mount the workspace read-only and names its entrypoint.
 function M.args(spec)
   return M.argv(M.check(spec))
 end
 
 -- The same argv from a spec M.check returned.
 function M.argv(c)
-  return {
+  local argv = {
     "run",
     "--rm",
     "--interactive",
@@ -177,9 +209,15 @@ function M.argv(c)
     "--log-driver", "none",
     "--pull", "never",
     "--name", c.name,
-    "--label", M.LABEL_INSTALLATION .. "=" .. c.installation,
-    "--label", M.LABEL_OWNER .. "=" .. c.owner,
-    "--network", "none",
+  }
+  local function add(...)
+    for _, v in ipairs { ... } do argv[#argv + 1] = v end
+  end
+  if c.labelled then
+    add("--label", M.LABEL_INSTALLATION .. "=" .. c.installation,
+        "--label", M.LABEL_OWNER .. "=" .. c.owner)
+  end
+  add("--network", "none",
     "--read-only",
     "--cap-drop", "ALL",
     "--security-opt", "no-new-privileges:true",
@@ -191,10 +229,15 @@ function M.argv(c)
     "--ulimit", "nofile=256:256",
     "--tmpfs", M.TMPFS,
     "--mount", "type=bind,src=" .. c.runDir .. ",dst=/broker,readonly,bind-propagation=rprivate",
-    "--mount", "type=bind,src=" .. c.workspaceDir .. ",dst=/workspace,bind-propagation=rprivate",
-    "--env", M.ENV,
-    c.image,
-  }
+    "--mount", "type=bind,src=" .. c.workspaceDir .. ",dst=/workspace,"
+      .. (c.workspaceReadOnly and "readonly," or "") .. "bind-propagation=rprivate",
+    "--env", M.ENV)
+  if c.entrypoint then add("--entrypoint", c.entrypoint[1]) end
+  add(c.image)
+  if c.entrypoint then
+    for i = 2, #c.entrypoint do add(c.entrypoint[i]) end
+  end
+  return argv
 end
 
 local function obj(names, values) return json.object(names, values) end

@@ -1,0 +1,38 @@
+-- precheck/_docker.lua: the precheck runner's default driver (shared/spec/
+-- precheck.md 4 step 8, 6.1): the sealed turns' Docker CLI driver
+-- (lua/sandbox/drivers/cli.lua) running a precheck container spec.
+--
+--   driver:exec(spec, input, signal, {stdoutBytes=N}) -> stdout (yields)
+--
+-- The argv is lua/sandbox/runtime/container.lua's with the precheck's
+-- parameters (no labels, read-only workspace, `--entrypoint`); the run and
+-- the removal algorithm (3 tries x 5 s, one more removal 100 ms after an
+-- abort or a non-zero exit) are the driver contract's
+-- (lua/sandbox/drivers/contract.lua, over the CLI driver's primitives), so a
+-- precheck container dies and is removed exactly like a sealed turn's.
+-- Raises the abort reason, `body too large`, `sandbox worker failed` or the
+-- cleanup error.
+local container = require "sandbox.runtime.container"
+local contract = require "sandbox.drivers.contract"
+
+local M = {}
+
+local Driver = {}
+Driver.__index = Driver
+
+function M.new(cli)
+  return setmetatable({ cli = cli, builtin = true }, Driver)
+end
+
+function Driver:exec(spec, input, signal, o)
+  local c = container.check(spec)
+  return contract.attached(self.cli, c, input, signal, { max_stdout = o and o.stdoutBytes or nil })
+end
+
+-- `docker rm --force <name>` with the removal algorithm (for stale
+-- roundtable-precheck- containers).
+function Driver:remove(name)
+  return contract.remove(self.cli, name)
+end
+
+return M

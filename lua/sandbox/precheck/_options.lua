@@ -1,0 +1,136 @@
+-- precheck/_options.lua: the precheck runner's options and construction
+-- checks (shared/spec/precheck.md 2 and 2.1), in the table's exact order and
+-- with its exact error strings (raised with no position prefix). The root,
+-- user, limits and container-argument rules are the sealed runtime's own
+-- (lua/sandbox/runtime/_options.lua, lua/sandbox/runtime/container.lua),
+-- called with the precheck's parameters.
+local broker_config = require "sandbox.broker._config"
+local container = require "sandbox.runtime.container"
+local core = require "sandbox.core"
+local runtime_options = require "sandbox.runtime._options"
+
+local M = {}
+
+M.E_UNKNOWN = "unknown precheck option: "
+M.E_LINUX = runtime_options.E_LINUX
+M.E_BUDGET = "invalid precheck MCP call budget"
+M.E_TIMEOUT = "precheck timeoutMs must be 1000 to 600000"
+M.E_GRANT = "precheck grant must be a function"
+M.E_TOOL_NAME = "precheck toolName must be a function"
+M.E_ROOT_PATH = runtime_options.E_ROOT_PATH
+M.E_ROOT_PRIVATE = runtime_options.E_ROOT_PRIVATE
+M.E_USER = runtime_options.E_USER
+M.E_SOCKET = runtime_options.E_SOCKET
+M.E_NAME_IMAGE = container.E_NAME_IMAGE
+M.E_ENTRYPOINT = container.E_ENTRYPOINT
+M.E_LIMITS = container.E_LIMITS
+M.E_MOUNT_PATH = container.E_MOUNT_PATH
+M.E_DRIVER = "precheck driver must have an exec method"
+M.E_FETCH = "precheck fetchImpl must be a function"
+
+M.OPTIONS = {
+  image = true, runRoot = true, uid = true, gid = true, grant = true, toolName = true,
+  entrypoint = true, timeoutMs = true, maxCalls = true, allowHttpMcp = true, limits = true,
+  driver = true, fetchImpl = true,
+}
+
+M.ENTRYPOINT = { "/usr/local/bin/bun", "/app/precheck-main.mjs" }
+M.DEFAULT_MAX_CALLS = 16
+M.MAX_CALLS_LIMIT = 100
+M.DEFAULT_TIMEOUT_MS = 60000
+M.DEFAULT_LIMITS = { memoryMb = 256, cpus = 1, pids = 32 }
+M.SOCKET_SUFFIX = "/precheck-XXXXXX/broker.sock"
+M.MAX_SOCKET_PATH = 100
+M.MAX_RUN_ROOT_BYTES = M.MAX_SOCKET_PATH - #M.SOCKET_SUFFIX      -- 72
+M.PREFLIGHT_NAME = "precheck-preflight"
+
+local function fail(msg) error(msg, 0) end
+
+local as_integer = container.as_integer
+
+function M.copy_list(list)
+  local out = {}
+  for i, v in ipairs(list) do out[i] = v end
+  return out
+end
+
+-- The container spec of one run, or of the construction dry run (row 10):
+-- everything spec/precheck.md 6.1 puts on the docker command line. The
+-- entrypoint is o's own list (a run passes a copy).
+function M.container_spec(o, name, run_dir, workspace_dir)
+  local limits = o.limits or M.DEFAULT_LIMITS
+  return {
+    name = name, image = o.image, runDir = run_dir, workspaceDir = workspace_dir,
+    uid = o.uid, gid = o.gid, memoryMb = limits.memoryMb, cpus = limits.cpus, pids = limits.pids,
+    labels = false, workspaceReadOnly = true, entrypoint = o.entrypoint,
+  }
+end
+
+local function default_driver()
+  local cli = require "sandbox.drivers.cli"
+  return require("sandbox.precheck._docker").new(cli.new { binary = "docker" })
+end
+
+-- Runs rows 1-10 of 2.1 and returns the resolved options: {image, runRoot
+-- (canonical), uid, gid, grant, toolName, entrypoint, timeoutMs (nil when
+-- not given), maxCalls, allowHttpMcp, limits, driver, fetchImpl}.
+function M.resolve(opts)
+  if type(opts) ~= "table" then fail("precheck options must be a table") end
+  broker_config.check_option_names(opts, M.OPTIONS, M.E_UNKNOWN)
+  -- 1
+  if opts.driver == nil and not runtime_options.is_linux() then fail(M.E_LINUX) end
+  -- 2
+  local max_calls = M.DEFAULT_MAX_CALLS
+  if opts.maxCalls ~= nil then
+    max_calls = as_integer(opts.maxCalls)
+    if not max_calls or max_calls < 1 or max_calls > M.MAX_CALLS_LIMIT then fail(M.E_BUDGET) end
+  end
+  -- 3
+  local timeout
+  if opts.timeoutMs ~= nil then
+    timeout = as_integer(opts.timeoutMs)
+    if not timeout or timeout < 1000 or timeout > 600000 then fail(M.E_TIMEOUT) end
+  end
+  -- 4, 5
+  if type(opts.grant) ~= "function" then fail(M.E_GRANT) end
+  if opts.toolName ~= nil and type(opts.toolName) ~= "function" then fail(M.E_TOOL_NAME) end
+  -- 6, 7: absolute and not "/", created 0700, private, canonical
+  local puid, pgid = core.getuid()
+  runtime_options.check_root(opts.runRoot, puid)
+  local run_root = core.realpath(opts.runRoot)
+  if not run_root then fail(M.E_ROOT_PRIVATE) end
+  if run_root == "/" then fail(M.E_ROOT_PATH) end
+  -- 8
+  local uid = opts.uid == nil and puid or as_integer(opts.uid)
+  local gid = opts.gid == nil and pgid or as_integer(opts.gid)
+  if not uid or not gid or uid <= 0 or gid <= 0 or uid ~= puid or gid ~= pgid then fail(M.E_USER) end
+  -- 9
+  if #run_root > M.MAX_RUN_ROOT_BYTES then fail(M.E_SOCKET) end
+  -- 10: the argument builder on paths of the right shape; nothing is created
+  local limits = runtime_options.resolve_limits(opts.limits, M.DEFAULT_LIMITS)
+  local entrypoint = opts.entrypoint == nil and M.ENTRYPOINT or opts.entrypoint
+  local resolved = {
+    image = opts.image, runRoot = run_root, uid = uid, gid = gid, grant = opts.grant,
+    toolName = opts.toolName, entrypoint = entrypoint, timeoutMs = timeout,
+    maxCalls = max_calls, allowHttpMcp = opts.allowHttpMcp == true,
+    limits = limits or M.DEFAULT_LIMITS, fetchImpl = opts.fetchImpl,
+  }
+  local dry = M.container_spec(resolved, M.PREFLIGHT_NAME, run_root .. "/precheck-preflight",
+    run_root .. "/precheck-ws-preflight")
+  dry.canonical = true
+  container.args(dry)
+  if not limits then fail(M.E_LIMITS) end
+  resolved.entrypoint = M.copy_list(entrypoint)   -- checked by the builder: a plain list
+  -- the trusted seams
+  if opts.fetchImpl ~= nil and type(opts.fetchImpl) ~= "function" then fail(M.E_FETCH) end
+  local driver = opts.driver
+  if driver == nil then
+    driver = default_driver()
+  elseif type(driver) ~= "table" or type(driver.exec) ~= "function" then
+    fail(M.E_DRIVER)
+  end
+  resolved.driver = driver
+  return resolved
+end
+
+return M
