@@ -4,12 +4,16 @@
 --   local mcp = require "mcp_server"
 --   local ok, why = mcp.available()      -- false + reason if node or the SDK is missing
 --   local s = mcp.start{ require_key = "k" }   -- raises if it cannot start
+--   local e = mcp.start{ sse = true }          -- answers as one SSE event
 --   s.url    -- http://127.0.0.1:PORT/mcp
+--   s.raw_url -- http://127.0.0.1:PORT/raw: answers what s:queue_raw queued
 --   s.port, s.pid
 --   s:log()  -- inside an async task: the array of requests the server got on
 --               /mcp, each {method, path, authorization, headers, body, raw}
 --               (header names lowercase), or nil, err; uses core.http_post
 --               and decodes with lua-cjson
+--   s:queue_raw{status=, contentType=, headers=, body=}  -- inside a task: the
+--               exact answer of the next request to /raw
 --   s:stop() -- kills the server; idempotent
 --
 -- The server is started in the background (so closing the popen handle never
@@ -99,20 +103,30 @@ function Server:stop()
   end
 end
 
--- Inside an async task (lua/sandbox/async.lua): fetches POST /__log.
-function Server:log()
+local function seam_post(self, path, body)
   local core = require "sandbox.core"
   local async = require "sandbox.async"
-  local res = async.await(function(resume)
+  return async.await(function(resume)
     core.http_post{
-      url = self.base .. "/__log",
+      url = self.base .. path,
       headers = { "Content-Type: application/json" },
-      body = "{}",
+      body = body,
       allow_http = true,
       timeout_ms = 5000,
       on_done = resume,
     }
   end)
+end
+
+-- Inside an async task: queues one canned answer for /raw.
+function Server:queue_raw(reply)
+  local res = seam_post(self, "/__raw", require("cjson").encode(reply))
+  if not res or not res.ok then error("mcp_server: queue_raw failed", 2) end
+end
+
+-- Inside an async task (lua/sandbox/async.lua): fetches POST /__log.
+function Server:log()
+  local res = seam_post(self, "/__log", "{}")
   if not res or not res.ok then
     return nil, "log request failed: " .. tostring(res and res.error)
   end
@@ -130,6 +144,7 @@ function M.start(opts)
   if opts.require_key ~= nil then
     args[#args + 1] = "--require-key " .. shell_quote(opts.require_key)
   end
+  if opts.sse then args[#args + 1] = "--sse" end
   local parent = own_pid()
   if parent then args[#args + 1] = "--parent-pid " .. parent end
   -- Backgrounded: the shell exits at once, so closing the pipe never blocks;
@@ -155,6 +170,7 @@ function M.start(opts)
     pipe = pipe,
     base = "http://127.0.0.1:" .. port,
     url = "http://127.0.0.1:" .. port .. "/mcp",
+    raw_url = "http://127.0.0.1:" .. port .. "/raw",
     stopped = false,
   }, Server)
   return self
