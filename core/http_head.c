@@ -87,6 +87,7 @@ const char *sbx__http_reason(int status) {
   case 404: return "Not Found";
   case 405: return "Method Not Allowed";
   case 408: return "Request Timeout";
+  case 409: return "Conflict";
   case 410: return "Gone";
   case 413: return "Payload Too Large";
   case 429: return "Too Many Requests";

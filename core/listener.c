@@ -50,6 +50,7 @@
 #include "json.h"
 #include "loop.h"
 #include "parts.h"
+#include "precheck_head.h"
 
 #define LISTENER_MT "sbx.listener"
 #define CALL_MT     "sbx.call"
@@ -77,6 +78,9 @@ struct lst {
   int in_flight;
   lua_Integer budget;      /* calls left */
   int test_echo;          /* the test seam opts.test_echo (see API.md) */
+  int precheck;            /* opts.policy "precheck": precheck_head.c decides
+                              the head, and any JSON value reaches on_call */
+  size_t max_body;         /* Content-Length above this is refused unread */
   uint64_t head_ms;
   uint64_t request_ms;
   int on_call_ref;
@@ -355,7 +359,10 @@ static int prep_call(lua_State *L) {
     lua_pushinteger(L, 502);
     return 1;
   }
-  if (!sbx__json_is_object(L, -1)) { lua_pushinteger(L, 400); return 1; }  /* 11 */
+  if (!lst->precheck && !sbx__json_is_object(L, -1)) {               /* 11 */
+    lua_pushinteger(L, 400);
+    return 1;
+  }
   if (lst->turn_ended || c->peer_eof) {                               /* 12 */
     lua_pushinteger(L, 502);
     return 1;
@@ -445,7 +452,7 @@ static void accept_call(conn_t *c, size_t head_len, const sbx__head_result_t *r)
   lst->budget--;
   c->holds_slot = 1;
   c->route = r->route;
-  if (!r->has_length || r->length == 0 || r->length > SBX_MAX_BODY_BYTES) {
+  if (!r->has_length || r->length == 0 || r->length > lst->max_body) {
     fail_accepted(c, 502, SBX_BODY_CALL_FAILED);                 /* 10 */
     return;
   }
@@ -467,11 +474,21 @@ static void head_complete(conn_t *c, size_t head_len) {
   sbx__head_result_t r;
 
   arm_timer(c, lst->request_ms);               /* request deadline starts */
-  ctx.routes = lst->routes;
-  ctx.nroutes = lst->nroutes;
-  ctx.turn_ended = lst->turn_ended;
-  ctx.busy = lst->in_flight || lst->budget <= 0;
-  sbx__head_decide(c->buf, head_len, &ctx, &r);
+  if (lst->precheck) {
+    sbx__precheck_ctx_t pc;
+    pc.routes = lst->routes;
+    pc.nroutes = lst->nroutes;
+    pc.run_ended = lst->turn_ended;
+    pc.in_flight = lst->in_flight;
+    pc.exhausted = lst->budget <= 0;
+    sbx__precheck_head_decide(c->buf, head_len, &pc, &r);
+  } else {
+    ctx.routes = lst->routes;
+    ctx.nroutes = lst->nroutes;
+    ctx.turn_ended = lst->turn_ended;
+    ctx.busy = lst->in_flight || lst->budget <= 0;
+    sbx__head_decide(c->buf, head_len, &ctx, &r);
+  }
   if (r.status != 0) { reply_text(c, r.status, r.body); return; }
   accept_call(c, head_len, &r);
 }
@@ -677,7 +694,7 @@ static int lst_gc_unbound(lua_State *L) {
 /* core.broker_listen(opts) -> listener | nil, err */
 static int l_broker_listen(lua_State *L) {
   sbx__loop_t *lp = sbx__loop(L);
-  const char *path;
+  const char *path, *policy;
   size_t path_len;
   lst_t *lst, **guard;
   sbx__box_t *box;
@@ -710,6 +727,12 @@ static int l_broker_listen(lua_State *L) {
   lst->request_ms = (uint64_t)sbx__opt_integer_field(L, 1, WHO, "request_timeout_ms",
                                                      SBX_REQUEST_DEADLINE_MS, 1, SBX_REQUEST_DEADLINE_MS);
   lst->test_echo = sbx__opt_boolean_field(L, 1, WHO, "test_echo", 0);
+  lst->max_body = (size_t)sbx__opt_integer_field(L, 1, WHO, "max_body", SBX_MAX_BODY_BYTES, 1,
+                                                 SBX_MAX_BODY_BYTES);
+  policy = sbx__opt_string_field(L, 1, WHO, "policy", 16, NULL, 0);
+  if (policy != NULL && strcmp(policy, "precheck") == 0) lst->precheck = 1;
+  else if (policy != NULL && strcmp(policy, "broker") != 0)
+    return luaL_error(L, WHO ": opts.policy must be \"broker\" or \"precheck\"");
   if (lua_getfield(L, 1, "on_call") != LUA_TFUNCTION && !lst->test_echo)
     return luaL_error(L, "broker_listen: opts.on_call must be a function");
   if (strlen(path) != path_len || path_len == 0)

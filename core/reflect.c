@@ -448,26 +448,53 @@ static int l_reflect_hit(lua_State *L) {
   return 1;
 }
 
+/* Does s, after leading whitespace, start like JSON text worth decoding? */
+static int looks_like_json(const char *s, size_t len) {
+  size_t i = 0;
+  while (i < len && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r' ||
+                     s[i] == '\f' || s[i] == '\v'))
+    i++;
+  return i < len && (s[i] == '[' || s[i] == '{' || s[i] == '"');
+}
+
 /*
  * 1 when the value at idx holds a needle: a string, or a table whose keys
  * or values (recursively) do. Numbers, booleans, null never hit. Deeper
  * than SBX_MAX_JSON_DEPTH tables (or a cycle) count as a hit: a walk that
  * cannot finish must not pass a value on.
+ *
+ * json_strings (the precheck broker's rule, shared/spec/precheck.md 5.3):
+ * a string or key that, trimmed, starts with '[', '{' or '"' is also decoded
+ * as strict JSON and the value walked one level deeper; a string that does
+ * not decode is only searched, except when it is too deep, which counts as
+ * a hit (fail closed).
  */
-static int hit_walk(lua_State *L, const struct sbx_reflect *f, int idx, int depth) {
+static int hit_walk(lua_State *L, const struct sbx_reflect *f, int idx, int depth,
+                    int json_strings) {
   size_t len;
   const char *s;
+  int rc, hit;
   switch (lua_type(L, idx)) {
   case LUA_TSTRING:
     s = lua_tolstring(L, idx, &len);
-    return sbx_reflect_hit(f, s, len);
+    if (sbx_reflect_hit(f, s, len)) return 1;
+    if (!json_strings || !looks_like_json(s, len)) return 0;
+    if (depth + 1 >= SBX_MAX_JSON_DEPTH) return 1;
+    luaL_checkstack(L, 2, "reflection walk");
+    rc = sbx__json_decode(L, s, len, NULL);
+    if (rc == SBX_EDEPTH) return 1;
+    if (rc != 0) return 0;
+    hit = hit_walk(L, f, lua_gettop(L), depth + 1, json_strings);
+    lua_pop(L, 1);
+    return hit;
   case LUA_TTABLE:
     if (depth >= SBX_MAX_JSON_DEPTH) return 1;
     luaL_checkstack(L, 4, "reflection walk");
     lua_pushnil(L);
     while (lua_next(L, idx) != 0) {
       int top = lua_gettop(L);
-      if (hit_walk(L, f, top - 1, depth + 1) || hit_walk(L, f, top, depth + 1)) {
+      if (hit_walk(L, f, top - 1, depth + 1, json_strings) ||
+          hit_walk(L, f, top, depth + 1, json_strings)) {
         lua_pop(L, 2);
         return 1;
       }
@@ -479,12 +506,14 @@ static int hit_walk(lua_State *L, const struct sbx_reflect *f, int idx, int dept
   }
 }
 
-/* filter:hit_value(v) -> boolean */
+/* filter:hit_value(v [, json_strings]) -> boolean */
 static int l_reflect_hit_value(lua_State *L) {
   const struct sbx_reflect *f = sbx__reflect_check(L, 1);
+  int json_strings;
   luaL_checkany(L, 2);
+  json_strings = lua_toboolean(L, 3);
   lua_settop(L, 2);
-  lua_pushboolean(L, hit_walk(L, f, 2, 0));
+  lua_pushboolean(L, hit_walk(L, f, 2, 0, json_strings));
   return 1;
 }
 

@@ -62,6 +62,7 @@
 #define UP_MAX_CONNECT_TO    16
 #define UP_MAX_SEAM_STRING   4096
 #define UP_BUF_START         16384
+#define UP_MAX_CONTENT_TYPE  256        /* res.content_type keeps this much */
 
 /* Outcome kinds; 0 while undecided. */
 enum { UP_OK = 1, UP_STATUS, UP_ENCODING, UP_TOO_LARGE, UP_TIMEOUT, UP_NETWORK };
@@ -88,6 +89,8 @@ struct up_req {
   long status;           /* last status line read; 0 before any */
   int final_seen;        /* a non-1xx status line was read */
   int last_was_ce;       /* previous header line was Content-Encoding */
+  char ctype[UP_MAX_CONTENT_TYPE];  /* final response's Content-Type value */
+  size_t ctype_len;
   int err;               /* UP_* decided by a curl callback, else 0 */
   int done_ref;          /* on_done in the registry */
 };
@@ -98,6 +101,8 @@ typedef struct {
   long status;
   const char *body;
   size_t len;
+  char ctype[UP_MAX_CONTENT_TYPE];
+  size_t ctype_len;
 } up_outcome_t;
 
 /* ---- lists ------------------------------------------------------------ */
@@ -151,6 +156,8 @@ static int deliver(lua_State *L) {
   if (o->kind == UP_OK) {
     lua_pushlstring(L, o->body != NULL ? o->body : "", o->len);
     lua_setfield(L, -2, "body");
+    lua_pushlstring(L, o->ctype, o->ctype_len);
+    lua_setfield(L, -2, "content_type");
   } else {
     lua_pushstring(L, names[o->kind]);
     lua_setfield(L, -2, "error");
@@ -181,6 +188,8 @@ static void finish(up_multi_t *m, up_req_t *r, CURLcode rc) {
   }
   if (r->final_seen) o.status = code > 0 ? code : r->status;
   o.len = r->len;
+  memcpy(o.ctype, r->ctype, r->ctype_len);
+  o.ctype_len = r->ctype_len;
   ref = r->done_ref;
   r->done_ref = LUA_NOREF;
   req_destroy(NULL, r, &buf);
@@ -239,6 +248,23 @@ static int bad_encoding(const char *p, size_t n, int *is_ce) {
   return !(ve - vs == 8 && strncasecmp(p + vs, "identity", 8) == 0);
 }
 
+/* Keeps the trimmed value of a Content-Type line (its first
+ * UP_MAX_CONTENT_TYPE bytes; the last one wins). */
+static void keep_content_type(up_req_t *r, const char *p, size_t n) {
+  const char *colon = memchr(p, ':', n);
+  size_t nl, vs, ve;
+  if (colon == NULL) return;
+  nl = (size_t)(colon - p);
+  while (nl > 0 && is_ows(p[nl - 1])) nl--;
+  if (nl != 12 || strncasecmp(p, "content-type", 12) != 0) return;
+  vs = (size_t)(colon - p) + 1;
+  ve = n;
+  while (vs < ve && is_ows(p[vs])) vs++;
+  while (ve > vs && (is_ows(p[ve - 1]) || p[ve - 1] == '\r' || p[ve - 1] == '\n')) ve--;
+  r->ctype_len = ve - vs < sizeof r->ctype ? ve - vs : sizeof r->ctype;
+  memcpy(r->ctype, p + vs, r->ctype_len);
+}
+
 /* CURLOPT_HEADERFUNCTION: sees every header line of every response of the
  * transfer (interim 1xx ones too). Returning less than n aborts. */
 static size_t on_header(char *p, size_t size, size_t nitems, void *ud) {
@@ -263,6 +289,7 @@ static size_t on_header(char *p, size_t size, size_t nitems, void *ud) {
   }
   if (bad_encoding(p, n, &is_ce)) { r->err = UP_ENCODING; return 0; }
   r->last_was_ce = is_ce;
+  keep_content_type(r, p, n);
   return n;                                /* every other header: discarded */
 }
 

@@ -221,6 +221,17 @@ describe("precheck entry script (precheck.md 7)", function()
     assert.equal(0, #calls_since(before))
   end)
 
+  it("keeps running, without answering, while the script's promise never settles", function()
+    run(function()
+      local tmp = P.tmpdir()
+      local answer, stdout, _, sig = P.entry(P.input("export default () => new Promise(() => {});"), nil, tmp, 1500)
+      P.rmdir(tmp)
+      assert.is_nil(answer)
+      assert.equal("", stdout)
+      assert.equal(9, sig)        -- only the kill (the runner's deadline) ended it
+    end)
+  end)
+
   it("answers ok:false for invalid input, a throw, and a result that cannot be serialized, exiting 0", function()
     run(function()
       local tmp = P.tmpdir()

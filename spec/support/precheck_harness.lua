@@ -118,22 +118,27 @@ end
 
 -- Runs the entry script with the real bun outside a container: env holds
 -- only HOME, TMPDIR, PRECHECK_BROKER_SOCKET and PATH. Yields while bun runs.
--- Returns the decoded answer, the raw stdout and the exit status.
-function P.entry(input, socket, tmp)
+-- Returns the decoded answer, the raw stdout, the exit status and the
+-- signal that ended it (kill_after_ms: SIGKILL it then, as the runner's
+-- deadline would).
+function P.entry(input, socket, tmp, kill_after_ms)
   local env = {
     "HOME=" .. tmp, "TMPDIR=" .. tmp, "PATH=" .. (os.getenv("PATH") or "/usr/bin:/bin"),
   }
   if socket then env[#env + 1] = "PRECHECK_BROKER_SOCKET=" .. socket end
+  local timer
   local res = async.await(function(resume)
-    core.spawn {
+    local proc = core.spawn {
       -- cwd = the entry script's folder, as /app in the image (bunfig.toml)
       file = "env", args = { "-C", P.ENTRY_DIR, "bun", P.ENTRY:match("[^/]+$") }, env = env,
       stdin = type(input) == "string" and input or assert(json.encode(input)),
       max_stdout = 1048576, max_stderr = 1048576, on_exit = resume,
     }
+    if kill_after_ms then timer = core.timer(kill_after_ms, function() proc:kill(core.SIGKILL) end) end
   end)
+  if timer then timer:stop() end
   assert(not res.error, res.error)
-  return json.decode(res.stdout), res.stdout, res.exit_status, res.stderr
+  return json.decode(res.stdout), res.stdout, res.exit_status, res.term_signal
 end
 
 -- The worker input of the entry script for `script`.

@@ -288,6 +288,10 @@ async function main() {
   // the process before it answers.
   process.on("unhandledRejection", () => {});
   process.on("uncaughtException", () => {});
+  // A script awaiting a promise that never settles must not let the process
+  // end without an answer: the loop stays alive until the answer is written
+  // (or the runner's deadline kills the container).
+  const keepAlive = setInterval(() => {}, 1 << 30);
   let outcome;
   try {
     const input = parseInput(await readInput());
@@ -297,6 +301,7 @@ async function main() {
     outcome = { ok: false, error: err };
   }
   writeAll(answerFor(outcome));
+  clearInterval(keepAlive);
   process.exit(0);
 }
 
