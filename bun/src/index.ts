@@ -83,6 +83,14 @@ export type {
   SandboxResearchWorkerOptions,
   ThinkingLevel,
 } from "./research.ts";
+export { precheckScriptRunner } from "./precheck.ts";
+export type {
+  PrecheckContext,
+  PrecheckSchedule,
+  PrecheckScope,
+  PrecheckScriptRunner,
+  PrecheckScriptRunnerOptions,
+} from "./precheck.ts";
 export { disposeUtilityEngine } from "./utility.ts";
 
 /** The claim's name and priority (the core agent-server claim is 100). */

@@ -15,6 +15,7 @@
 --   {"type":"delegator.start","owner":O,"request":{...},"keys":[...]}
 --   {"type":"delegator.runningChannels"|"delegator.idle"|"delegator.dispose","owner":O}
 --   {"type":"research.check"|"research.run",...}   (embed_research.lua)
+--   {"type":"precheck.new"|"precheck.describe"|"precheck.run"|...}  (embed/_precheck.lua)
 --
 -- Bytes cross JSON as base64 ("dataBase64"). A seam or callback named in
 -- "seams"/"callbacks" becomes a host call (embed.lua Engine:host_call) to
@@ -228,8 +229,9 @@ end
 function M.register(H, U)
   register_fetch(H, U)
   register_delegator(H, U)
-  require("sandbox.embed._research").register(H, U,
-    { request_signal = request_signal, finishing = finishing, result_json = result_json, need_owner = need_owner })
+  local util = { request_signal = request_signal, finishing = finishing, result_json = result_json, need_owner = need_owner }
+  require("sandbox.embed._research").register(H, U, util)
+  require("sandbox.embed._precheck").register(H, U, util)
 end
 
 return M
