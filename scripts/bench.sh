@@ -27,4 +27,6 @@ if [ "${BENCH_DOCKER:-1}" = 1 ]; then
   as_sbx lua5.4 bench/turn_overhead.lua "${BENCH_TURNS:-20}"
   echo "== worker peak memory (bench/worker_rss.lua)"
   as_sbx build/sbx lua bench/worker_rss.lua
+  echo "== precheck run (one granted MCP call) vs bare docker run --rm of the precheck image (bench/precheck_bench.lua)"
+  as_sbx build/sbx lua bench/precheck_bench.lua "${BENCH_PRECHECKS:-20}"
 fi
