@@ -32,6 +32,11 @@
  * so a client still writing its refused body reads the reply instead of a
  * reset.
  *
+ * A listener made with opts.policy "precheck" (lua/sandbox/precheck) decides
+ * heads with precheck_head.c instead (the precheck broker's rows 0-7), caps
+ * bodies at opts.max_body and hands any strict-JSON body to on_call; the
+ * framing, deadlines, connection cap and reply format are the same.
+ *
  * Lua is only called from libuv callbacks through sbx__loop(L)->L (the thread
  * running core.run), or from the caller's own thread inside a method, and
  * never once the listener userdata has been collected (state closing).
