@@ -16,27 +16,15 @@ local json = require "sandbox.json"
 local sandbox = require "sandbox"
 
 package.path = "spec/support/?.lua;" .. package.path
-local mcp = require "mcp_server"
+local mcp = require "mcp_server"           -- the SDK fixture server
 
 local RUNS = tonumber(arg and arg[1]) or 20
 local IMAGE = os.getenv("SBX_PRECHECK_IMAGE") or "pi-roundtable-sandbox:precheck"
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd .. " 2>&1"))
-  local out = p:read("a")
-  local ok = p:close()
-  return (out:gsub("%s+$", "")), ok
-end
-local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-
-local function pct(sorted, p) return sorted[math.max(1, math.ceil(#sorted * p))] end
-
-local function summary(name, ms)
-  table.sort(ms)
-  local r = { p50 = pct(ms, 0.5), p95 = pct(ms, 0.95) }
-  print(string.format("%-44s p50 %7.1f ms   p95 %7.1f ms   (n=%d)", name, r.p50, r.p95, #ms))
-  return r
-end
+package.path = "bench/?.lua;" .. package.path
+local B = require "bench_lib"
+local sh, q = B.sh, B.q
+local function summary(name, ms) return B.summary(name, ms, 44) end
 
 assert(core.getuid() ~= 0, "run as the sbx account (runuser -u sbx -- build/sbx lua bench/precheck_bench.lua)")
 local size = sh("docker image inspect --format '{{.Size}}' " .. IMAGE)

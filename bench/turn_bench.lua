@@ -18,28 +18,15 @@ local TURNS = tonumber(arg and arg[1]) or 20
 local IMAGE = os.getenv("SBX_IMAGE") or "pi-roundtable-sandbox:local"
 local NOOP_IMAGE = "sbx-bench-noop:" .. core.random_hex(4)
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd .. " 2>&1"))
-  local out = p:read("a")
-  local ok = p:close()
-  return (out:gsub("%s+$", "")), ok
-end
-local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+package.path = "bench/?.lua;" .. package.path
+local B = require "bench_lib"
+local sh, q, summary = B.sh, B.q, B.summary
 
 local function rss_kib()
   for line in io.lines("/proc/self/status") do
     local v = line:match("^VmRSS:%s+(%d+)")
     if v then return tonumber(v) end
   end
-end
-
-local function pct(sorted, p) return sorted[math.max(1, math.ceil(#sorted * p))] end
-
-local function summary(name, ms)
-  table.sort(ms)
-  local r = { p50 = pct(ms, 0.5), p95 = pct(ms, 0.95) }
-  print(string.format("%-34s p50 %7.1f ms   p95 %7.1f ms   (n=%d)", name, r.p50, r.p95, #ms))
-  return r
 end
 
 assert(core.getuid() ~= 0, "run as the sbx account (runuser -u sbx -- build/sbx lua bench/turn_bench.lua)")

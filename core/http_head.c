@@ -214,11 +214,25 @@ size_t sbx__head_end(const char *buf, size_t len, size_t from) {
   return 0;
 }
 
-static void refuse(sbx__head_result_t *out, int step, int status, const char *body) {
+void sbx__head_refuse(sbx__head_result_t *out, int step, int status, const char *body) {
   out->status = status;
   out->step = step;
   out->body = body;
 }
+
+void sbx__head_accept(sbx__head_result_t *out, int step, size_t route, const sbx__head_facts_t *f) {
+  out->status = 0;
+  out->step = step;
+  out->body = NULL;
+  out->route = route;
+  out->has_length = f->has_length;
+  out->length = f->length;
+}
+
+int sbx__head_host_ok(const sbx__head_facts_t *f) {
+  return f->host != NULL && eq(f->host, f->host_len, SBX_BROKER_HOST);
+}
+
 
 /* Line endings are CRLF only, and no line after the first starts with SP/HT. */
 static int lines_ok(const char *h, size_t len) {
@@ -336,29 +350,24 @@ void sbx__head_decide(const char *head, size_t len, const sbx__head_ctx_t *ctx,
   size_t i;
 
   memset(out, 0, sizeof *out);
-  refuse(out, 0, 400, SBX_BODY_BAD_REQUEST);
+  sbx__head_refuse(out, 0, 400, SBX_BODY_BAD_REQUEST);
   if (sbx__head_scan(head, len, &f) != 0) return;
-  if (f.bad_url) { refuse(out, 1, 400, SBX_BODY_INVALID_URL); return; }
+  if (f.bad_url) { sbx__head_refuse(out, 1, 400, SBX_BODY_INVALID_URL); return; }
   if (!f.is_post || memchr(f.target, '?', f.target_len) != NULL ||
       memchr(f.target, '#', f.target_len) != NULL) {
-    refuse(out, 2, 404, SBX_BODY_NOT_FOUND);
+    sbx__head_refuse(out, 2, 404, SBX_BODY_NOT_FOUND);
     return;
   }
-  if (f.header_refused) { refuse(out, 3, 403, SBX_BODY_FORBIDDEN_HDR); return; }
-  if (f.auth_bad) { refuse(out, 4, 403, SBX_BODY_FORBIDDEN_CRED); return; }
-  if (f.host == NULL || !eq(f.host, f.host_len, SBX_BROKER_HOST)) {
-    refuse(out, 5, 403, SBX_BODY_FORBIDDEN_HOST);
-    return;
-  }
+  if (f.header_refused) { sbx__head_refuse(out, 3, 403, SBX_BODY_FORBIDDEN_HDR); return; }
+  if (f.auth_bad) { sbx__head_refuse(out, 4, 403, SBX_BODY_FORBIDDEN_CRED); return; }
+  if (!sbx__head_host_ok(&f)) { sbx__head_refuse(out, 5, 403, SBX_BODY_FORBIDDEN_HOST); return; }
   i = ctx != NULL ? sbx__route_find(ctx->routes, ctx->nroutes, f.target, f.target_len) : 0;
-  if (ctx == NULL || i == ctx->nroutes) { refuse(out, 6, 404, SBX_BODY_NOT_FOUND); return; }
-  if (ctx->turn_ended) { refuse(out, 7, 410, SBX_BODY_TURN_ENDED); return; }
-  if (ctx->busy) { refuse(out, 8, 429, SBX_BODY_BUSY); return; }
+  if (ctx == NULL || i == ctx->nroutes) {
+    sbx__head_refuse(out, 6, 404, SBX_BODY_NOT_FOUND);
+    return;
+  }
+  if (ctx->turn_ended) { sbx__head_refuse(out, 7, 410, SBX_BODY_TURN_ENDED); return; }
+  if (ctx->busy) { sbx__head_refuse(out, 8, 429, SBX_BODY_BUSY); return; }
 
-  out->status = 0;
-  out->step = 9;
-  out->body = NULL;
-  out->route = i;
-  out->has_length = f.has_length;
-  out->length = f.length;
+  sbx__head_accept(out, 9, i, &f);
 }

@@ -69,6 +69,14 @@ typedef struct sbx__head_facts {
  */
 int sbx__head_scan(const char *head, size_t len, sbx__head_facts_t *f);
 
+/* What both orders of checks write: a refusal at `step`, or an acceptance
+ * (status 0) at `step` of `route` with the head's Content-Length. */
+void sbx__head_refuse(sbx__head_result_t *out, int step, int status, const char *body);
+void sbx__head_accept(sbx__head_result_t *out, int step, size_t route, const sbx__head_facts_t *f);
+
+/* Host present and exactly `broker`. */
+int sbx__head_host_ok(const sbx__head_facts_t *f);
+
 /* The index of the route equal to target[0..len) byte for byte, or nroutes. */
 size_t sbx__route_find(const sbx__route_t *routes, size_t nroutes, const char *target,
                        size_t len);

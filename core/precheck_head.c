@@ -16,11 +16,6 @@
 
 #include "precheck_head.h"
 
-static void refuse(sbx__head_result_t *out, int step, int status, const char *body) {
-  out->status = status;
-  out->step = step;
-  out->body = body;
-}
 
 void sbx__precheck_head_decide(const char *head, size_t len, const sbx__precheck_ctx_t *ctx,
                                sbx__head_result_t *out) {
@@ -28,28 +23,19 @@ void sbx__precheck_head_decide(const char *head, size_t len, const sbx__precheck
   size_t route;
 
   memset(out, 0, sizeof *out);
-  refuse(out, 0, 400, SBX_BODY_BAD_REQUEST);
-  if (sbx__head_scan(head, len, &f) != 0) return;                              /* 0 */
-  if (f.bad_url) { refuse(out, 1, 400, SBX_BODY_INVALID_URL); return; }       /* 1 */
+  sbx__head_refuse(out, 0, 400, SBX_BODY_BAD_REQUEST);
+  if (sbx__head_scan(head, len, &f) != 0) return;                          /* row 0 */
+  if (f.bad_url) { sbx__head_refuse(out, 1, 400, SBX_BODY_INVALID_URL); return; }
   route = ctx != NULL ? sbx__route_find(ctx->routes, ctx->nroutes, f.target, f.target_len) : 0;
-  if (ctx == NULL || !f.is_post || route == ctx->nroutes || f.auth_bad) {      /* 2 */
-    refuse(out, 2, 404, SBX_BODY_NOT_FOUND);
+  if (ctx == NULL || !f.is_post || route == ctx->nroutes || f.auth_bad) {
+    sbx__head_refuse(out, 2, 404, SBX_BODY_NOT_FOUND);
     return;
   }
-  if (f.header_refused) { refuse(out, 3, 403, SBX_BODY_FORBIDDEN_HDR); return; }
-  if (f.host == NULL || f.host_len != strlen(SBX_BROKER_HOST) ||
-      memcmp(f.host, SBX_BROKER_HOST, f.host_len) != 0) {
-    refuse(out, 4, 403, SBX_BODY_FORBIDDEN_HOST);
-    return;
-  }
-  if (ctx->run_ended) { refuse(out, 5, 410, SBX_BODY_RUN_ENDED); return; }
-  if (ctx->in_flight) { refuse(out, 6, 409, SBX_BODY_ONE_AT_A_TIME); return; }
-  if (ctx->exhausted) { refuse(out, 7, 429, SBX_BODY_BUDGET_OUT); return; }
+  if (f.header_refused) { sbx__head_refuse(out, 3, 403, SBX_BODY_FORBIDDEN_HDR); return; }
+  if (!sbx__head_host_ok(&f)) { sbx__head_refuse(out, 4, 403, SBX_BODY_FORBIDDEN_HOST); return; }
+  if (ctx->run_ended) { sbx__head_refuse(out, 5, 410, SBX_BODY_RUN_ENDED); return; }
+  if (ctx->in_flight) { sbx__head_refuse(out, 6, 409, SBX_BODY_ONE_AT_A_TIME); return; }
+  if (ctx->exhausted) { sbx__head_refuse(out, 7, 429, SBX_BODY_BUDGET_OUT); return; }
 
-  out->status = 0;
-  out->step = 8;
-  out->body = NULL;
-  out->route = route;
-  out->has_length = f.has_length;
-  out->length = f.length;
+  sbx__head_accept(out, 8, route, &f);
 }
