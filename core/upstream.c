@@ -93,6 +93,7 @@ struct up_req {
   size_t ctype_len;
   int err;               /* UP_* decided by a curl callback, else 0 */
   int done_ref;          /* on_done in the registry */
+  int want_ctype;        /* opts.content_type: report the Content-Type */
 };
 
 /* What on_done receives; built on the C stack, turned into a table in Lua. */
@@ -103,6 +104,7 @@ typedef struct {
   size_t len;
   char ctype[UP_MAX_CONTENT_TYPE];
   size_t ctype_len;
+  int want_ctype;
 } up_outcome_t;
 
 /* ---- lists ------------------------------------------------------------ */
@@ -156,8 +158,10 @@ static int deliver(lua_State *L) {
   if (o->kind == UP_OK) {
     lua_pushlstring(L, o->body != NULL ? o->body : "", o->len);
     lua_setfield(L, -2, "body");
-    lua_pushlstring(L, o->ctype, o->ctype_len);
-    lua_setfield(L, -2, "content_type");
+    if (o->want_ctype) {
+      lua_pushlstring(L, o->ctype, o->ctype_len);
+      lua_setfield(L, -2, "content_type");
+    }
   } else {
     lua_pushstring(L, names[o->kind]);
     lua_setfield(L, -2, "error");
@@ -190,6 +194,7 @@ static void finish(up_multi_t *m, up_req_t *r, CURLcode rc) {
   o.len = r->len;
   memcpy(o.ctype, r->ctype, r->ctype_len);
   o.ctype_len = r->ctype_len;
+  o.want_ctype = r->want_ctype;
   ref = r->done_ref;
   r->done_ref = LUA_NOREF;
   req_destroy(NULL, r, &buf);
@@ -509,7 +514,7 @@ static int l_http_post(lua_State *L) {
   const char *url, *body, *cainfo;
   size_t url_len = 0, body_len = 0;
   lua_Integer timeout_ms, max_body;
-  int allow_http, ref;
+  int allow_http, want_ctype, ref;
   up_multi_t *m;
   up_req_t *r;
   sbx__box_t *b;
@@ -522,6 +527,7 @@ static int l_http_post(lua_State *L) {
   timeout_ms = sbx__check_integer_field(L, 1, WHO, "timeout_ms", 1, UP_MAX_TIMEOUT_MS);
   max_body = sbx__opt_integer_field(L, 1, WHO, "max_body", SBX_MAX_UPSTREAM_BYTES, 0, UP_MAX_BODY_LIMIT);
   allow_http = sbx__opt_boolean_field(L, 1, WHO, "allow_http", 0);
+  want_ctype = sbx__opt_boolean_field(L, 1, WHO, "content_type", 0);
   if (lua_getfield(L, 1, "on_done") != LUA_TFUNCTION)
     luaL_error(L, "http_post: opts.on_done must be a function");
   lua_pop(L, 1);
@@ -541,6 +547,7 @@ static int l_http_post(lua_State *L) {
   r->done_ref = ref;
   r->m = m;
   r->max_body = (size_t)max_body;
+  r->want_ctype = want_ctype;
   if (build_lists(L, r) != 0) return fail(L, r, "out of memory");
   r->body = malloc(body_len > 0 ? body_len : 1);
   if (r->body == NULL) return fail(L, r, "out of memory");

@@ -55,6 +55,22 @@ describe("core.http_post", function()
     return o
   end
 
+  describe("content type", function()
+    it("reports the final answer's Content-Type, trimmed, only when asked (opts.content_type)", function()
+      async.run(function()
+        up:reset()
+        up:script({ { status = 200, headers = { ["Content-Type"] = "  Text/Event-Stream; charset=utf-8 " }, body = "data: {}\n\n" } })
+        local res = post(base("/sse", { content_type = true, body = "{}" }))
+        assert.same({ ok = true, status = 200, body = "data: {}\n\n", content_type = "Text/Event-Stream; charset=utf-8" }, res)
+        up:script({ { status = 200, body = "{}" } })
+        res = post(base("/none", { content_type = true, body = "{}" }))
+        assert.equal("", res.content_type)
+        res = post(base("/default", { body = "{}" }))
+        assert.is_nil(res.content_type)
+      end)
+    end)
+  end)
+
   describe("request", function()
     it("sends exactly the configured URL, the caller's headers, Host, Content-Length and the body", function()
       async.run(function()

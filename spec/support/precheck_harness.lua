@@ -78,14 +78,14 @@ function P.context(over)
   return c
 end
 
--- A recording fake of the runner's driver: exec(spec, input, signal, o)
--- calls behaviour(spec, input, signal, o, call) for stdout. Each call keeps
--- spec, input, o, signal and what the behaviour recorded on `call`.
+-- A recording fake of the runner's driver seam: driver.exec(spec, input,
+-- signal, o) calls behaviour(spec, input, signal, o, call) for stdout. Each
+-- call keeps spec, input, o, signal and what the behaviour recorded on `call`.
 function P.driver(behaviour)
   local d = { calls = {} }
-  function d:exec(spec, input, sig, o)
+  function d.exec(spec, input, sig, o)
     local call = { spec = spec, input = input, o = o, signal = sig }
-    self.calls[#self.calls + 1] = call
+    d.calls[#d.calls + 1] = call
     return behaviour(spec, input, sig, o, call)
   end
   return d

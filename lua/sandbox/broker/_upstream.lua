@@ -11,9 +11,10 @@ local M = {}
 M.MAX_BODY = core.limits.MAX_UPSTREAM_BYTES   -- core/bounds.h
 
 -- opts: url, headers (array of lines), body (string), deadline (core.now()
--- milliseconds), allow_http, transport (trusted seam: {cainfo=, connectTo=}).
--- Returns core.http_post's result table for a 2xx ({ok=true, status, body,
--- content_type}), or nil and a short internal reason ("aborted",
+-- milliseconds), allow_http, content_type (also report the answer's
+-- Content-Type), transport (trusted seam: {cainfo=, connectTo=}).
+-- Returns core.http_post's result table for a 2xx ({ok=true, status, body
+-- [, content_type]}), or nil and a short internal reason ("aborted",
 -- "deadline", or core.http_post's error: "status", "too large", ...; never
 -- shown to the guest, never holding payload) and the status when one came.
 function M.post(opts, signal)
@@ -30,6 +31,7 @@ function M.post(opts, signal)
       timeout_ms = left,
       max_body = M.MAX_BODY,
       allow_http = opts.allow_http,
+      content_type = opts.content_type,
       cainfo = transport.cainfo,
       connect_to = transport.connectTo,
       on_done = resume,

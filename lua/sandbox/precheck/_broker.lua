@@ -84,7 +84,7 @@ function Broker:_post(server, headers, body, sig, deadline)
   end
   local res, why, status = upstream.post({
     url = server.url, headers = headers, body = body, deadline = deadline,
-    allow_http = self.allowHttp,
+    allow_http = self.allowHttp, content_type = true,
   }, sig)
   if res then return res end
   if why == "status" and status and (status < 300 or status > 399) then return nil, M.UPSTREAM_REFUSED end

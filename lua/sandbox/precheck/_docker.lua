@@ -2,7 +2,8 @@
 -- precheck.md 4 step 8, 6.1): the sealed turns' Docker CLI driver
 -- (lua/sandbox/drivers/cli.lua) running a precheck container spec.
 --
---   driver:exec(spec, input, signal, {stdoutBytes=N}) -> stdout (yields)
+--   driver.exec(spec, input, signal, {stdoutBytes=N}) -> stdout (yields)
+--   (a plain function member, as the spec's `driver` seam is called)
 --
 -- The argv is lua/sandbox/runtime/container.lua's with the precheck's
 -- parameters (no labels, read-only workspace, `--entrypoint`); the run and
@@ -17,22 +18,16 @@ local contract = require "sandbox.drivers.contract"
 
 local M = {}
 
-local Driver = {}
-Driver.__index = Driver
-
 function M.new(cli)
-  return setmetatable({ cli = cli, builtin = true }, Driver)
-end
-
-function Driver:exec(spec, input, signal, o)
-  local c = container.check(spec)
-  return contract.attached(self.cli, c, input, signal, { max_stdout = o and o.stdoutBytes or nil })
-end
-
--- `docker rm --force <name>` with the removal algorithm (for stale
--- roundtable-precheck- containers).
-function Driver:remove(name)
-  return contract.remove(self.cli, name)
+  local d = { builtin = true }
+  function d.exec(spec, input, signal, o)
+    local c = container.check(spec)
+    return contract.attached(cli, c, input, signal, { max_stdout = o and o.stdoutBytes or nil })
+  end
+  -- `docker rm --force <name>` with the removal algorithm (for stale
+  -- roundtable-precheck- containers).
+  function d.remove(name) return contract.remove(cli, name) end
+  return d
 end
 
 return M

@@ -25,7 +25,7 @@ M.E_NAME_IMAGE = container.E_NAME_IMAGE
 M.E_ENTRYPOINT = container.E_ENTRYPOINT
 M.E_LIMITS = container.E_LIMITS
 M.E_MOUNT_PATH = container.E_MOUNT_PATH
-M.E_DRIVER = "precheck driver must have an exec method"
+M.E_DRIVER = "precheck driver must have an exec function"
 M.E_FETCH = "precheck fetchImpl must be a function"
 
 M.OPTIONS = {

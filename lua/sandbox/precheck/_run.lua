@@ -109,7 +109,7 @@ local function contained(o, servers, input, id, scope, run_sig)
     end)
     local spec = options.container_spec(o, container_name(id), run_dir, ws_dir)
     spec.entrypoint = options.copy_list(o.entrypoint)
-    local stdout = o.driver:exec(spec, input, run_sig, { stdoutBytes = M.MAX_STDOUT_BYTES })  -- 8
+    local stdout = o.driver.exec(spec, input, run_sig, { stdoutBytes = M.MAX_STDOUT_BYTES })  -- 8
     if run_sig.aborted then error(run_sig.reason, 0) end
     return M.read_answer(stdout)                                                     -- 9
   end)
