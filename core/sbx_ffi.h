@@ -153,6 +153,9 @@
  *   {"type":"research.check"|"research.run",...}  the research worker, its model
  *       runtime, search, fetch and extensions as host calls
  *       (lua/sandbox/embed/_research.lua documents the shapes)
+ *   {"type":"precheck.new"|"precheck.describe"|"precheck.run"|"precheck.toolName"|
+ *    "precheck.dispose","owner":O,...}  the precheck script runner a trusted Lua
+ *       config builds (lua/sandbox/embed/_precheck.lua documents the shapes)
  * An unknown type, malformed JSON, a missing member or a Lua error gives an
  * ok=false result, never a crash. Requests are at most
  * SBX_FFI_MAX_REQUEST_BYTES.
