@@ -27,6 +27,7 @@ IMAGE="${PI_IMAGE:-pi-roundtable-sandbox:pi}"
 LABEL="pi-roundtable-sandbox.context"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
+. scripts/image_lib.sh          # image_npm_bun, image_copy_libs
 RELEASE="${PI_RELEASE:-worker/pi/release}"
 ZONES=/usr/share/zoneinfo
 
@@ -39,30 +40,10 @@ build() { # build TAG CONTEXT SUM [docker build args...]
     printf '%s\n' "$out" >&2; exit 1
   fi
 }
-# copy_with_libs FS ELF...: every library ldd lists for the ELF files, at the
-# path ldd gives, symlinks resolved; "not found" is fatal.
-copy_with_libs() {
-  local fs="$1" f line lib; shift
-  for f in "$@"; do
-    while IFS= read -r line; do
-      case "$line" in
-        *"not found"*) die "library missing for $f: ${line%% =>*} (install the Debian package that provides it)" ;;
-        *"=> /"*) lib="${line#*=> }"; lib="${lib%% (*}" ;;
-        /*) lib="${line%% (*}" ;;
-        *) continue ;;
-      esac
-      [ -e "$fs$lib" ] && continue
-      mkdir -p "$fs$(dirname "$lib")"
-      cp -L "$lib" "$fs$lib"
-    done < <(ldd "$f" 2>&1 | sed 's/^[[:space:]]*//')
-  done
-}
 sum_tree() { (cd "$1" && { find . -printf '%y %m %p\n' | LC_ALL=C sort; find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum; } | sha256sum | cut -c1-64); }
 
 # ---- dependency image -----------------------------------------------------------
-BUN="$(command -v bun || true)"
-[ -n "$BUN" ] || die "bun not found (make deps installs it from the npm registry)"
-BUN="$(readlink -f "$BUN")"
+BUN="$(image_npm_bun)" || die "bun not found (make deps installs it from the npm registry)"
 [ -f worker/pi/bun.lock ] || die "worker/pi/bun.lock missing"
 DEPS_SUM="$({ sha256sum worker/pi/package.json worker/pi/bun.lock worker/Dockerfile.deps.pi worker/pi/image.sh | cut -c1-64; sha256sum "$BUN" | cut -c1-64; } | sha256sum | cut -c1-64)"
 if [ "$(label_of "$DEPS_IMAGE")" = "$DEPS_SUM" ]; then
@@ -87,7 +68,7 @@ else
     [ "$(od -An -tx1 -j18 -N2 "$f" | tr -d ' ')" = 3e00 ] || continue   # x86-64 only: other architectures' prebuilds never load
     targets+=("$f")
   done
-  copy_with_libs "$FS" "${targets[@]}"
+  image_copy_libs "$FS" "${targets[@]}" || die "a library is missing (see above)"
   tar -C "$ZONES" -chf - --exclude=./posix --exclude=./right --exclude=./localtime . | tar -C "$FS/usr/share/zoneinfo" -xf -
   cp worker/Dockerfile.deps.pi "$CTX/Dockerfile"
   rm -rf "$CTX/install"
