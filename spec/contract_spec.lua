@@ -28,9 +28,10 @@ local function scripted(script)
     if sig then h.unhook = sig:on_abort(function() note("abort") end) end
     return h
   end
-  function d:start(h, input)
+  function d:start(h, input, max_stdout)
     note("start")
     h.input = input
+    d.max_stdout = max_stdout
     if script.on_start then script.on_start(h) end
   end
   function d:read(h)
@@ -234,5 +235,29 @@ describe("contract.methods", function()
         assert.is_function(d[m], m)
       end
     end
+  end)
+end)
+
+describe("contract.attached (the precheck runner's run)", function()
+  setup(function()
+    dir = spec_fs.tmpdir("sbx-spec")
+    os.execute("mkdir -p '" .. dir .. "/run' '" .. dir .. "/ws'")
+  end)
+  teardown(function() spec_fs.rmdir(dir, "sbx-spec") end)
+
+  it("hands the driver its stdout bound, returns stdout raw (or through check) and removes once", function()
+    local d = scripted { stdout = '{"ok":true}', exit = 0 }
+    local c = container.check(spec())
+    local out = async.run(function() return contract.attached(d, c, "input bytes", nil, { max_stdout = 65536 }) end)
+    assert.equal('{"ok":true}', out)
+    assert.equal(65536, d.max_stdout)
+    assert.same({ "create " .. NAME, "start", "read", "wait", "release", "remove " .. NAME }, d.log)
+    d = scripted { stdout = "x", exit = 0 }
+    local ok, err = async.run(function()
+      return pcall(contract.attached, d, c, "", nil, { check = function() error("refused", 0) end })
+    end)
+    assert.is_false(ok)
+    assert.equal("refused", err)
+    assert.equal(contract.MAX_STDOUT, d.max_stdout)
   end)
 end)

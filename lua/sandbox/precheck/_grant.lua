@@ -5,17 +5,18 @@
 -- The approved calls of a run then narrow the grant to what the script was
 -- saved with.
 local core = require "sandbox.core"
+local errors = require "sandbox.errors"
 local json = require "sandbox.json"
 local names = require "sandbox.broker._names"
 
 local M = {}
 
-M.E_GRANT = "invalid precheck MCP grant"
-M.E_NAME = "invalid or repeated precheck MCP server name"
-M.E_ENDPOINT = "invalid precheck MCP endpoint"
-M.E_HTTPS = "precheck MCP endpoints must be credential-free HTTPS"
-M.E_TOOLS = "invalid precheck MCP tool list"
-M.E_TOKEN = "precheck MCP token must be a function"
+M.E_GRANT = errors.PRECHECK_GRANT
+M.E_NAME = errors.PRECHECK_SERVER_NAME
+M.E_ENDPOINT = errors.PRECHECK_ENDPOINT
+M.E_HTTPS = errors.PRECHECK_HTTPS
+M.E_TOOLS = errors.PRECHECK_TOOLS
+M.E_TOKEN = errors.PRECHECK_TOKEN
 
 local function fail(msg) error(msg, 0) end
 

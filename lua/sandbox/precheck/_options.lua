@@ -7,26 +7,28 @@
 local broker_config = require "sandbox.broker._config"
 local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
+local errors = require "sandbox.errors"
 local runtime_options = require "sandbox.runtime._options"
 
 local M = {}
 
-M.E_UNKNOWN = "unknown precheck option: "
-M.E_LINUX = runtime_options.E_LINUX
-M.E_BUDGET = "invalid precheck MCP call budget"
-M.E_TIMEOUT = "precheck timeoutMs must be 1000 to 600000"
-M.E_GRANT = "precheck grant must be a function"
-M.E_TOOL_NAME = "precheck toolName must be a function"
-M.E_ROOT_PATH = runtime_options.E_ROOT_PATH
-M.E_ROOT_PRIVATE = runtime_options.E_ROOT_PRIVATE
-M.E_USER = runtime_options.E_USER
-M.E_SOCKET = runtime_options.E_SOCKET
-M.E_NAME_IMAGE = container.E_NAME_IMAGE
-M.E_ENTRYPOINT = container.E_ENTRYPOINT
-M.E_LIMITS = container.E_LIMITS
-M.E_MOUNT_PATH = container.E_MOUNT_PATH
-M.E_DRIVER = "precheck driver must have an exec function"
-M.E_FETCH = "precheck fetchImpl must be a function"
+M.E_OPTIONS = errors.PRECHECK_OPTIONS
+M.E_UNKNOWN = errors.PRECHECK_UNKNOWN_OPTION
+M.E_LINUX = errors.LINUX
+M.E_BUDGET = errors.PRECHECK_BUDGET
+M.E_TIMEOUT = errors.PRECHECK_TIMEOUT
+M.E_GRANT = errors.PRECHECK_GRANT_FN
+M.E_TOOL_NAME = errors.PRECHECK_TOOL_NAME_FN
+M.E_ROOT_PATH = errors.ROOT_PATH
+M.E_ROOT_PRIVATE = errors.ROOT_PRIVATE
+M.E_USER = errors.USER
+M.E_SOCKET = errors.SOCKET_TOO_LONG
+M.E_NAME_IMAGE = errors.NAME_IMAGE
+M.E_ENTRYPOINT = errors.ENTRYPOINT
+M.E_LIMITS = errors.LIMITS
+M.E_MOUNT_PATH = errors.MOUNT_PATH
+M.E_DRIVER = errors.PRECHECK_DRIVER
+M.E_FETCH = errors.PRECHECK_FETCH
 
 M.OPTIONS = {
   image = true, runRoot = true, uid = true, gid = true, grant = true, toolName = true,
@@ -75,7 +77,7 @@ end
 -- (canonical), uid, gid, grant, toolName, entrypoint, timeoutMs (nil when
 -- not given), maxCalls, allowHttpMcp, limits, driver, fetchImpl}.
 function M.resolve(opts)
-  if type(opts) ~= "table" then fail("precheck options must be a table") end
+  if type(opts) ~= "table" then fail(M.E_OPTIONS) end
   broker_config.check_option_names(opts, M.OPTIONS, M.E_UNKNOWN)
   -- 1
   if opts.driver == nil and not runtime_options.is_linux() then fail(M.E_LINUX) end

@@ -10,6 +10,7 @@
 -- run ends, and the run settles only after its container has been removed.
 local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
+local errors = require "sandbox.errors"
 local grants = require "sandbox.precheck._grant"
 local json = require "sandbox.json"
 local options = require "sandbox.precheck._options"
@@ -18,14 +19,14 @@ local signals = require "sandbox.signal"
 
 local M = {}
 
-M.E_TOO_LARGE = "precheck script too large"
-M.E_UNREADABLE = "the precheck worker answered nothing it could read"
-M.E_SCRIPT_FAILED = "the script failed"
-M.E_TIMED_OUT = "precheck script timed out"
-M.E_SOCKET = options.E_SOCKET
-M.E_CONTEXT = "invalid precheck context"
-M.E_SCRIPT = "invalid precheck script"
-M.E_RUN_DIR = "precheck run directories could not be created"
+M.E_TOO_LARGE = errors.PRECHECK_TOO_LARGE
+M.E_UNREADABLE = errors.PRECHECK_UNREADABLE
+M.E_SCRIPT_FAILED = errors.PRECHECK_SCRIPT_FAILED
+M.E_TIMED_OUT = errors.PRECHECK_TIMED_OUT
+M.E_SOCKET = errors.SOCKET_TOO_LONG
+M.E_CONTEXT = errors.PRECHECK_CONTEXT
+M.E_SCRIPT = errors.PRECHECK_SCRIPT
+M.E_RUN_DIR = errors.PRECHECK_RUN_DIR
 
 M.MAX_INPUT_BYTES = 65536
 M.MAX_STDOUT_BYTES = 65536

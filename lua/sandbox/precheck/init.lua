@@ -29,6 +29,7 @@
 -- Layout: _options (2, 2.1), _grant (2.2, 4 step 3), _describe (3), _run (4),
 -- _broker (5), _message (5.2, 5.3), _docker (6.1 through the CLI driver).
 local describe = require "sandbox.precheck._describe"
+local errors = require "sandbox.errors"
 local grants = require "sandbox.precheck._grant"
 local options = require "sandbox.precheck._options"
 local run = require "sandbox.precheck._run"
@@ -37,8 +38,8 @@ local M = {}
 
 M.PRECHECK_ENTRYPOINT = options.ENTRYPOINT
 M.IMAGE = "pi-roundtable-sandbox:precheck"
-M.E_TOOL_NAME_RESULT = "precheck toolName must return a non-empty string"
-M.E_TOOL_NAME_YIELD = "precheck toolName must not yield"
+M.E_TOOL_NAME_RESULT = errors.PRECHECK_TOOL_NAME_RESULT
+M.E_TOOL_NAME_YIELD = errors.PRECHECK_TOOL_NAME_YIELD
 
 -- The container arguments of one precheck spec (shared/spec/precheck.md
 -- 6.1), for operators and specs: `docker` + these runs exactly one run.
