@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "precheck_head.h"
-#include "sbx_limits.h"
+#include "bounds.h"
 
 static const sbx__route_t routes[] = {{"/mcp/health", 11}, {"/mcp/google", 11}, {"/mcp/a-b_9", 10}};
 #define NROUTES (sizeof routes / sizeof routes[0])
