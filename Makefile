@@ -1,7 +1,8 @@
 # Makefile: the one entry point. `make` builds libsbx.so, libsbx.a, the sbx CLI,
 # the Lua C module, the embedding shim and the worker; `make deps` bootstraps
 # the machine; `make check` runs every suite; `make fuzz`, `make bench`,
-# `make demo` as the README says.
+# `make demo` as the README says; `make install` / `make uninstall`
+# (scripts/install.mk: PREFIX, DESTDIR).
 # Variables: B (build dir), CFLAGS (optimisation/sanitizers), CC.
 #
 # Every object is compiled with -MMD -MP and the generated $(B)/**/*.d files
@@ -24,9 +25,19 @@ ASAN_CFLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-
 LIB_SRC  := $(filter-out core/main.c,$(wildcard core/*.c))
 LIB_OBJ  := $(patsubst core/%.c,$(B)/obj/%.o,$(LIB_SRC))
 
+# The release (one VERSION file: sbx_version(), `sbx --version`, sbx.pc, the
+# rockspec, the Bun package) and the ABI's SONAME. libsbx.so exports only the
+# public headers' functions (core/libsbx.map); the Lua C module core.so,
+# built from the same objects, only luaopen_sandbox_core
+# (core/sandbox_core.map), and does not link liblua: the interpreter that
+# loads it provides the Lua API (as Debian's Lua C modules do).
+VERSION  := $(shell cat VERSION)
+SONAME   := libsbx.so.0
+MOD_LIBS := $(shell pkg-config --libs $(filter-out lua5.4,$(PKGS)) 2>/dev/null) -lhttp_parser
+
 # The C drivers of the public C APIs (spec/c/): the embedding ABI (sbx_ffi.h)
 # against libsbx.so and through the shim Bun loads, and safe fetch
-# (sbx_fetch.h). check.sh runs them as the service account and counts their
+# (sbx_fetch.h, with the archive). check.sh runs them as the service account and counts their
 # "ok"/"FAIL" lines: `$(B)/ffi_test spec/c/ffi`, `$(B)/fetch_test`.
 C_TESTS  := $(B)/ffi_test $(B)/ffi_test_shim $(B)/fetch_test
 TEST_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -iquote core -iquote spec/c $(PKG_CFLAGS) -pthread $(CFLAGS)
@@ -34,23 +45,31 @@ TEST_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -iquote core -iquote spec/c $(PKG_
 .PHONY: all worker deps check check-asan c-tests fuzz fuzz-check bench bench-bins demo image \
   image-pi print-pkgs clean
 
-all: $(B)/libsbx.so $(B)/libsbx.a $(B)/sbx $(B)/lua/sandbox/core.so $(B)/libsbx_ffi.so worker
+all: $(B)/libsbx.so $(B)/$(SONAME) $(B)/libsbx.a $(B)/sbx $(B)/lua/sandbox/core.so $(B)/libsbx_ffi.so worker
 
 $(B)/obj/%.o: core/%.c
 	@mkdir -p $(@D)
 	$(CC) $(SBX_CFLAGS) $(DEPFLAGS) -c $< -o $@
 
+$(B)/obj/constants.o: SBX_CFLAGS += -DSBX_VERSION='"$(VERSION)"'
+$(B)/obj/constants.o: VERSION
+
 $(B)/libsbx.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(B)/libsbx.so: $(LIB_OBJ)
-	$(CC) $(CFLAGS) -shared -o $@ $^ $(PKG_LIBS)
+$(B)/libsbx.so: $(LIB_OBJ) core/libsbx.map
+	$(CC) $(CFLAGS) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=core/libsbx.map \
+	  -Wl,--no-undefined -o $@ $(LIB_OBJ) $(PKG_LIBS)
 
-# The same library under the name Lua's require expects (sandbox.core).
-$(B)/lua/sandbox/core.so: $(B)/libsbx.so
+# The SONAME beside it, so what links -L$(B) -lsbx runs from $(B) ($$ORIGIN).
+$(B)/$(SONAME): | $(B)/libsbx.so
+	ln -sf libsbx.so $@
+
+# The module Lua's require finds as sandbox.core.
+$(B)/lua/sandbox/core.so: $(LIB_OBJ) core/sandbox_core.map
 	@mkdir -p $(@D)
-	cp $< $@
+	$(CC) $(CFLAGS) -shared -Wl,--version-script=core/sandbox_core.map -o $@ $(LIB_OBJ) $(MOD_LIBS)
 
 $(B)/sbx: $(B)/obj/main.o $(B)/libsbx.a
 	$(CC) $(CFLAGS) -o $@ $^ $(PKG_LIBS) -lm -ldl
@@ -65,12 +84,14 @@ $(B)/libsbx_ffi.so: core/ffi_shim/sbx_ffi_shim.c $(B)/libsbx.so
 # ---- the C drivers (spec/c/) ----------------------------------------------------
 c-tests: $(C_TESTS)
 
-$(B)/ffi_test: spec/c/ffi/ffi_test.c $(B)/libsbx.so
+$(B)/ffi_test: spec/c/ffi/ffi_test.c $(B)/libsbx.so $(B)/$(SONAME)
 	$(CC) $(TEST_CFLAGS) $(DEPFLAGS) -MF $@.d -o $@ $< -L$(B) -lsbx -Wl,-rpath,'$$ORIGIN'
 $(B)/ffi_test_shim: spec/c/ffi/ffi_test.c $(B)/libsbx_ffi.so
 	$(CC) $(TEST_CFLAGS) $(DEPFLAGS) -MF $@.d -o $@ $< -L$(B) -lsbx_ffi -Wl,-rpath,'$$ORIGIN'
-$(B)/fetch_test: spec/c/fetch/fetch_test.c $(B)/libsbx.so
-	$(CC) $(TEST_CFLAGS) $(DEPFLAGS) -MF $@.d -o $@ $< -L$(B) -lsbx -luv -lm -Wl,-rpath,'$$ORIGIN'
+# fetch_test also checks internals of the pin (sbx__pin_*, fetch_internal.h),
+# which libsbx.so does not export: it links the archive.
+$(B)/fetch_test: spec/c/fetch/fetch_test.c $(B)/libsbx.a
+	$(CC) $(TEST_CFLAGS) $(DEPFLAGS) -MF $@.d -o $@ $< $(B)/libsbx.a $(PKG_LIBS) -lm -ldl
 
 deps:
 	@bash scripts/deps.sh
@@ -131,6 +152,8 @@ clean:
 include worker/worker.mk
 -include worker/pi/pi.mk
 -include worker/precheck/precheck.mk
+# make install / uninstall, the rockspec's build (scripts/install.mk).
+include scripts/install.mk
 
 # Generated header dependencies of everything compiled above.
 -include $(LIB_OBJ:.o=.d) $(B)/obj/main.d $(B)/obj/ffi_shim/sbx_ffi_shim.d \

@@ -7,9 +7,19 @@
  *
  * The table is read-only in spirit: it is a fresh copy per state, and
  * changing it changes nothing in C.
+ *
+ * core.version is sbx_version() (sbx.h): the release the Makefile passes
+ * from the VERSION file as SBX_VERSION, one string for the C ABI, `sbx
+ * --version`, sbx.pc, the rockspec and the Bun package.
  */
 #include "aux.h"
 #include "parts.h"
+
+#ifndef SBX_VERSION
+#define SBX_VERSION "0.0.0-unknown"   /* a build outside the Makefile (fuzzers) */
+#endif
+
+const char *sbx_version(void) { return SBX_VERSION; }
 
 #define LIMIT(name) {#name, SBX_##name}
 
@@ -29,4 +39,6 @@ void sbx__open_constants(lua_State *L) {
     lua_setfield(L, -2, limits[i].name);
   }
   lua_setfield(L, -2, "limits");
+  lua_pushstring(L, sbx_version());
+  lua_setfield(L, -2, "version");
 }

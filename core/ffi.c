@@ -121,8 +121,10 @@ static int on_engine_thread(sbx_engine *e) {
 }
 
 /* ------------------------------------------------------------------ */
-/* Lua directory: options "luaDir" (resolved in Lua), $SBX_LUA_DIR, or next
- * to the shared object that holds this code. */
+/* Lua directory: options "luaDir" (resolved in Lua), $SBX_LUA_DIR, or from
+ * the directory of the shared object that holds this code: ../lua (a
+ * checkout's build/, a Bun package's native/), ../share/lua/5.4 (`make
+ * install`: PREFIX/lib/libsbx.so.0), ./lua. */
 
 static int dir_has_tree(const char *dir) {
   char probe[PATH_MAX];
@@ -130,17 +132,23 @@ static int dir_has_tree(const char *dir) {
   return access(probe, R_OK) == 0;
 }
 
+/* 0 with out set; -1 with out holding the one-line reason (none found). */
 static int default_lua_dir(char *out, size_t cap) {
+  static const char *const rel[] = {"../lua", "../share/lua/5.4", "lua"};
   const char *env = getenv("SBX_LUA_DIR");
   Dl_info info;
   char so[PATH_MAX];
   char *slash;
+  size_t i;
   if (env != NULL && env[0] != '\0') {
     if (strlen(env) >= cap) return -1;
     memcpy(out, env, strlen(env) + 1);
     return 0;
   }
-  if (dladdr((void *)sbx_engine_new, &info) == 0 || info.dli_fname == NULL) return -1;
+  if (dladdr((void *)sbx_engine_new, &info) == 0 || info.dli_fname == NULL) {
+    snprintf(out, cap, "cannot locate libsbx.so to find the engine's Lua tree; set SBX_LUA_DIR or options luaDir");
+    return -1;
+  }
   if (realpath(info.dli_fname, so) == NULL) {
     if (strlen(info.dli_fname) >= sizeof so) return -1;
     memcpy(so, info.dli_fname, strlen(info.dli_fname) + 1);
@@ -148,10 +156,12 @@ static int default_lua_dir(char *out, size_t cap) {
   slash = strrchr(so, '/');
   if (slash == NULL) return -1;
   *slash = '\0';
-  if ((size_t)snprintf(out, cap, "%s/../lua", so) >= cap) return -1;
-  if (dir_has_tree(out)) return 0;
-  if ((size_t)snprintf(out, cap, "%s/lua", so) >= cap) return -1;
-  return 0;
+  for (i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+    if ((size_t)snprintf(out, cap, "%s/%s", so, rel[i]) < cap && dir_has_tree(out)) return 0;
+  }
+  snprintf(out, cap, "no Lua tree next to %s (looked in ../lua, ../share/lua/5.4 and lua/ there); "
+           "set SBX_LUA_DIR or options luaDir", so);
+  return -1;
 }
 
 /* ------------------------------------------------------------------ */
@@ -339,16 +349,18 @@ static int engine_setup(sbx_engine *e) {
   char dir[PATH_MAX];
   sbx__loop_t *lp;
   const char *d;
+  int found;
 
   lua_pushcfunction(L, traceback);                       /* 1 */
-  if (default_lua_dir(dir, sizeof dir) != 0) dir[0] = '\0';
+  dir[0] = '\0';
+  found = default_lua_dir(dir, sizeof dir) == 0;
   lua_pushcfunction(L, resolve_dir);
   if (e->options_json != NULL) lua_pushstring(L, e->options_json); else lua_pushnil(L);
-  if (dir[0] != '\0') lua_pushstring(L, dir); else lua_pushnil(L);
+  if (found) lua_pushstring(L, dir); else lua_pushnil(L);
   if (lua_pcall(L, 2, 1, 1) != LUA_OK) return -1;
   d = lua_tostring(L, -1);
   if (d == NULL) {
-    lua_pushstring(L, "cannot locate the Lua tree; set SBX_LUA_DIR or options luaDir");
+    lua_pushstring(L, dir[0] != '\0' ? dir : "cannot locate the Lua tree; set SBX_LUA_DIR or options luaDir");
     return -1;
   }
   sbx__state_open(L, d);                                 /* d stays on the stack */

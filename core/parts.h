@@ -9,8 +9,12 @@
 
 #include <lua.h>
 
+/* Opens the Lua module `sandbox.core` (core.c): exported by the Lua C module
+ * core.so only, never by libsbx.so (core/libsbx.map). */
+int luaopen_sandbox_core(lua_State *L);
+
 void sbx__open_loop(lua_State *L);          /* core.run, timer, on_signal, now, log, ... */
-void sbx__open_constants(lua_State *L);     /* core.limits (bounds.h) */
+void sbx__open_constants(lua_State *L);     /* core.limits (bounds.h), core.version */
 void sbx__open_crypto(lua_State *L);        /* core.sha256_hex, base64, hex, random_hex */
 void sbx__open_json(lua_State *L);          /* core.json_decode, json_encode, utf8_valid */
 void sbx__open_reflect(lua_State *L);       /* core.reflect_filter */

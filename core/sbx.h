@@ -8,7 +8,6 @@
 #define SBX_H
 
 #include <stddef.h>
-#include <lua.h>
 
 #define SBX_EINVAL     (-1001)  /* malformed input */
 #define SBX_EDEPTH     (-1002)  /* nesting over SBX_MAX_JSON_DEPTH */
@@ -16,8 +15,8 @@
 #define SBX_EREFLECT   (-1004)  /* the credential reflection filter hit */
 #define SBX_EUTF8      (-1005)  /* invalid UTF-8 */
 
-/* Opens the Lua module `sandbox.core` (usable with package.preload). */
-int luaopen_sandbox_core(lua_State *L);
+/* The engine's release, "MAJOR.MINOR.PATCH" (the project's VERSION file). */
+const char *sbx_version(void);
 
 /* Short, payload-free name of an SBX_E* or -errno code. */
 const char *sbx_strerror(int code);

@@ -162,8 +162,11 @@
  *
  * options_json (may be NULL or "{}"): an object; every member optional
  *   "luaDir":    directory of the Lua tree (the one holding sandbox/init.lua);
- *                default $SBX_LUA_DIR, else <dir of libsbx.so>/../lua when it
- *                holds sandbox/embed.lua, else <dir of libsbx.so>/lua
+ *                default $SBX_LUA_DIR, else the first of <dir of libsbx.so>/../lua
+ *                (a checkout's build/, a Bun package's native/),
+ *                <dir>/../share/lua/5.4 (`make install`) and <dir>/lua that
+ *                holds sandbox/init.lua; none: construction fails naming
+ *                SBX_LUA_DIR
  *   "apiKey":    "host": the apiKey option becomes the host-side function
  *                reached through apiKey.request events (it overrides the
  *                config's); "config" (default): the config's own

@@ -6,7 +6,7 @@
 #include <lauxlib.h>
 #include <lualib.h>
 
-#include "sbx.h"
+#include "parts.h"
 #include "state.h"
 
 void sbx__state_open(lua_State *L, const char *lua_dir) {

@@ -19,6 +19,7 @@
 #include <lauxlib.h>
 
 #include "json.h"
+#include "parts.h"
 #include "sbx.h"
 
 /* Two keys: "key" has a 3-byte needle (the SSE2 scan), "model" needles of

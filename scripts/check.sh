@@ -319,11 +319,11 @@ if can_run ffi-asan asan; then
   run_ffi ffi-asan build-asan ffi_test
 fi
 if can_run fetch build; then
-  say check "suite fetch: spec/c/fetch/fetch_test.c against build/libsbx.so"
+  say check "suite fetch: spec/c/fetch/fetch_test.c against build/libsbx.a"
   run_c_driver fetch build fetch_test fetch
 fi
 if can_run fetch-asan asan; then
-  say check "suite fetch-asan: spec/c/fetch/fetch_test.c against build-asan/libsbx.so"
+  say check "suite fetch-asan: spec/c/fetch/fetch_test.c against build-asan/libsbx.a"
   run_c_driver fetch-asan build-asan fetch_test fetch
 fi
 
