@@ -107,6 +107,11 @@
  *   {"type":"ping"}                       value: true (the no-op round trip)
  *   {"type":"status"}                     value: app:status() members plus
  *       "engine":{"abi":1,"pending":n,"submitted":n,"queued":n,"dropped":n,"stopping":b}
+ *   {"type":"image"}                      value: {"image":NAME,"checked":b,"present":b?,
+ *       "error":"<message>; fix: <fix>"?}: whether the daemon has the app's
+ *       image, asked through its driver's inspect_image (checked false for a
+ *       driver without one); the Bun bridge's sandbox() refuses to start
+ *       when present is false, with that error
  *   {"type":"claim","event":EVENT,"admission":ADMISSION}
  *       value: app:claim(...) = {"claim":b,"priority":200,"action":"answer"|"drop"|"command"}
  *       (pure decision, no side effect)

@@ -16,6 +16,8 @@
 #   fuzz         every fuzz/*_fuzz.c for FUZZ_SECONDS (default 10); one test each
 #   docker       (hook) spec/docker/*_spec.lua, real Docker; runs when present
 #   bun          (hook) `bun test` in bun/; runs when bun/package.json exists
+#   install      spec/install/install_test.sh: make install DESTDIR, pkg-config,
+#                luarocks make, bun pm pack + bun add, used from temporary trees
 #   rich-worker  spec/rich_worker/ on bun (the rich worker, worker/pi/)
 #   rich-docker  spec/docker/*.test.mjs on bun against `make image-pi`, real Docker
 #
@@ -401,6 +403,31 @@ if [ -f bun/package.json ] && can_run bun build; then
     record bun "$bp" "$bf" "$bs" "${note}$(elapsed "$start")s"
     [ "$bf" -ne 0 ] && show_tail "$blog" 60
   fi
+fi
+
+# ---- suite: install (spec/install/install_test.sh) -------------------------------
+# make install DESTDIR, pkg-config and a C host, luarocks make, bun pm pack +
+# bun add, each used from its temporary tree (spec/operations.md 6). It runs
+# as this user (root here: it writes the checkout's build/ and bun/) and runs
+# the engine as the spec user itself; its real-Docker cases need the image.
+# One test per "ok"/"FAIL"/"skip" line; a run without its summary line
+# "install: N passed, M failed, K skipped" adds one failure.
+if can_run install build; then
+  say check "suite install: spec/install/install_test.sh (temporary trees${DOCKER_ENV[*]:+, real Docker})"
+  start="$(now_s)"
+  ilog="$LOGS/install.log"
+  env ${DOCKER_ENV[@]+"${DOCKER_ENV[@]}"} "SBX_USER=$SBX_USER" timeout -k 10 "$SUITE_TIMEOUT" \
+    bash spec/install/install_test.sh >"$ilog" 2>&1 </dev/null
+  rc=$?
+  ip="$(grep -c '^ok   ' "$ilog")"; if_="$(grep -c '^FAIL ' "$ilog")"; is="$(grep -c '^skip ' "$ilog")"
+  note=""
+  if ! grep -qE '^install: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$ilog"; then
+    if_=$((if_ + 1)); note="install_test.sh died (exit $rc) before its summary; "
+  elif [ "$rc" -ne 0 ] && [ "$if_" -eq 0 ]; then
+    if_=1; note="install_test.sh exited $rc after reporting no failure; "
+  fi
+  record install "$ip" "$if_" "$is" "${note}$(elapsed "$start")s"
+  [ "$if_" -ne 0 ] && show_tail "$ilog" 60
 fi
 
 # ---- suites: rich-worker, rich-docker (bun; spec/rich-mode.md 17) ------------------

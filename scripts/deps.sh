@@ -41,6 +41,7 @@ chk_cjson()      {
 chk_busted()     {
   [ -f /usr/bin/busted ] && have lua5.4 && lua5.4 /usr/bin/busted --version >/dev/null 2>&1
 }
+chk_luarocks()   { have luarocks && luarocks --lua-version=5.4 config lua_version >/dev/null 2>&1; }
 chk_clang()      { have clang; }
 chk_fuzzer_rt()  {
   have clang && [ -f "$(clang --print-runtime-dir 2>/dev/null)/libclang_rt.fuzzer-x86_64.a" ]
@@ -65,6 +66,7 @@ APT_CHECKS=(
   "http_parser|libhttp-parser-dev|chk_httpparser"
   "lua-cjson (5.4)|lua-cjson-dev|chk_cjson"
   "busted (lua5.4)|lua-busted|chk_busted"
+  "luarocks (the rockspec check)|luarocks|chk_luarocks"
   "clang|clang|chk_clang"
   "clang fuzzer runtime|libclang-rt-14-dev|chk_fuzzer_rt"
   "gcc asan/ubsan runtime|build-essential|chk_gcc_asan"

@@ -12,8 +12,9 @@
 #     LUACDIR/sandbox/core.so             PREFIX/lib/lua/5.4: where Debian's
 #                                         lua5.4 looks under /usr/local and /usr
 #     IMAGEDIR/                           the worker image's build context:
-#                                         Dockerfile, sbx-worker, lua/**, and
-#                                         build-image (worker/image.sh), which
+#                                         Dockerfile, sbx-worker, lua/**,
+#                                         image_lib.sh, and build-image
+#                                         (worker/image.sh), which
 #                                         builds pi-roundtable-sandbox:local
 # Nothing records the prefix inside a binary: the installed sbx finds
 # PREFIX/share/lua/5.4 from its own path, libsbx.so.0 the same tree from its
@@ -49,11 +50,15 @@ define copy_tree
 	done
 endef
 
+# A directory under PREFIX as ${prefix}/..., so `pkg-config --define-prefix`
+# relocates a moved tree (PKG_CONFIG_SYSROOT_DIR serves a DESTDIR one).
+under_prefix = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
+
 $(B)/sbx.pc: core/sbx.pc.in VERSION
 	@mkdir -p $(@D)
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
-	  -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@LUADIR@|$(LUADIR)|g' \
-	  -e 's|@LUACDIR@|$(LUACDIR)|g' -e 's|@IMAGEDIR@|$(IMAGEDIR)|g' \
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(call under_prefix,$(LIBDIR))|g' \
+	  -e 's|@INCLUDEDIR@|$(call under_prefix,$(INCLUDEDIR))|g' -e 's|@LUADIR@|$(call under_prefix,$(LUADIR))|g' \
+	  -e 's|@LUACDIR@|$(call under_prefix,$(LUACDIR))|g' -e 's|@IMAGEDIR@|$(call under_prefix,$(IMAGEDIR))|g' \
 	  -e 's|@VERSION@|$(VERSION)|g' $< >$@
 
 # sbx.pc records the prefix: regenerate it for every install.
@@ -74,6 +79,7 @@ install: all $(B)/sbx.pc
 	install -D -m 0644 worker/Dockerfile "$(DESTDIR)$(IMAGEDIR)/Dockerfile"
 	install -D -m 0755 $(B)/worker/sbx-worker "$(DESTDIR)$(IMAGEDIR)/sbx-worker"
 	install -D -m 0755 worker/image.sh "$(DESTDIR)$(IMAGEDIR)/build-image"
+	install -D -m 0644 scripts/image_lib.sh "$(DESTDIR)$(IMAGEDIR)/image_lib.sh"
 	$(call copy_tree,worker/lua,$(DESTDIR)$(IMAGEDIR)/lua,$(WORKER_LUA))
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 	@echo "make install: $(VERSION) in $(DESTDIR)$(PREFIX); build the worker image with $(IMAGEDIR)/build-image"

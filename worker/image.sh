@@ -1,41 +1,68 @@
 #!/usr/bin/env bash
-# worker/image.sh B: `make image`. Assembles the build context of the worker
-# image in B/image/ from build outputs and builds pi-roundtable-sandbox:local
-# FROM scratch (worker/Dockerfile), as root or as a docker-group user.
+# worker/image.sh: builds the sealed worker image pi-roundtable-sandbox:local
+# FROM scratch (worker/Dockerfile), as root or as a docker-group user. One
+# script for two layouts:
+#   image.sh B          `make image` in a checkout: the binary from
+#                       B/worker/sbx-worker, the Lua from worker/lua/, the
+#                       context assembled in B/image/
+#   build-image         an installed build context: this script beside
+#                       Dockerfile, sbx-worker, lua/ and image_lib.sh
+#                       (scripts/image_lib.sh) (`make install`:
+#                       PREFIX/share/pi-roundtable-sandbox/build-image; the
+#                       Bun package: worker/build-image); the context is
+#                       assembled in a temporary directory, removed after
+# SBX_IMAGE=NAME builds another tag; SBX_IMAGE_CONTEXT=DIR assembles there.
 #
 # rootfs/ gets: /app/worker/sbx-worker (the stripped static binary),
 # /app/worker/lua/ (every worker/lua/**/*.lua, layout kept), /usr/share/
 # zoneinfo/ (the build machine's zone files that start with TZif, without
 # the posix/ and right/ duplicates and the host's own localtime link, symlinks resolved so no link leaves the
 # tree), and empty /broker, /workspace, /tmp. Modes are normalised and
-# timestamps fixed, so the context checksum depends only on content.
+# timestamps fixed, so the context checksum depends only on content (the
+# same in both layouts).
 #
 # Skips the build when the image already carries the label
 # pi-roundtable-sandbox.context=<sha256 of the context>; prints the size.
 set -euo pipefail
-B="${1:-build}"
 IMAGE="${SBX_IMAGE:-pi-roundtable-sandbox:local}"   # `make image SBX_IMAGE=...` for another tag
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-. scripts/image_lib.sh
-CTX="${SBX_IMAGE_CONTEXT:-$B/image}"   # a writable dir when build/ is not ours
-FS="$CTX/rootfs"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ZONES=/usr/share/zoneinfo
 
-[ -x "$B/worker/sbx-worker" ] || { echo "image: $B/worker/sbx-worker missing (make worker)" >&2; exit 1; }
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
+  sed -n '2,/^#$/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
+  exit 0
+fi
+if [ -x "$HERE/sbx-worker" ] && [ -f "$HERE/Dockerfile" ]; then
+  . "$HERE/image_lib.sh"
+  WORKER_BIN="$HERE/sbx-worker" WORKER_LUA="$HERE/lua" DOCKERFILE="$HERE/Dockerfile"
+  if [ -n "${SBX_IMAGE_CONTEXT:-}" ]; then
+    CTX="$SBX_IMAGE_CONTEXT"
+  else
+    CTX="$(mktemp -d "${TMPDIR:-/tmp}/sbx-image-XXXXXX")"
+    trap 'rm -rf "$CTX"' EXIT
+  fi
+else
+  B="${1:-build}"
+  cd "$HERE/.."
+  . scripts/image_lib.sh
+  WORKER_BIN="$B/worker/sbx-worker" WORKER_LUA="worker/lua" DOCKERFILE="worker/Dockerfile"
+  CTX="${SBX_IMAGE_CONTEXT:-$B/image}"   # a writable dir when build/ is not ours
+  [ -x "$WORKER_BIN" ] || { echo "image: $WORKER_BIN missing (make worker)" >&2; exit 1; }
+fi
+FS="$CTX/rootfs"
 [ -f "$ZONES/UTC" ] || { echo "image: $ZONES/UTC missing (apt-get install tzdata)" >&2; exit 1; }
 
 rm -rf "$CTX"
 mkdir -p "$FS/app/worker/lua" "$FS/usr/share/zoneinfo" "$FS/broker" "$FS/workspace" "$FS/tmp"
-cp worker/Dockerfile "$CTX/Dockerfile"
-cp "$B/worker/sbx-worker" "$FS/app/worker/sbx-worker"
+cp "$DOCKERFILE" "$CTX/Dockerfile"
+cp "$WORKER_BIN" "$FS/app/worker/sbx-worker"
 
 # The worker's Lua, layout kept (worker/lua/a/b.lua -> /app/worker/lua/a/b.lua).
-if [ -d worker/lua ]; then
-  (cd worker/lua && find . -type f -name '*.lua' -print0) |
+if [ -d "$WORKER_LUA" ]; then
+  (cd "$WORKER_LUA" && find . -type f -name '*.lua' -print0) |
     while IFS= read -r -d '' f; do
       mkdir -p "$FS/app/worker/lua/$(dirname "$f")"
-      cp "worker/lua/$f" "$FS/app/worker/lua/$f"
+      cp "$WORKER_LUA/$f" "$FS/app/worker/lua/$f"
     done
 fi
 
@@ -55,4 +82,4 @@ chmod 0755 "$FS/app/worker/sbx-worker"
 chmod 1777 "$FS/tmp"
 image_build "$CTX" "$IMAGE"
 size="$(image_size "$IMAGE")"
-echo "image: $IMAGE size $size bytes ($((size / 1024)) KiB); binary $(stat -c %s "$B/worker/sbx-worker") bytes; zone files $(find "$FS/usr/share/zoneinfo" -type f | wc -l)"
+echo "image: $IMAGE size $size bytes ($((size / 1024)) KiB); binary $(stat -c %s "$WORKER_BIN") bytes; zone files $(find "$FS/usr/share/zoneinfo" -type f | wc -l)"

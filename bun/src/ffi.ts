@@ -24,6 +24,7 @@
 // synchronous, pure claim) returns after a mutex hand-off.
 import { CString, dlopen, FFIType, linkSymbols, ptr, type Pointer } from "bun:ffi";
 import { existsSync } from "node:fs";
+import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 export const ABI_VERSION = 1;
@@ -92,6 +93,9 @@ const RTLD_NOW = 0x2;
 const RTLD_DEEPBIND = 0x8;
 let libc: LibC | null = null;
 
+/** A dlopen failure (deepOpen), told apart from a wrong library. */
+class LoadError extends Error {}
+
 function deepOpen(path: string): Lib {
   const c: LibC = (libc ??= dlopen("libc.so.6", {
     dlopen: { args: [FFIType.ptr, FFIType.i32], returns: FFIType.ptr },
@@ -101,7 +105,7 @@ function deepOpen(path: string): Lib {
   const h = c.dlopen(ptr(cstr(path)), RTLD_NOW | RTLD_DEEPBIND);
   if (!h) {
     const e = c.dlerror();
-    throw new Error(`cannot load ${path}: ${e ? new CString(e).toString() : "dlopen failed"}`);
+    throw new LoadError(`cannot load ${path}: ${e ? new CString(e).toString() : "dlopen failed"}`);
   }
   const defs: Record<string, unknown> = {};
   for (const [name, def] of Object.entries(SYMBOLS)) {
@@ -113,24 +117,102 @@ function deepOpen(path: string): Lib {
   return linkSymbols(defs as never).symbols as unknown as Lib;
 }
 
-/** Where libsbx.so is: the option, $SBX_LIB, or ../build/libsbx.so relative to this package. */
+/** The system library path's name of the engine library (its SONAME). */
+export const SYSTEM_LIBRARY = "libsbx.so.0";
+
+/** This package's root directory (the one holding package.json, src/, native/). */
+export const PACKAGE_ROOT = dirname(dirname(fileURLToPath(import.meta.url)));
+
+/** One place libsbx.so is looked for (libraryCandidates). */
+export interface LibraryCandidate {
+  /** What the place is, for the error that lists them. */
+  where: string;
+  /** A path, or SYSTEM_LIBRARY for the system library path. */
+  path: string;
+}
+
+/**
+ * Where libsbx.so is looked for, in order (spec/operations.md 6): $SBX_LIB;
+ * the package's own native/libsbx.so (filled by `bun run build` or the
+ * install script: scripts/build.ts); inside the engine's checkout, its
+ * build/libsbx.so (what `make` built, so the checkout needs no copy); then
+ * the system library path (libsbx.so.0, `make install` and ldconfig).
+ */
+export function libraryCandidates(): LibraryCandidate[] {
+  const out: LibraryCandidate[] = [];
+  const env = process.env.SBX_LIB;
+  if (env) out.push({ where: "SBX_LIB", path: env });
+  out.push({ where: "the package's native/", path: join(PACKAGE_ROOT, "native", "libsbx.so") });
+  const checkout = join(PACKAGE_ROOT, "..");
+  if (existsSync(join(checkout, "core", "sbx_ffi.h")) && existsSync(join(checkout, "Makefile"))) {
+    out.push({ where: "the engine checkout's build/", path: join(checkout, "build", "libsbx.so") });
+  }
+  out.push({ where: "the system library path", path: SYSTEM_LIBRARY });
+  return out;
+}
+
+/**
+ * The library a load would open: the option; else $SBX_LIB when set; else
+ * the first candidate that exists, or SYSTEM_LIBRARY (resolved by dlopen).
+ */
 export function libraryPath(explicit?: string): string {
   if (explicit) return explicit;
   const env = process.env.SBX_LIB;
   if (env) return env;
-  return fileURLToPath(new URL("../../build/libsbx.so", import.meta.url));
+  for (const c of libraryCandidates()) {
+    if (c.path === SYSTEM_LIBRARY || existsSync(c.path)) return c.path;
+  }
+  return SYSTEM_LIBRARY;
 }
 
 const loaded = new Map<string, Lib>();
 
+/** The error of a failed lookup: every place tried, and the fixes. */
+function notFound(tried: string[]): Error {
+  return new Error(
+    `libsbx.so not found; looked in ${tried.join(", ")}; ` +
+      `run \`bun run build\` in ${PACKAGE_ROOT} (copies an installed or built libsbx.so into native/), ` +
+      "install the engine (`make install` in its checkout), or set SBX_LIB",
+  );
+}
+
 /** dlopens libsbx.so once per path and checks its ABI version. */
 export function loadLibrary(explicit?: string): Lib {
-  const path = libraryPath(explicit);
+  if (explicit) {
+    if (!existsSync(explicit)) {
+      throw new Error(`libsbx.so not found at ${explicit}; run \`make\` in the engine checkout or set SBX_LIB`);
+    }
+    return openChecked(explicit);
+  }
+  const env = process.env.SBX_LIB;
+  if (env) {
+    if (!existsSync(env)) {
+      throw new Error(
+        `libsbx.so not found at ${env} (SBX_LIB); fix SBX_LIB, or unset it to use the package's native/ or the system library`,
+      );
+    }
+    return openChecked(env);
+  }
+  const tried: string[] = ["SBX_LIB (not set)"];
+  for (const c of libraryCandidates()) {
+    if (c.path !== SYSTEM_LIBRARY) {
+      if (existsSync(c.path)) return openChecked(c.path);
+      tried.push(`${c.path} (${c.where}: missing)`);
+      continue;
+    }
+    try {
+      return openChecked(c.path);
+    } catch (err) {
+      if (!(err instanceof LoadError)) throw err;
+      tried.push(`${c.where} (${err.message})`);
+    }
+  }
+  throw notFound(tried);
+}
+
+function openChecked(path: string): Lib {
   const cached = loaded.get(path);
   if (cached) return cached;
-  if (!existsSync(path)) {
-    throw new Error(`libsbx.so not found at ${path}; run \`make\` in the engine checkout or set SBX_LIB`);
-  }
   const lib = deepOpen(path);
   const abi = lib.sbx_ffi_abi_version();
   if (abi !== ABI_VERSION) {

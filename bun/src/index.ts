@@ -206,9 +206,22 @@ function asArray<T>(v: unknown): T[] {
   return Array.isArray(v) ? (v as T[]) : [];
 }
 
+/** Disposes a started app's engine that sandbox() will not hand out. */
+async function stopEngine(engine: Engine): Promise<void> {
+  try {
+    await engine.submit({ type: "service", op: "dispose" });
+  } catch {
+    // the engine stops it anyway
+  } finally {
+    engine.free();
+  }
+}
+
 /**
  * Loads the engine and returns the guest plugin. Rejects with the Lua
- * message when the config or an option is refused.
+ * message when the config or an option is refused, and when the daemon
+ * lacks the configured image (the message names this installation's build
+ * command) or cannot be asked.
  */
 export async function sandbox(options: SandboxOptions = {}): Promise<SandboxPlugin> {
   if (options === null || typeof options !== "object") throw new Error("sandbox options must be an object");
@@ -259,6 +272,20 @@ export async function sandbox(options: SandboxOptions = {}): Promise<SandboxPlug
     },
     onEvent: (ev) => options.onEvent?.(ev),
   });
+
+  // spec/operations.md 6: the configured image must exist before the first
+  // turn; a driver that cannot tell (a custom one) is not asked.
+  let image: { checked?: boolean; present?: boolean; error?: string } | null = null;
+  try {
+    image = await engine.submit<typeof image>({ type: "image" });
+  } catch (err) {
+    await stopEngine(engine);
+    throw err;
+  }
+  if (image?.checked && image.present === false) {
+    await stopEngine(engine);
+    throw new Error(image.error ?? "the sandbox image is missing");
+  }
 
   // Progress events of one message request: typing on/off (the host's
   // indicator), everything to onEvent.

@@ -6,6 +6,7 @@ local async = require "sandbox.async"
 local common = require "sandbox.cli._common"
 local core = require "sandbox.core"
 local demo_model = require "sandbox.cli._demo_model"
+local layout = require "sandbox.layout"
 
 local M = {}
 
@@ -42,20 +43,6 @@ run as root: run it as the service account (`make demo` does that).
 local function say(...) io.stdout:write(...) io.stdout:write("\n") io.stdout:flush() end
 local function warn(...) io.stderr:write("sbx demo: ", ...) io.stderr:write("\n") end
 
--- The checkout this Lua tree belongs to (for `make image`), or nil.
-local function project_root()
-  local src = debug.getinfo(1, "S").source
-  local dir = src:match("^@(.*)/lua/sandbox/cli/demo%.lua$")
-  if not dir then return nil end
-  if dir == "" then dir = "." end
-  local f = io.open(dir .. "/worker/worker.mk", "r")
-  if not f then return nil end
-  f:close()
-  return dir
-end
-
-local function shq(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-
 local function temp_base()
   local tmp = os.getenv("TMPDIR")
   if not tmp or tmp == "" or tmp:sub(1, 1) ~= "/" or #tmp > 40 then tmp = "/tmp" end
@@ -73,26 +60,28 @@ local clock = {
   end,
 }
 
+-- The image, or a build of pi-roundtable-sandbox:local with this tree's own
+-- command (sandbox.layout: `make image` in a checkout, the installed
+-- context's build-image) when it is missing and may be built.
 local function ensure_image(docker, image, may_build)
   if docker:inspect_image(image) then return true end
-  local fix = image == M.IMAGE and "make image"
-    or ("make image, then docker tag " .. M.IMAGE .. " " .. image)
+  local fix = layout.image_fix(image)
   if not may_build then
     warn("the image ", image, " is missing")
     io.stderr:write("  fix: ", fix, "\n")
     return false
   end
-  local root = project_root()
-  if not root or image ~= M.IMAGE then
-    warn("the image ", image, " is missing and sbx demo builds only ", M.IMAGE, " from its checkout")
-    io.stderr:write("  fix: ", fix, " (in the checkout)\n")
+  local build = layout.image_build()
+  if not build.command or image ~= M.IMAGE then
+    warn("the image ", image, " is missing and sbx demo builds only ", M.IMAGE, " (with this installation's build command)")
+    io.stderr:write("  fix: ", fix, "\n")
     return false
   end
-  warn("building ", image, " (make image) ...")
-  local ok = os.execute("make -C " .. shq(root) .. " --no-print-directory image 1>&2")
+  warn("building ", image, " (", build.command, ") ...")
+  local ok = os.execute(build.command .. " 1>&2")
   if ok and docker:inspect_image(image) then return true end
   warn("could not build ", image)
-  io.stderr:write("  fix: run `make image` in ", root, " as its owner (or root), then rerun sbx demo\n")
+  io.stderr:write("  fix: run ", build.command, " as a user of the docker group (or root), then rerun sbx demo\n")
   return false
 end
 

@@ -9,6 +9,7 @@ local contract = require "sandbox.drivers.contract"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local installation = require "sandbox.runtime._installation"
+local layout = require "sandbox.layout"
 
 local M = {}
 
@@ -20,7 +21,8 @@ Checks, one line each, and names the fix for every failure:
   apiKey        present (mandatory under sbx: there is no host login)
   user          not root; uid/gid options (if set) equal the process's
   docker        the docker CLI is found and the daemon answers on a local socket
-  image         the configured image exists (`make image` builds it)
+  image         the configured image exists (`make image` builds it; an
+                installed tree names its own build-image)
   runRoot, workspaceRoot, state directory
                 a directory owned by this user with no group/other bits
                 (a missing one is created 0700 at startup)
@@ -220,8 +222,7 @@ function M.check(cfg, opts, out)
     r.ok("image", image .. " present")
   else
     r.fail("image", image .. " is missing (turns would fail with `sandbox worker failed`)",
-      image == "pi-roundtable-sandbox:local" and "make image"
-        or ("build it: docker build -f worker/Dockerfile -t " .. shq(image) .. " ."))
+      layout.image_fix(image))
   end
 
   -- roots outside the daemon's data directory

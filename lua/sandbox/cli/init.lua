@@ -1,6 +1,10 @@
 -- cli/init.lua: the `sbx` command's dispatcher. core/main.c calls main(argv) and
 -- exits with its return value. Each subcommand lives in sandbox/cli/<name>.lua
--- and exports help (a string) and run(args) -> exit status.
+-- and exports help (a string) and run(args) -> exit status. Besides them:
+-- `sbx help [COMMAND]`, `sbx --help`, and `sbx version` / `sbx --version`
+-- (the release, core.version: the VERSION file through sbx_version()).
+local core = require "sandbox.core"
+
 local M = {}
 
 M.COMMANDS = { "broker", "lua", "run", "chat", "doctor", "cleanup", "demo", "fetch", "check-url" }
@@ -23,23 +27,37 @@ local function usage()
     lines[#lines + 1] = string.format("  %-9s %s", name, SUMMARY[name])
   end
   lines[#lines + 1] = ""
-  lines[#lines + 1] = "`sbx <command> --help` explains each command's flags."
+  lines[#lines + 1] = "`sbx help <command>` (or `sbx <command> --help`) explains each command's flags;"
+  lines[#lines + 1] = "`sbx --version` prints the release."
   return table.concat(lines, "\n") .. "\n"
 end
+
+local function unknown(name)
+  io.stderr:write("sbx: unknown command '", name, "'\n\n", usage())
+  return 2
+end
+
+local function command(name) return require("sandbox.cli." .. name:gsub("-", "_")) end
 
 -- The collector (generational) is the host state's, set in C by
 -- core/state.c for every state the project makes; nothing here changes it.
 function M.main(argv)
   local name = argv[1]
+  if name == "--version" or name == "version" then
+    io.stdout:write("sbx ", core.version, "\n")
+    return 0
+  end
+  if name == "help" and argv[2] ~= nil then
+    if not SUMMARY[argv[2]] then return unknown(argv[2]) end
+    io.stdout:write(command(argv[2]).help)
+    return 0
+  end
   if name == nil or name == "--help" or name == "-h" or name == "help" then
     io.stdout:write(usage())
     return name == nil and 2 or 0
   end
-  if not SUMMARY[name] then
-    io.stderr:write("sbx: unknown command '", name, "'\n\n", usage())
-    return 2
-  end
-  local cmd = require("sandbox.cli." .. name:gsub("-", "_"))
+  if not SUMMARY[name] then return unknown(name) end
+  local cmd = command(name)
   local args = table.move(argv, 2, #argv, 1, {})
   for _, a in ipairs(args) do
     if a == "--help" or a == "-h" then

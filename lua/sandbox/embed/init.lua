@@ -17,6 +17,7 @@
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
+local layout = require "sandbox.layout"
 
 local M = {}
 
@@ -396,6 +397,42 @@ function HANDLERS.service(self, _, req)
   end
   if type(target) ~= "table" or target[method] == nil then error("the SANDBOX service has no " .. op, 0) end
   return target[method](target, table.unpack(args, 1, #args))
+end
+
+-- {"type":"image"}: whether the started app's daemon has its image, asked
+-- through the runtime's driver (spec/operations.md 6: the Bun bridge's
+-- sandbox() checks it at start). A driver without inspect_image (a custom
+-- or fake one) is not asked: {"image":..,"checked":false}. Otherwise
+-- {"image":..,"checked":true,"present":b} and, when not present, "error":
+-- the operator's message with its fix (the daemon's state when it is the
+-- cause; the build command of this installation, sandbox.layout).
+function HANDLERS.image(self)
+  local svc = self.app.services and self.app.services.SANDBOX
+  local rt = svc and svc.runtime
+  local d = rt and rt.driver
+  local image = rt and rt.options and rt.options.image
+  if type(image) ~= "string" then return object({ "checked" }, { checked = false }) end
+  if type(d) ~= "table" or type(d.inspect_image) ~= "function" then
+    return object({ "image", "checked" }, { image = image, checked = false })
+  end
+  if d:inspect_image(image) then
+    return object({ "image", "checked", "present" }, { image = image, checked = true, present = true })
+  end
+  local why = type(d.inspect_daemon) == "function" and select(2, d:inspect_daemon()) or nil
+  local msg
+  if why == "not found" or why == "cannot run" then
+    msg = "the docker CLI cannot run, so the image " .. image .. " cannot be checked; fix: install docker.io (make deps)"
+  elseif why == "permission denied" then
+    msg = "this user may not use the Docker socket, so the image " .. image
+      .. " cannot be checked; fix: add the service account to the docker group"
+  elseif why ~= nil then
+    msg = "the Docker daemon does not answer, so the image " .. image
+      .. " cannot be checked; fix: start dockerd or fix DOCKER_HOST (sbx doctor)"
+  else
+    msg = "the sandbox image " .. image .. " is missing (every turn would fail); fix: build it with "
+      .. layout.image_fix(image)
+  end
+  return object({ "image", "checked", "present", "error" }, { image = image, checked = true, present = false, error = msg })
 end
 
 -- Requests a utility engine (no config) serves: ping, status and the host
