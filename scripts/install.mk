@@ -16,6 +16,7 @@
 #                                         image_lib.sh, and build-image
 #                                         (worker/image.sh), which
 #                                         builds pi-roundtable-sandbox:local
+#     DOCDIR/                             README.md, docs/*.md, the systemd example
 # Nothing records the prefix inside a binary: the installed sbx finds
 # PREFIX/share/lua/5.4 from its own path, libsbx.so.0 the same tree from its
 # own (core/main.c, core/ffi.c), so a DESTDIR tree runs where it lies.
@@ -36,8 +37,10 @@ DATADIR    ?= $(PREFIX)/share
 LUADIR     ?= $(DATADIR)/lua/5.4
 LUACDIR    ?= $(LIBDIR)/lua/5.4
 IMAGEDIR   ?= $(DATADIR)/pi-roundtable-sandbox
+DOCDIR     ?= $(DATADIR)/doc/pi-roundtable-sandbox
 
 PUBLIC_HEADERS := core/sbx.h core/sbx_ffi.h core/sbx_fetch.h core/sbx_scrub.h
+DOCS       := README.md $(wildcard docs/*.md) $(wildcard examples/systemd/*.service)
 HOST_LUA   := $(shell find lua/sandbox -name '*.lua' 2>/dev/null | LC_ALL=C sort)
 WORKER_LUA := $(shell cd worker/lua 2>/dev/null && find . -name '*.lua' | LC_ALL=C sort)
 
@@ -81,18 +84,20 @@ install: all $(B)/sbx.pc
 	install -D -m 0755 worker/image.sh "$(DESTDIR)$(IMAGEDIR)/build-image"
 	install -D -m 0644 scripts/image_lib.sh "$(DESTDIR)$(IMAGEDIR)/image_lib.sh"
 	$(call copy_tree,worker/lua,$(DESTDIR)$(IMAGEDIR)/lua,$(WORKER_LUA))
+	install -d -m 0755 "$(DESTDIR)$(DOCDIR)"
+	install -m 0644 $(DOCS) "$(DESTDIR)$(DOCDIR)/"
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 	@echo "make install: $(VERSION) in $(DESTDIR)$(PREFIX); build the worker image with $(IMAGEDIR)/build-image"
 
-# Removes what install wrote. The sandbox/ module directories, include/sbx
-# and IMAGEDIR are this project's own namespaces and go whole.
+# Removes what install wrote. The sandbox/ module directories, include/sbx,
+# IMAGEDIR and DOCDIR are this project's own namespaces and go whole.
 uninstall:
 	@if [ -z "$(PREFIX)" ] || [ "$${PREFIX#/}" = "$(PREFIX)" ]; then \
 	  echo "make uninstall: PREFIX must be an absolute path (got '$(PREFIX)')" >&2; exit 1; fi
 	rm -f "$(DESTDIR)$(BINDIR)/sbx" "$(DESTDIR)$(LIBDIR)/$(SONAME)" "$(DESTDIR)$(LIBDIR)/libsbx.so" \
 	  "$(DESTDIR)$(LIBDIR)/libsbx.a" "$(DESTDIR)$(LIBDIR)/pkgconfig/sbx.pc"
 	rm -rf "$(DESTDIR)$(INCLUDEDIR)/sbx" "$(DESTDIR)$(LUADIR)/sandbox" "$(DESTDIR)$(LUACDIR)/sandbox" \
-	  "$(DESTDIR)$(IMAGEDIR)"
+	  "$(DESTDIR)$(IMAGEDIR)" "$(DESTDIR)$(DOCDIR)"
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
 # ---- the rockspec's build (luarocks make) ----------------------------------

@@ -240,7 +240,7 @@ export interface SandboxOptions {
   onEvent?: (event: SandboxProgressEvent) => void;
 
   // ---- where the engine comes from ----
-  /** Path of libsbx.so; default $SBX_LIB, else ../build/libsbx.so relative to this package. */
+  /** Path of libsbx.so; default $SBX_LIB, the package's native/, the checkout's build/, then libsbx.so.0. */
   library?: string;
   /** Directory of the engine's Lua tree; default $SBX_LUA_DIR, else next to libsbx.so. */
   luaDir?: string;

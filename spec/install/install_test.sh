@@ -93,7 +93,9 @@ layout() {
   for f in bin/sbx lib/libsbx.so.0 lib/libsbx.a lib/pkgconfig/sbx.pc lib/lua/5.4/sandbox/core.so \
     share/lua/5.4/sandbox/init.lua share/lua/5.4/sandbox/cli/init.lua share/lua/5.4/sandbox/layout.lua \
     share/pi-roundtable-sandbox/Dockerfile share/pi-roundtable-sandbox/sbx-worker \
-    share/pi-roundtable-sandbox/build-image share/pi-roundtable-sandbox/lua/agent.lua; do
+    share/pi-roundtable-sandbox/build-image share/pi-roundtable-sandbox/lua/agent.lua \
+    share/doc/pi-roundtable-sandbox/README.md share/doc/pi-roundtable-sandbox/operations.md \
+    share/doc/pi-roundtable-sandbox/threat-model.md share/doc/pi-roundtable-sandbox/roundtable-bot.service; do
     [ -f "$P/$f" ] || missing="$missing $f"
   done
   [ -z "$missing" ] || { echo "missing:$missing"; return 1; }
@@ -110,7 +112,7 @@ layout() {
   [ "$want" = "$have" ] || { echo "the image context's Lua differs from worker/lua/"; return 1; }
   cmp -s worker/Dockerfile "$P/share/pi-roundtable-sandbox/Dockerfile" || { echo "Dockerfile differs"; return 1; }
 }
-check "the installed layout: bin, lib (SONAME link), include/sbx (public headers only), pkgconfig, Lua modules, core.so, image context" layout
+check "the installed layout: bin, lib (SONAME link), include/sbx (public headers only), pkgconfig, Lua modules, core.so, image context, docs" layout
 
 # The functions the public headers declare (after the preprocessor).
 declared() {
