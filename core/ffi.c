@@ -159,7 +159,7 @@ static int default_lua_dir(char *out, size_t cap) {
   for (i = 0; i < sizeof rel / sizeof rel[0]; i++) {
     if ((size_t)snprintf(out, cap, "%s/%s", so, rel[i]) < cap && dir_has_tree(out)) return 0;
   }
-  snprintf(out, cap, "no Lua tree next to %s (looked in ../lua, ../share/lua/5.4 and lua/ there); "
+  snprintf(out, cap, "no Lua tree next to %.3900s (looked in ../lua, ../share/lua/5.4 and lua/ there); "
            "set SBX_LUA_DIR or options luaDir", so);
   return -1;
 }

@@ -229,12 +229,8 @@ check "make uninstall DESTDIR=T removes every installed file" uninstall
 if ! have luarocks; then
   fail "luarocks make" "luarocks is not installed (make deps)"
 else
-  if out="$(luarocks --lua-version=5.4 make --tree="$ROCKS" 2>&1)"; then
-    chmod -R a+rX "$ROCKS"
-    ok "luarocks --lua-version=5.4 make --tree=T builds and installs the rockspec"
-  else
-    fail "luarocks make" "$(printf '%s' "$out" | tail -n 20)"
-  fi
+  rock_make() { luarocks --lua-version=5.4 make --tree="$ROCKS" && chmod -R a+rX "$ROCKS"; }
+  check "luarocks --lua-version=5.4 make --tree=T builds and installs the rockspec" rock_make
   LUA_ENV=("LUA_PATH=$ROCKS/share/lua/5.4/?.lua;$ROCKS/share/lua/5.4/?/init.lua" "LUA_CPATH=$ROCKS/lib/lua/5.4/?.so")
   rock_require() {
     local out
@@ -257,12 +253,8 @@ fi
 if ! have bun; then
   fail "bun pm pack" "bun is not installed (make deps)"
 else
-  if out="$(cd bun && bun pm pack --destination "$PACK" 2>&1)"; then
-    chmod -R a+rX "$PACK"
-    ok "bun pm pack (prepack fills native/, lua/, worker/; postpack removes them again)"
-  else
-    fail "bun pm pack" "$(printf '%s' "$out" | tail -n 20)"
-  fi
+  pack() { (cd bun && bun pm pack --destination "$PACK") && chmod -R a+rX "$PACK"; }
+  check "bun pm pack (prepack fills native/, lua/, worker/; postpack removes them again)" pack
   TGZ="$PACK/pi-roundtable-sandbox-$VERSION.tgz"
   contents() {
     local list f missing=""
