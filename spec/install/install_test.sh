@@ -93,7 +93,8 @@ layout() {
   for f in bin/sbx lib/libsbx.so.0 lib/libsbx.a lib/pkgconfig/sbx.pc lib/lua/5.4/sandbox/core.so \
     share/lua/5.4/sandbox/init.lua share/lua/5.4/sandbox/cli/init.lua share/lua/5.4/sandbox/layout.lua \
     share/pi-roundtable-sandbox/Dockerfile share/pi-roundtable-sandbox/sbx-worker \
-    share/pi-roundtable-sandbox/build-image share/pi-roundtable-sandbox/lua/agent.lua \
+    share/pi-roundtable-sandbox/build-image share/pi-roundtable-sandbox/image_lib.sh \
+    share/pi-roundtable-sandbox/lua/agent.lua \
     share/doc/pi-roundtable-sandbox/README.md share/doc/pi-roundtable-sandbox/operations.md \
     share/doc/pi-roundtable-sandbox/threat-model.md share/doc/pi-roundtable-sandbox/roundtable-bot.service; do
     [ -f "$P/$f" ] || missing="$missing $f"
