@@ -383,7 +383,7 @@ if [ -f bun/package.json ] && can_run bun build; then
     (
       cd "$WORK/bun" &&
         "${RUN_AS[@]}" env "TMPDIR=$SPEC_TMP" timeout -k 10 "$SUITE_TIMEOUT" \
-          bun test --reporter=junit --reporter-outfile="$junit"
+          bun test --timeout=120000 --reporter=junit --reporter-outfile="$junit"
     ) >"$blog" 2>&1 </dev/null
     rc=$?
     bp=0 bf=0 bs=0 note=""
@@ -441,7 +441,7 @@ if [ -f worker/pi/package.json ]; then
     shift; while [ "$1" != -- ]; do env+=("$1"); shift; done; shift; files=("$@")
     start="$(now_s)"; rm -f "$junit"
     (cd "$WORK" && "${RUN_AS[@]}" env "TMPDIR=$SPEC_TMP" ${env[@]+"${env[@]}"} timeout -k 10 "$SUITE_TIMEOUT" \
-      bun test --reporter=junit --reporter-outfile="$junit" "${files[@]}") >"$log" 2>&1 </dev/null
+      bun test --timeout=120000 --reporter=junit --reporter-outfile="$junit" "${files[@]}") >"$log" 2>&1 </dev/null
     rc=$?
     top="$(grep -m1 -oE '<testsuites[^>]*>' "$junit" 2>/dev/null)"
     n() { printf '%s' "$top" | grep -oE " $1=\"[0-9]+\"" | grep -oE '[0-9]+' || echo 0; }

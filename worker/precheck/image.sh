@@ -33,7 +33,10 @@ fail() { echo "precheck image: $*" >&2; exit 1; }
 
 BUN="$(image_npm_bun)" || exit 1
 [ "$(head -c 4 "$BUN" | od -An -tx1 | tr -d ' \n')" = "7f454c46" ] || fail "$BUN is not an ELF executable"
-ldd "$BUN" 2>/dev/null | grep -q '=> /\|^\s*/' || fail "ldd lists no loader for $BUN (a static bun is not the npm package's)"
+# ldd's whole answer first: under pipefail, `ldd | grep -q` fails whenever grep
+# stops reading before ldd has written everything (SIGPIPE), as it did in CI.
+BUN_LDD="$(ldd "$BUN" 2>/dev/null || true)"
+grep -q '=> /\|^\s*/' <<<"$BUN_LDD" || fail "ldd lists no loader for $BUN (a static bun is not the npm package's)"
 
 rm -rf "$CTX"
 mkdir -p "$FS/usr/local/bin" "$FS/app" "$FS/broker" "$FS/workspace" "$FS/tmp"
