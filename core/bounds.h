@@ -22,6 +22,19 @@
 #define SBX_MAX_CREDENTIAL_BYTES   4096
 #define SBX_MAX_ROUTES             1024
 
+/* Rich mode (spec/rich-mode.md 8, 9, 11.5, 5.4, 20): the stream listener
+ * (listener_stream.c), streaming upstream calls (upstream_stream.c), the
+ * bounded reflection stream (reflect_stream.c), the SSE error watch
+ * (sse_watch.c) and the Engine API driver's per-call deadline. */
+#define SBX_STREAM_MAX_CONNECTIONS     16
+#define SBX_STREAM_HEADER_DEADLINE_MS  10000
+#define SBX_STREAM_IDLE_MS             120000
+#define SBX_STREAM_MAX_BODY_BYTES      (96 * 1024 * 1024)
+#define SBX_STREAM_HIGH_WATER          16384      /* queued unsent: pause the producer */
+#define SBX_STREAM_MAX_RESPONSE_BYTES  (50 * 1024 * 1024)
+#define SBX_SSE_MAX_EVENT_BYTES        65536      /* an unfinished event beyond it is dropped */
+#define SBX_DOCKER_CALL_MS             15000
+
 /* Listener internals (listener.c), not spec numbers. */
 #define SBX_LISTEN_BACKLOG         128     /* pending connects queued by the kernel */
 #define SBX_LINGER_MS              2000    /* after a reply: drain client bytes, then close */
@@ -29,5 +42,6 @@
 #define SBX_MAX_DISCARD_BYTES      (SBX_MAX_HEAD_BYTES + SBX_MAX_BODY_BYTES)
 #define SBX_HUP_POLL_MS            200     /* peer half-closed mid-call: check for hang-up */
 #define SBX_MAX_CONTENT_TYPE_BYTES 128
+#define SBX_MAX_HEAD_FIELDS        128     /* header lines framed per head (http_head.c) */
 
 #endif

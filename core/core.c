@@ -17,6 +17,7 @@ static const struct {
   {"json", sbx__open_json},
   {"reflect", sbx__open_reflect},
   {"listener", sbx__open_listener},
+  {"listener_stream", sbx__open_listener_stream},
   {"upstream", sbx__open_upstream},
   {"fetch_lua", sbx__open_fetch_lua},
   {"netaddr", sbx__open_netaddr},

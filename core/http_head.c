@@ -2,9 +2,11 @@
  * http_head.c: steps 0-8 of the broker pipeline (spec/broker.md section 5)
  * for one complete request head, as a pure function of the bytes, the route
  * table and two bits of turn state. It owns nothing and allocates nothing;
- * the listener (listener.c) owns sockets, budget and Lua. The framing scan
- * (sbx__head_scan: step 0 and the facts later steps read) is shared with the
- * precheck broker's own order of checks (precheck_head.c).
+ * the listeners own sockets, budget and Lua. The framing scan is shared:
+ * sbx__head_scan (step 0 and the facts later steps read) with the precheck
+ * broker's own order of checks (precheck_head.c), and sbx__head_frame (the
+ * same parse, every header line kept) with rich mode's stream listener
+ * (listener_stream.c), which judges only a repeated name.
  *
  * Framing is shared between our own checks and http_parser 2.9.4 (Debian's
  * libhttp-parser, built non-strict):
@@ -31,8 +33,11 @@
  *
  * Header names are matched case-insensitively against the permitted list of
  * section 7.1; a name outside it (the forbidden list is a subset) or a
- * permitted name seen twice is step 3.
+ * permitted name seen twice is step 3. The same scan keeps, for
+ * sbx__head_frame, the lines themselves (at most SBX_MAX_HEAD_FIELDS,
+ * counting the rest) and whether a name repeats case-insensitively.
  */
+#include <stddef.h>
 #include <string.h>
 
 #include <http_parser.h>
@@ -67,6 +72,7 @@ typedef struct {
   const char *host;
   size_t host_len;
   int complete;             /* on_headers_complete ran */
+  sbx__head_req_t *req;     /* sbx__head_frame: every line, or NULL */
 } scan_t;
 
 int sbx__http_is_tchar(unsigned char c) {
@@ -108,8 +114,7 @@ static int is_token(const char *s, size_t n) {
   return 1;
 }
 
-/* ASCII case-insensitive equality of s[0..n) with the lower-case word w. */
-static int name_is(const char *s, size_t n, const char *w) {
+int sbx__head_name_is(const char *s, size_t n, const char *w) {
   size_t i;
   if (strlen(w) != n) return 0;
   for (i = 0; i < n; i++) {
@@ -120,8 +125,37 @@ static int name_is(const char *s, size_t n, const char *w) {
   return 1;
 }
 
+#define name_is sbx__head_name_is
+
 static int eq(const char *s, size_t n, const char *w) {
   return strlen(w) == n && memcmp(s, w, n) == 0;
+}
+
+/* ASCII case-insensitive equality of two names. */
+static int names_equal(const char *a, size_t an, const char *b, size_t bn) {
+  size_t i;
+  if (an != bn) return 0;
+  for (i = 0; i < an; i++) {
+    unsigned char x = (unsigned char)a[i], y = (unsigned char)b[i];
+    if (x >= 'A' && x <= 'Z') x = (unsigned char)(x - 'A' + 'a');
+    if (y >= 'A' && y <= 'Z') y = (unsigned char)(y - 'A' + 'a');
+    if (x != y) return 0;
+  }
+  return 1;
+}
+
+/* sbx__head_frame: keeps one framed line (name, trimmed value). */
+static void keep_field(sbx__head_req_t *o, const char *name, size_t nlen, const char *v, size_t vn) {
+  size_t i;
+  o->total++;
+  if (o->nfields >= SBX_MAX_HEAD_FIELDS) return;
+  for (i = 0; i < o->nfields && !o->repeated; i++)
+    if (names_equal(o->fields[i].name, o->fields[i].nlen, name, nlen)) o->repeated = 1;
+  o->fields[o->nfields].name = name;
+  o->fields[o->nfields].nlen = nlen;
+  o->fields[o->nfields].value = v;
+  o->fields[o->nfields].vlen = vn;
+  o->nfields++;
 }
 
 static void finish_header(scan_t *sc) {
@@ -134,13 +168,8 @@ static void finish_header(scan_t *sc) {
   while (vn > 0 && (v[0] == ' ' || v[0] == '\t')) { v++; vn--; }
   while (vn > 0 && (v[vn - 1] == ' ' || v[vn - 1] == '\t')) vn--;
   if (!is_token(sc->name, sc->nlen)) { sc->bad = 1; return; }
-
-  for (i = 0; i < H_NPERMITTED; i++)
-    if (name_is(sc->name, sc->nlen, permitted[i])) { idx = i; break; }
-  if (name_is(sc->name, sc->nlen, "transfer-encoding")) sc->te = 1;
-  if (idx < 0) { sc->refused = 1; return; }
-
-  if (idx == H_CONTENT_LENGTH) {
+  if (sc->req != NULL) keep_field(sc->req, sc->name, sc->nlen, v, vn);
+  if (name_is(sc->name, sc->nlen, "content-length")) {
     size_t k;
     uint64_t n = 0;
     if (sc->has_cl || vn == 0) { sc->bad = 1; return; }   /* repeated or empty */
@@ -152,6 +181,11 @@ static void finish_header(scan_t *sc) {
     sc->has_cl = 1;
     sc->cl = n;
   }
+
+  for (i = 0; i < H_NPERMITTED; i++)
+    if (name_is(sc->name, sc->nlen, permitted[i])) { idx = i; break; }
+  if (name_is(sc->name, sc->nlen, "transfer-encoding")) sc->te = 1;
+  if (idx < 0) { sc->refused = 1; return; }
   if (idx == H_AUTHORIZATION) {
     if (!eq(v, vn, SBX_DUMMY_AUTHORIZATION)) sc->auth_bad = 1;
     if (sc->auth == NULL) sc->auth = v;
@@ -268,7 +302,9 @@ static void defuse_long_lengths(char *in, size_t len) {
   }
 }
 
-int sbx__head_scan(const char *head, size_t len, sbx__head_facts_t *f) {
+/* The one parse behind sbx__head_scan and sbx__head_frame (req non-NULL:
+ * every line kept, and the request line). */
+static int scan_head(const char *head, size_t len, sbx__head_facts_t *f, sbx__head_req_t *req) {
   static const char prefix[] = "POST / ";
   char in[SBX_MAX_HEAD_BYTES + 16];
   http_parser parser;
@@ -311,6 +347,7 @@ int sbx__head_scan(const char *head, size_t len, sbx__head_facts_t *f) {
   memset(&sc, 0, sizeof sc);
   sc.in_base = in + sizeof prefix - 1;
   sc.orig_base = ver;
+  sc.req = req;
   memset(&settings, 0, sizeof settings);
   settings.on_header_field = on_field;
   settings.on_header_value = on_value;
@@ -333,7 +370,31 @@ int sbx__head_scan(const char *head, size_t len, sbx__head_facts_t *f) {
   f->host_len = sc.host_len;
   f->has_length = sc.has_cl;
   f->length = sc.cl;
+  if (req != NULL) {
+    req->method = head;
+    req->mlen = (size_t)(sp1 - head);
+    req->target = target;
+    req->tlen = tlen;
+    req->minor = ver[7] - '0';
+    req->bad_url = bad_url;
+    req->has_length = sc.has_cl;
+    req->length = sc.cl;
+    req->te = sc.te;
+  }
   return 0;
+}
+
+int sbx__head_scan(const char *head, size_t len, sbx__head_facts_t *f) {
+  return scan_head(head, len, f, NULL);
+}
+
+int sbx__head_frame(const char *head, size_t len, sbx__head_req_t *out) {
+  sbx__head_facts_t f;
+  /* Everything up to the fields; the fields are filled as they are framed. */
+  memset(out, 0, offsetof(sbx__head_req_t, fields));
+  out->repeated = out->has_length = out->te = 0;
+  out->length = 0;
+  return scan_head(head, len, &f, out);
 }
 
 size_t sbx__route_find(const sbx__route_t *routes, size_t nroutes, const char *target,

@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bounds.h"
+
 /* One configured request-target, compared byte for byte. */
 typedef struct sbx__route {
   const char *s;
@@ -33,6 +35,49 @@ typedef struct sbx__head_result {
   int has_length;     /* accepted: a Content-Length header was present */
   uint64_t length;    /* accepted: its value, saturated at UINT64_MAX */
 } sbx__head_result_t;
+
+/* One header line of a framed head: the name as sent, the value trimmed of
+ * SP/HT on both sides. Both point into the head. */
+typedef struct sbx__head_field {
+  const char *name;
+  size_t nlen;
+  const char *value;
+  size_t vlen;
+} sbx__head_field_t;
+
+/*
+ * A request head framed but not judged (sbx__head_frame): what both the
+ * sealed decision (sbx__head_decide) and the stream listener
+ * (listener_stream.c, spec/rich-mode.md 8) read. Pointers go into the head.
+ */
+typedef struct sbx__head_req {
+  const char *method;
+  size_t mlen;
+  const char *target;
+  size_t tlen;
+  int minor;                 /* HTTP/1.<minor>: 0 or 1 */
+  int bad_url;               /* the target holds HT, FF or a byte >= 0x80 */
+  size_t nfields;            /* header lines stored in fields[] */
+  size_t total;              /* header lines in the head (> nfields: overflow) */
+  sbx__head_field_t fields[SBX_MAX_HEAD_FIELDS];
+  int repeated;              /* a stored name appears twice (ASCII case-insensitive) */
+  int has_length;            /* a Content-Length header (plain digits) */
+  uint64_t length;           /* its value, saturated at UINT64_MAX */
+  int te;                    /* a Transfer-Encoding header is present */
+} sbx__head_req_t;
+
+/*
+ * Frames head[0..len), exactly one complete head (as delimited by
+ * sbx__head_end) of at most SBX_MAX_HEAD_BYTES: the request line checked by
+ * hand, the header lines by http_parser plus the rules it lets through (see
+ * http_head.c). Returns 0 and fills *out, or -1 when the head is malformed
+ * (400 `bad request` in both listeners). Content-Length together with
+ * Transfer-Encoding, a repeated or non-digit Content-Length are malformed.
+ */
+int sbx__head_frame(const char *head, size_t len, sbx__head_req_t *out);
+
+/* ASCII case-insensitive equality of s[0..n) with the lower-case word w. */
+int sbx__head_name_is(const char *s, size_t n, const char *w);
 
 /*
  * Where the head ends: the offset just past the first empty line (the line

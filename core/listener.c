@@ -43,18 +43,17 @@
  * Nothing here logs a payload, header value, credential or path.
  */
 #include <errno.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "http_head.h"
 #include "json.h"
 #include "loop.h"
 #include "parts.h"
+#include "pipe_server.h"
 #include "precheck_head.h"
 
 #define LISTENER_MT "sbx.listener"
@@ -306,17 +305,7 @@ static void fail_accepted(conn_t *c, int status, const char *body) {
 
 /* ---- timers ------------------------------------------------------------- */
 
-/* 1 when the peer closed both directions (POLLHUP), not just its write side. */
-static int peer_hung_up(conn_t *c) {
-  uv_os_fd_t fd;
-  struct pollfd p;
-  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) != 0) return 1;
-  p.fd = fd;
-  p.events = 0;
-  p.revents = 0;
-  if (poll(&p, 1, 0) < 0) return 0;
-  return (p.revents & (POLLHUP | POLLERR)) != 0;
-}
+static int peer_hung_up(conn_t *c) { return sbx__pipe_hung_up(&c->pipe); }
 
 static void on_timer(uv_timer_t *t) {
   conn_t *c = t->data;
@@ -574,19 +563,12 @@ static void stop_read(conn_t *c) {
 
 /* ---- accepting ---------------------------------------------------------- */
 
-static void reject_closed(uv_handle_t *h) { free(h); }
-
 static void on_connection(uv_stream_t *server, int status) {
   lst_t *lst = server->data;
   conn_t *c;
   if (status < 0 || lst->stopped) return;
   if (lst->nconns >= SBX_MAX_CONNECTIONS) {
-    /* Over the cap: accept and close at once, writing nothing. */
-    uv_pipe_t *p = malloc(sizeof *p);
-    if (p == NULL) return;
-    uv_pipe_init(server->loop, p, 0);
-    uv_accept(server, (uv_stream_t *)p);
-    uv_close((uv_handle_t *)p, reject_closed);
+    sbx__pipe_refuse(server);   /* over the cap: closed at once, nothing written */
     return;
   }
   c = calloc(1, sizeof *c);
@@ -703,7 +685,6 @@ static int l_broker_listen(lua_State *L) {
   size_t path_len;
   lst_t *lst, **guard;
   sbx__box_t *box;
-  mode_t old;
   int rc;
 
   luaL_checktype(L, 1, LUA_TTABLE);
@@ -750,15 +731,11 @@ static int l_broker_listen(lua_State *L) {
   uv_pipe_init(&lp->uv, &lst->server, 0);
   lst->server.data = lst;
   lst->refs = 1;
-  old = umask(077);
-  rc = uv_pipe_bind(&lst->server, path);
-  umask(old);
-  if (rc == 0 && chmod(path, 0600) != 0) rc = -errno;
-  if (rc == 0) rc = uv_listen((uv_stream_t *)&lst->server, SBX_LISTEN_BACKLOG, on_connection);
+  rc = sbx__pipe_listen_private(&lst->server, path, SBX_LISTEN_BACKLOG, on_connection,
+                                server_closed);
   if (rc != 0) {
-    lst->stopped = 1;
-    uv_close((uv_handle_t *)&lst->server, server_closed);   /* unlinks if bound */
     char msg[128];
+    lst->stopped = 1;
     snprintf(msg, sizeof msg, "cannot listen on the broker socket: %s", uv_strerror(rc));
     return sbx__push_failure(L, -rc, msg);
   }

@@ -19,6 +19,7 @@ void sbx__open_crypto(lua_State *L);        /* core.sha256_hex, base64, hex, ran
 void sbx__open_json(lua_State *L);          /* core.json_decode, json_encode, utf8_valid */
 void sbx__open_reflect(lua_State *L);       /* core.reflect_filter */
 void sbx__open_listener(lua_State *L);      /* core.broker_listen */
+void sbx__open_listener_stream(lua_State *L); /* core.stream_listen */
 void sbx__open_upstream(lua_State *L);      /* core.http_post */
 void sbx__open_fetch_lua(lua_State *L);     /* core.fetch_start, assert_url_start, fetch_opts_check, fetch_attempt */
 void sbx__open_netaddr(lua_State *L);       /* core.url_admit, addr_classify, addr_parse */
