@@ -16,6 +16,7 @@ static const struct {
   {"crypto", sbx__open_crypto},
   {"json", sbx__open_json},
   {"reflect", sbx__open_reflect},
+  {"reflect_stream", sbx__open_reflect_stream},
   {"listener", sbx__open_listener},
   {"listener_stream", sbx__open_listener_stream},
   {"upstream", sbx__open_upstream},

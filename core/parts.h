@@ -18,6 +18,7 @@ void sbx__open_constants(lua_State *L);     /* core.limits (bounds.h), core.vers
 void sbx__open_crypto(lua_State *L);        /* core.sha256_hex, base64, hex, random_hex */
 void sbx__open_json(lua_State *L);          /* core.json_decode, json_encode, utf8_valid */
 void sbx__open_reflect(lua_State *L);       /* core.reflect_filter */
+void sbx__open_reflect_stream(lua_State *L); /* core.reflect_stream */
 void sbx__open_listener(lua_State *L);      /* core.broker_listen */
 void sbx__open_listener_stream(lua_State *L); /* core.stream_listen */
 void sbx__open_upstream(lua_State *L);      /* core.http_post */

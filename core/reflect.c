@@ -59,6 +59,7 @@ typedef struct {
 struct sbx_reflect {
   size_t n;                         /* distinct needles kept, 1..6 */
   size_t minlen, maxlen;            /* shortest and longest kept needle */
+  size_t longest;                   /* longest of all six forms (before pruning) */
   needle_t nd[REFLECT_NEEDLES];
   size_t shift_max;                 /* shift of a block in no needle */
   unsigned char near[WM_SIZE];      /* shift_max - shift of each block hash */
@@ -206,10 +207,17 @@ int sbx_reflect_new(const char *key, size_t len, sbx_reflect_t **out) {
   all[4] = (needle_t){p, enc_hex(p, k, len, 0)};
   p += all[4].len;
   all[5] = (needle_t){p, enc_hex(p, k, len, 1)};
+  f->longest = 0;
+  for (size_t i = 0; i < REFLECT_NEEDLES; i++)
+    if (all[i].len > f->longest) f->longest = all[i].len;
   prune(f, all, REFLECT_NEEDLES);
   if (f->minlen >= WM_MIN_NEEDLE) build_shifts(f);
   *out = f;
   return 0;
+}
+
+size_t sbx_reflect_carry(const sbx_reflect_t *f) {
+  return f->longest - 1;
 }
 
 void sbx_reflect_free(sbx_reflect_t *f) {

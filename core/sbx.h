@@ -31,5 +31,29 @@ int sbx_reflect_new(const char *key, size_t len, sbx_reflect_t **out);
 /* 1 when any needle occurs in buf[0..len), else 0. */
 int sbx_reflect_hit(const sbx_reflect_t *f, const char *buf, size_t len);
 void sbx_reflect_free(sbx_reflect_t *f);
+/* The longest of the six forms minus one: what a stream must carry over
+ * between chunks so that a form split across them is still seen. */
+size_t sbx_reflect_carry(const sbx_reflect_t *f);
+
+/*
+ * The bounded reflection stream (reflect_stream.c, spec/rich-mode.md 11.5):
+ * chunks of an upstream body pass through the filter; a form split across
+ * chunks is caught because the last sbx_reflect_carry(f) bytes of each
+ * chunk are held back and scanned again with the next one.
+ *
+ * push: data = kept .. chunk; a form in data is SBX_EREFLECT; then, when the
+ * total of chunk lengths passes max_total, SBX_ETOOBIG; else *out, *out_len
+ * is data minus its last carry bytes (valid until the next call) and 0. A
+ * failure is sticky. finish: the kept bytes, or the sticky failure. The
+ * filter is not owned and must outlive the stream.
+ */
+typedef struct sbx_reflect_stream sbx_reflect_stream_t;
+int sbx_reflect_stream_new(const sbx_reflect_t *f, size_t max_total, sbx_reflect_stream_t **out);
+int sbx_reflect_stream_push(sbx_reflect_stream_t *s, const char *chunk, size_t len,
+                            const char **out, size_t *out_len);
+int sbx_reflect_stream_finish(sbx_reflect_stream_t *s, const char **out, size_t *out_len);
+/* Bytes pushed so far (chunk lengths). */
+size_t sbx_reflect_stream_total(const sbx_reflect_stream_t *s);
+void sbx_reflect_stream_free(sbx_reflect_stream_t *s);
 
 #endif
