@@ -19,6 +19,8 @@ void sbx__open_crypto(lua_State *L);        /* core.sha256_hex, base64, hex, ran
 void sbx__open_json(lua_State *L);          /* core.json_decode, json_encode, utf8_valid */
 void sbx__open_reflect(lua_State *L);       /* core.reflect_filter */
 void sbx__open_reflect_stream(lua_State *L); /* core.reflect_stream */
+void sbx__open_sse_watch(lua_State *L);     /* core.sse_watch */
+void sbx__open_docker_demux(lua_State *L);  /* core.docker_demux */
 void sbx__open_listener(lua_State *L);      /* core.broker_listen */
 void sbx__open_listener_stream(lua_State *L); /* core.stream_listen */
 void sbx__open_upstream(lua_State *L);      /* core.http_post */
