@@ -21,6 +21,7 @@ static const struct {
   {"listener", sbx__open_listener},
   {"listener_stream", sbx__open_listener_stream},
   {"upstream", sbx__open_upstream},
+  {"upstream_stream", sbx__open_upstream_stream},
   {"fetch_lua", sbx__open_fetch_lua},
   {"netaddr", sbx__open_netaddr},
   {"http_server", sbx__open_http_server},

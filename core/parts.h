@@ -24,6 +24,7 @@ void sbx__open_docker_demux(lua_State *L);  /* core.docker_demux */
 void sbx__open_listener(lua_State *L);      /* core.broker_listen */
 void sbx__open_listener_stream(lua_State *L); /* core.stream_listen */
 void sbx__open_upstream(lua_State *L);      /* core.http_post */
+void sbx__open_upstream_stream(lua_State *L); /* core.http_stream */
 void sbx__open_fetch_lua(lua_State *L);     /* core.fetch_start, assert_url_start, fetch_opts_check, fetch_attempt */
 void sbx__open_netaddr(lua_State *L);       /* core.url_admit, addr_classify, addr_parse */
 void sbx__open_http_server(lua_State *L);   /* core.http_server, read_lines */

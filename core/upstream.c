@@ -41,10 +41,9 @@
 
 #include <curl/curl.h>
 
-#include "curl_loop.h"
 #include "http_head.h"
-#include "loop.h"
 #include "parts.h"
+#include "upstream.h"
 
 #define MULTI_KEY "sbx.upstream.multi"      /* registry field: the box */
 #define MULTI_MT "sbx.upstream.multi_mt"    /* its metatable (a different name:
@@ -67,19 +66,12 @@
 /* Outcome kinds; 0 while undecided. */
 enum { UP_OK = 1, UP_STATUS, UP_ENCODING, UP_TOO_LARGE, UP_TIMEOUT, UP_NETWORK };
 
-typedef struct up_multi up_multi_t;
+typedef sbx__up_multi_t up_multi_t;
 typedef struct up_req up_req_t;
-
-struct up_multi {
-  sbx__curl_loop_t *cl;  /* the multi on the loop; NULL once torn down */
-  sbx__loop_t *lp;
-  up_req_t *reqs;        /* in-flight requests */
-};
 
 
 struct up_req {
-  up_req_t *prev, *next;
-  up_multi_t *m;
+  sbx__up_xfer_t x;      /* first: the multi's link and CURLOPT_PRIVATE */
   sbx__box_t *box;       /* Lua side, or NULL once collected */
   CURL *easy;
   struct curl_slist *headers, *connect_to;
@@ -107,19 +99,24 @@ typedef struct {
   int want_ctype;
 } up_outcome_t;
 
-/* ---- lists ------------------------------------------------------------ */
+/* ---- the multi's list ------------------------------------------------ */
 
-static void req_link(up_multi_t *m, up_req_t *r) {
-  r->prev = NULL;
-  r->next = m->reqs;
-  if (m->reqs != NULL) m->reqs->prev = r;
-  m->reqs = r;
+void sbx__up_link(sbx__up_multi_t *m, sbx__up_xfer_t *x) {
+  x->m = m;
+  x->prev = NULL;
+  x->next = m->xfers;
+  if (m->xfers != NULL) m->xfers->prev = x;
+  m->xfers = x;
 }
 
-static void req_unlink(up_multi_t *m, up_req_t *r) {
-  if (r->prev != NULL) r->prev->next = r->next; else m->reqs = r->next;
-  if (r->next != NULL) r->next->prev = r->prev;
-  r->prev = r->next = NULL;
+void sbx__up_unlink(sbx__up_xfer_t *x, CURL *easy) {
+  sbx__up_multi_t *m = x->m;
+  if (m == NULL) return;
+  if (x->prev != NULL) x->prev->next = x->next; else m->xfers = x->next;
+  if (x->next != NULL) x->next->prev = x->prev;
+  x->prev = x->next = NULL;
+  x->m = NULL;
+  if (easy != NULL && m->cl != NULL) sbx__curl_loop_remove(m->cl, easy);
 }
 
 /* ---- request lifetime ------------------------------------------------- */
@@ -127,12 +124,8 @@ static void req_unlink(up_multi_t *m, up_req_t *r) {
 /* Removes r from curl and frees it; its buffer is handed back when keep_buf
  * is non-NULL. Never calls Lua. L is any thread of the state (for unref). */
 static void req_destroy(lua_State *L, up_req_t *r, char **keep_buf) {
-  up_multi_t *m = r->m;
-  req_unlink(m, r);
-  if (r->easy != NULL) {
-    if (m->cl != NULL) sbx__curl_loop_remove(m->cl, r->easy);
-    curl_easy_cleanup(r->easy);
-  }
+  sbx__up_unlink(&r->x, r->easy);
+  if (r->easy != NULL) curl_easy_cleanup(r->easy);
   curl_slist_free_all(r->headers);
   curl_slist_free_all(r->connect_to);
   free(r->body);
@@ -207,21 +200,29 @@ static void finish(up_multi_t *m, up_req_t *r, CURLcode rc) {
   free(buf);
 }
 
-/* The curl loop's done function: one finished transfer (curl_loop.c calls
- * it from a libuv callback, one message at a time, so a Lua callback may
- * remove other handles). */
+/* The curl loop's done function: one finished transfer of either kind
+ * (curl_loop.c calls it from a libuv callback, one message at a time, so a
+ * Lua callback may remove other handles). */
 static void up_curl_done(void *priv, CURL *easy, CURLcode rc) {
-  up_req_t *r = (up_req_t *)priv;
+  sbx__up_xfer_t *x = priv;
   (void)easy;
-  finish(r->m, r, rc);
+  x->done(x, rc);
+}
+
+static void req_done(sbx__up_xfer_t *x, CURLcode rc) {
+  up_req_t *r = (up_req_t *)x;
+  finish(r->x.m, r, rc);
+}
+
+static void req_drop(lua_State *L, sbx__up_xfer_t *x) {
+  req_destroy(L, (up_req_t *)x, NULL);
 }
 
 /* ---- curl easy callbacks (never call Lua) ----------------------------- */
 
 static int is_ows(char c) { return c == ' ' || c == '\t'; }
 
-/* "HTTP/x[.y] NNN ..." -> NNN, or -1. */
-static long parse_status(const char *p, size_t n) {
+long sbx__up_parse_status(const char *p, size_t n) {
   size_t i = 5;
   long code = 0;
   int k;
@@ -235,9 +236,7 @@ static long parse_status(const char *p, size_t n) {
   return code;
 }
 
-/* Is the header line a Content-Encoding whose trimmed value is not
- * "identity"? Sets *is_ce when the name matches at all. */
-static int bad_encoding(const char *p, size_t n, int *is_ce) {
+int sbx__up_bad_encoding(const char *p, size_t n, int *is_ce) {
   const char *colon = memchr(p, ':', n);
   size_t nl, vs, ve;
   *is_ce = 0;
@@ -278,7 +277,7 @@ static size_t on_header(char *p, size_t size, size_t nitems, void *ud) {
   int is_ce = 0;
   if (r->err != 0) return 0;
   if (n >= 5 && memcmp(p, "HTTP/", 5) == 0) {
-    long code = parse_status(p, n);
+    long code = sbx__up_parse_status(p, n);
     r->last_was_ce = 0;
     if (code < 100) { r->err = UP_NETWORK; return 0; }
     r->status = code;
@@ -292,7 +291,7 @@ static size_t on_header(char *p, size_t size, size_t nitems, void *ud) {
     if (r->last_was_ce) { r->err = UP_ENCODING; return 0; }
     return n;
   }
-  if (bad_encoding(p, n, &is_ce)) { r->err = UP_ENCODING; return 0; }
+  if (sbx__up_bad_encoding(p, n, &is_ce)) { r->err = UP_ENCODING; return 0; }
   r->last_was_ce = is_ce;
   keep_content_type(r, p, n);
   return n;                                /* every other header: discarded */
@@ -322,18 +321,18 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
 
 /* ---- the multi, one per loop ------------------------------------------ */
 
-/* Tears the multi down without calling Lua: in-flight requests are dropped
- * (their on_done never runs: the state is going away). */
+/* Tears the multi down without calling Lua: in-flight transfers are dropped
+ * (no callback of theirs runs: the state is going away). */
 static int multi_gc(lua_State *L) {
   up_multi_t *m = sbx__box_detach(luaL_checkudata(L, 1, MULTI_MT));
   if (m == NULL) return 0;
-  while (m->reqs != NULL) req_destroy(L, m->reqs, NULL);
+  while (m->xfers != NULL) m->xfers->drop(L, m->xfers);
   sbx__curl_loop_close(m->cl);       /* freed in its close callbacks */
   free(m);
   return 0;
 }
 
-static up_multi_t *get_multi(lua_State *L) {
+sbx__up_multi_t *sbx__up_multi(lua_State *L) {
   sbx__box_t *b;
   up_multi_t *m;
   sbx__loop_t *lp;
@@ -369,57 +368,55 @@ static up_multi_t *get_multi(lua_State *L) {
 /* "Name: value": token name, non-empty value of HTAB/SP/VCHAR/obs-text.
  * Framing headers are the client's own and refused. Returns the name
  * length, or raises. */
-static size_t check_header_line(lua_State *L, const char *s, size_t n) {
+static size_t check_header_line(lua_State *L, const char *who, const char *s, size_t n) {
   static const char *const framing[] = {
     "host", "content-length", "transfer-encoding", "expect", "connection", NULL};
   size_t i = 0, k;
   int has_value = 0;
   while (i < n && sbx__http_is_tchar((unsigned char)s[i])) i++;
   if (i == 0 || i >= n || s[i] != ':')
-    luaL_error(L, "http_post: header lines must be 'Name: value'");
+    luaL_error(L, "%s: header lines must be 'Name: value'", who);
   for (k = 0; framing[k] != NULL; k++)
     if (strlen(framing[k]) == i && strncasecmp(s, framing[k], i) == 0)
-      luaL_error(L, "http_post: the %s header is set by the client", framing[k]);
+      luaL_error(L, "%s: the %s header is set by the client", who, framing[k]);
   for (k = i + 1; k < n; k++) {
     unsigned char c = (unsigned char)s[k];
     if (c != '\t' && (c < 0x20 || c == 0x7f))
-      luaL_error(L, "http_post: header value holds a control character");
+      luaL_error(L, "%s: header value holds a control character", who);
     if (c != ' ' && c != '\t') has_value = 1;
   }
-  if (!has_value) luaL_error(L, "http_post: header lines must be 'Name: value'");
+  if (!has_value) luaL_error(L, "%s: header lines must be 'Name: value'", who);
   return i;
 }
 
-/* Checks opts.headers and opts.connect_to; raises on anything malformed.
- * Runs before anything is allocated, so a raise leaks nothing. */
-static void check_lists(lua_State *L) {
+void sbx__up_check_lists(lua_State *L, const char *who) {
   lua_Integer i, n = 0;
   int t = lua_getfield(L, 1, "headers");
-  if (t != LUA_TNIL && t != LUA_TTABLE) luaL_error(L, "http_post: opts.headers must be an array");
+  if (t != LUA_TNIL && t != LUA_TTABLE) luaL_error(L, "%s: opts.headers must be an array", who);
   if (t == LUA_TTABLE) n = (lua_Integer)lua_rawlen(L, -1);
-  if (n > UP_MAX_HEADERS) luaL_error(L, "http_post: too many header lines");
+  if (n > UP_MAX_HEADERS) luaL_error(L, "%s: too many header lines", who);
   for (i = 1; i <= n; i++) {
     size_t len;
     const char *s;
-    if (lua_rawgeti(L, -1, i) != LUA_TSTRING) luaL_error(L, "http_post: header lines must be strings");
+    if (lua_rawgeti(L, -1, i) != LUA_TSTRING) luaL_error(L, "%s: header lines must be strings", who);
     s = lua_tolstring(L, -1, &len);
-    if (len > UP_MAX_HEADER_LINE) luaL_error(L, "http_post: header line too long");
-    check_header_line(L, s, len);
+    if (len > UP_MAX_HEADER_LINE) luaL_error(L, "%s: header line too long", who);
+    check_header_line(L, who, s, len);
     lua_pop(L, 1);
   }
   lua_pop(L, 1);
   t = lua_getfield(L, 1, "connect_to");
   n = 0;
-  if (t != LUA_TNIL && t != LUA_TTABLE) luaL_error(L, "http_post: opts.connect_to must be an array");
+  if (t != LUA_TNIL && t != LUA_TTABLE) luaL_error(L, "%s: opts.connect_to must be an array", who);
   if (t == LUA_TTABLE) n = (lua_Integer)lua_rawlen(L, -1);
-  if (n > UP_MAX_CONNECT_TO) luaL_error(L, "http_post: too many connect_to entries");
+  if (n > UP_MAX_CONNECT_TO) luaL_error(L, "%s: too many connect_to entries", who);
   for (i = 1; i <= n; i++) {
     size_t len;
     const char *s;
-    if (lua_rawgeti(L, -1, i) != LUA_TSTRING) luaL_error(L, "http_post: connect_to entries must be strings");
+    if (lua_rawgeti(L, -1, i) != LUA_TSTRING) luaL_error(L, "%s: connect_to entries must be strings", who);
     s = lua_tolstring(L, -1, &len);
     if (len == 0 || len > UP_MAX_SEAM_STRING || memchr(s, '\0', len) != NULL)
-      luaL_error(L, "http_post: bad connect_to entry");
+      luaL_error(L, "%s: bad connect_to entry", who);
     lua_pop(L, 1);
   }
   lua_pop(L, 1);
@@ -433,11 +430,8 @@ static int slist_add(struct curl_slist **list, const char *s) {
   return 0;
 }
 
-/* Builds r->headers (the caller's lines, then "Name:" removals for what
- * libcurl would add on its own: Accept, the form Content-Type, Expect) and
- * r->connect_to from the already checked opts. Returns -1 when out of
- * memory. Lua strings are NUL-terminated and were checked NUL-free. */
-static int build_lists(lua_State *L, up_req_t *r) {
+/* Lua strings are NUL-terminated and were checked NUL-free. */
+int sbx__up_build_lists(lua_State *L, struct curl_slist **headers, struct curl_slist **connect_to) {
   int has_accept = 0, has_type = 0, rc = 0;
   lua_Integer i, n = 0;
   if (lua_getfield(L, 1, "headers") == LUA_TTABLE) n = (lua_Integer)lua_rawlen(L, -1);
@@ -447,18 +441,18 @@ static int build_lists(lua_State *L, up_req_t *r) {
     s = lua_tostring(L, -1);
     if (strncasecmp(s, "accept:", 7) == 0) has_accept = 1;
     if (strncasecmp(s, "content-type:", 13) == 0) has_type = 1;
-    rc = slist_add(&r->headers, s);
+    rc = slist_add(headers, s);
     lua_pop(L, 1);
   }
   lua_pop(L, 1);
-  if (rc == 0 && !has_accept) rc = slist_add(&r->headers, "Accept:");
-  if (rc == 0 && !has_type) rc = slist_add(&r->headers, "Content-Type:");
-  if (rc == 0) rc = slist_add(&r->headers, "Expect:");
+  if (rc == 0 && !has_accept) rc = slist_add(headers, "Accept:");
+  if (rc == 0 && !has_type) rc = slist_add(headers, "Content-Type:");
+  if (rc == 0) rc = slist_add(headers, "Expect:");
   n = 0;
   if (lua_getfield(L, 1, "connect_to") == LUA_TTABLE) n = (lua_Integer)lua_rawlen(L, -1);
   for (i = 1; i <= n && rc == 0; i++) {
     lua_rawgeti(L, -1, i);
-    rc = slist_add(&r->connect_to, lua_tostring(L, -1));
+    rc = slist_add(connect_to, lua_tostring(L, -1));
     lua_pop(L, 1);
   }
   lua_pop(L, 1);
@@ -531,9 +525,9 @@ static int l_http_post(lua_State *L) {
   if (lua_getfield(L, 1, "on_done") != LUA_TFUNCTION)
     luaL_error(L, "http_post: opts.on_done must be a function");
   lua_pop(L, 1);
-  check_lists(L);
+  sbx__up_check_lists(L, WHO);
 
-  m = get_multi(L);
+  m = sbx__up_multi(L);
   if (m == NULL || m->cl == NULL) return fail(L, NULL, "upstream client unavailable");
   /* Lua allocations (which may raise) before any C allocation. */
   b = sbx__box_new(L, REQ_MT);
@@ -545,10 +539,11 @@ static int l_http_post(lua_State *L) {
     return fail(L, NULL, "out of memory");
   }
   r->done_ref = ref;
-  r->m = m;
+  r->x.done = req_done;
+  r->x.drop = req_drop;
   r->max_body = (size_t)max_body;
   r->want_ctype = want_ctype;
-  if (build_lists(L, r) != 0) return fail(L, r, "out of memory");
+  if (sbx__up_build_lists(L, &r->headers, &r->connect_to) != 0) return fail(L, r, "out of memory");
   r->body = malloc(body_len > 0 ? body_len : 1);
   if (r->body == NULL) return fail(L, r, "out of memory");
   if (body_len > 0) memcpy(r->body, body, body_len);
@@ -558,7 +553,7 @@ static int l_http_post(lua_State *L) {
     return fail(L, r, "upstream client setup failed");
   if (sbx__curl_loop_add(m->cl, r->easy) != 0)
     return fail(L, r, "upstream client setup failed");
-  req_link(m, r);
+  sbx__up_link(m, &r->x);
   sbx__box_bind(b, r, &r->box);
   return 1;
 }

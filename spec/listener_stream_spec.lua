@@ -2,10 +2,11 @@
 -- (spec/rich-mode.md section 8; behaviours 32-36), over the real Unix socket
 -- with spec/support/unix_request.lua as the client (bytes as given, idle and
 -- dribbled requests) and, for backpressure, spec/fixtures/slow_reader.mjs, a
--- real client that stops reading.
+-- real client that stops reading (spec/support/http_response.lua).
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local lfs = require "lfs"
+local http_response = require "http_response"
 local spec_fs = require "spec_fs"
 local unix_request = require "unix_request"
 
@@ -20,36 +21,7 @@ local function request(o)
   return out .. "\r\n" .. body
 end
 
--- Splits a response into status, headers (lower-case names, as sent), raw
--- body; de-chunks a chunked body (complete = the terminal chunk was seen).
-local function parse(data)
-  local head_end = data:find("\r\n\r\n", 1, true)
-  if not head_end then return nil end
-  local head, body = data:sub(1, head_end - 1), data:sub(head_end + 4)
-  local status = tonumber(head:match("^HTTP/1%.1 (%d%d%d)"))
-  local headers, order = {}, {}
-  for line in head:gmatch("\r\n([^\r\n]*)") do
-    local k, v = line:match("^([^:]+): (.*)$")
-    headers[k] = v
-    order[#order + 1] = k
-  end
-  local complete = true
-  if headers["transfer-encoding"] == "chunked" then
-    local out, pos = {}, 1
-    complete = false
-    while true do
-      local size_hex, line_end = body:match("^(%x+)\r\n()", pos)
-      if not size_hex then break end
-      local size = tonumber(size_hex, 16)
-      if size == 0 then complete = body:sub(line_end, line_end + 1) == "\r\n"; break end
-      if #body < line_end + size + 1 then break end
-      out[#out + 1] = body:sub(line_end, line_end + size - 1)
-      pos = line_end + size + 2
-    end
-    body = table.concat(out)
-  end
-  return { status = status, headers = headers, order = order, body = body, complete = complete }
-end
+local parse = http_response.parse
 
 local function exchange(path, bytes, opts)
   return async.await(function(resume)
@@ -398,19 +370,12 @@ describe("core.stream_listen (rich-mode.md 8)", function()
           end)
         end)
       end }
-      local proc
       async.run(function()
-        local exit = {}
-        proc = core.spawn { file = "node", env = { "PATH=" .. os.getenv("PATH") }, max_stdout = 64 * 1024 * 1024,
-          args = { "spec/fixtures/slow_reader.mjs", path, core.base64(request { body = "{}" }) },
-          on_exit = function(res) exit.res = res end }
+        local reader = http_response.slow_reader(path, request { body = "{}" })
         assert.is_true(wait_until(function() return report.written ~= nil end))
         assert.is_nil(report.drained)
-        assert.is_true(proc:kill(12))                    -- SIGUSR2: start reading
-        assert.is_true(wait_until(function() return exit.res ~= nil end, 10000))
-        local out = core.json_decode(exit.res.stdout)
-        assert(out, "slow_reader: " .. exit.res.stderr)
-        local res = parse(core.base64_decode(out.base64))
+        assert.is_true(reader:read())
+        local res = reader:wait()
         assert.are.equal(200, res.status)
         assert.is_true(res.complete)
         assert.are.equal(report.total, #res.body)
