@@ -24,6 +24,9 @@
  * a pathological haystack (needle ends matching everywhere) to glibc memmem,
  * which is linear, so no input costs O(n * m).
  *
+ * The same scanner serves any small fixed set of needles (sbx__needles_new,
+ * needles.h): the SSE watch's "could this event be an error" test.
+ *
  * Lua: core.reflect_filter(key) -> filter with :hit(s) and :hit_value(v).
  */
 #include <errno.h>
@@ -37,6 +40,7 @@
 
 #include "aux.h"
 #include "json.h"
+#include "needles.h"
 #include "parts.h"
 
 #define REFLECT_MT "sbx.reflect"
@@ -211,6 +215,34 @@ int sbx_reflect_new(const char *key, size_t len, sbx_reflect_t **out) {
   for (size_t i = 0; i < REFLECT_NEEDLES; i++)
     if (all[i].len > f->longest) f->longest = all[i].len;
   prune(f, all, REFLECT_NEEDLES);
+  if (f->minlen >= WM_MIN_NEEDLE) build_shifts(f);
+  *out = f;
+  return 0;
+}
+
+int sbx__needles_new(const char *const *needles, const size_t *lens, size_t count,
+                     sbx_reflect_t **out) {
+  needle_t all[REFLECT_NEEDLES];
+  size_t total = 0, i;
+  struct sbx_reflect *f;
+  unsigned char *p;
+  *out = NULL;
+  if (count == 0 || count > REFLECT_NEEDLES) return SBX_EINVAL;
+  for (i = 0; i < count; i++) {
+    if (needles[i] == NULL || lens[i] == 0 || lens[i] > SBX_MAX_CREDENTIAL_BYTES) return SBX_EINVAL;
+    total += lens[i];
+  }
+  f = malloc(sizeof *f + total);
+  if (f == NULL) return -ENOMEM;
+  p = f->store;
+  f->longest = 0;
+  for (i = 0; i < count; i++) {
+    memcpy(p, needles[i], lens[i]);
+    all[i] = (needle_t){p, lens[i]};
+    p += lens[i];
+    if (lens[i] > f->longest) f->longest = lens[i];
+  }
+  prune(f, all, count);
   if (f->minlen >= WM_MIN_NEEDLE) build_shifts(f);
   *out = f;
   return 0;

@@ -5,19 +5,23 @@
  * object with `type` "error" (the broker logs it as `stream error event:
  * <data>`). The worker's bytes are never touched: the watch sees copies.
  *
- * The cutter works on spans between LFs (memchr), appending each to the
- * current event's buffer, which never holds more than the bound plus the
- * two bytes of a blank line; an event over the bound is dropped at once and
- * the rest of it skipped, so memory stays bounded whatever the stream does.
- * The JSON judgement is the binding's (strict json.c), and only for data
- * that starts with `{` and could spell "error" (the word, or a \u escape).
+ * The cutter works on spans between LFs (memchr). An event inside one chunk
+ * is handed out where it lies; only an event that spans chunks is copied,
+ * into a buffer that never holds more than the bound plus the two bytes of
+ * a blank line; an event over the bound is dropped at once and the rest of
+ * it skipped, so memory stays bounded whatever the stream does. The binding
+ * parses only events whose bytes could spell "error" (the word, or a \u
+ * escape), and judges JSON (strict json.c) only for data that starts with
+ * `{`.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "aux.h"
 #include "json.h"
+#include "needles.h"
 #include "parts.h"
 #include "sse_watch.h"
 
@@ -48,12 +52,13 @@ static const char *field(const char *line, size_t len, const char *name, size_t 
   return line;
 }
 
-/* Parses the event in w->buf[0..len) into *ev; the data is joined in w->data. */
-static int parse_event(sbx__sse_t *w, size_t len, sbx__sse_event_t *ev) {
-  const char *p = w->buf, *end = w->buf + len;
+int sbx__sse_parse(sbx__sse_t *w, sbx__sse_event_t *ev) {
+  const char *p = ev->raw, *end = ev->raw + ev->raw_len;
   size_t dl = 0;
   if (w->data == NULL && (w->data = malloc(EVENT_CAP)) == NULL) return -ENOMEM;
-  memset(ev, 0, sizeof *ev);
+  ev->name = NULL;
+  ev->name_len = 0;
+  ev->has_data = 0;
   while (p < end) {
     const char *nl = memchr(p, '\n', (size_t)(end - p)), *v;
     size_t ll = (size_t)((nl ? nl : end) - p), vl;
@@ -71,18 +76,23 @@ static int parse_event(sbx__sse_t *w, size_t len, sbx__sse_event_t *ev) {
   }
   ev->data = w->data;
   ev->data_len = dl;
-  return 1;
+  return 0;
 }
 
+/*
+ * Spans between LFs: `ins` is where the current event's bytes in this chunk
+ * begin; they are copied to w->buf only when the chunk ends mid-event, so an
+ * event inside one chunk is handed out in place.
+ */
 int sbx__sse_feed(sbx__sse_t *w, const char *p, size_t n, size_t *used, sbx__sse_event_t *ev) {
-  size_t at = 0;
+  size_t at = 0, ins = 0;
   if (w->consumed) { w->len = 0; w->consumed = 0; }
   if (w->buf == NULL && (w->buf = malloc(EVENT_CAP)) == NULL) return -ENOMEM;
   while (at < n) {
     const char *nl = memchr(p + at, '\n', n - at);
     size_t span = nl ? (size_t)(nl - (p + at)) + 1 : n - at;
     size_t piece = nl ? span - 1 : span;           /* line bytes, LF excluded */
-    size_t line_bytes;                             /* the current line, LF included */
+    size_t line_bytes, content;                    /* the current line, LF included */
     int candidate;                                 /* it may be the blank line */
     if (piece > 0) {
       w->line_cr = w->line_len == 0 && piece == 1 && p[at] == '\r';
@@ -92,13 +102,11 @@ int sbx__sse_feed(sbx__sse_t *w, const char *p, size_t n, size_t *used, sbx__sse
     line_bytes = w->line_len + (nl ? 1 : 0);
     if (!w->discarding) {
       /* The event's bytes before a possible blank line count to the bound. */
-      size_t content = w->len + span - (candidate ? line_bytes : 0);
-      if (content > SBX_SSE_MAX_EVENT_BYTES) {
+      if (w->elen + span - (candidate ? line_bytes : 0) > SBX_SSE_MAX_EVENT_BYTES) {
         w->discarding = 1;
-        w->len = 0;
+        w->elen = w->len = 0;
       } else {
-        memcpy(w->buf + w->len, p + at, span);
-        w->len += span;
+        w->elen += span;
       }
     }
     at += span;
@@ -107,17 +115,45 @@ int sbx__sse_feed(sbx__sse_t *w, const char *p, size_t n, size_t *used, sbx__sse
     w->line_cr = 0;
     if (!candidate) continue;
     /* A blank line: the event ends. */
-    if (w->discarding) { w->discarding = 0; w->len = 0; continue; }
-    if (w->len == line_bytes) { w->len = 0; continue; }   /* nothing before it */
+    if (w->discarding) {
+      w->discarding = 0;
+      ins = at;
+      continue;
+    }
+    content = w->elen - line_bytes;
+    w->elen = 0;
+    if (content == 0) { w->len = 0; ins = at; continue; }  /* nothing before it */
+    if (w->len == 0) {
+      ev->raw = p + ins;                           /* inside this chunk */
+    } else {
+      memcpy(w->buf + w->len, p + ins, at - ins);
+      w->len += at - ins;
+      ev->raw = w->buf;
+    }
+    ev->raw_len = content;
     w->consumed = 1;
     *used = at;
-    return parse_event(w, w->len - line_bytes, ev);
+    return 1;
+  }
+  if (!w->discarding && at > ins) {                /* the chunk ends mid-event */
+    memcpy(w->buf + w->len, p + ins, at - ins);
+    w->len += at - ins;
   }
   *used = n;
   return 0;
 }
 
 /* ---- Lua: core.sse_watch() --------------------------------------------------- */
+
+/* "error" and "\\u": an event holding neither cannot be reported. Built once
+ * per process with the reflection filter's scanner, kept for its life. */
+static sbx_reflect_t *may_error;
+static pthread_once_t may_error_once = PTHREAD_ONCE_INIT;
+static void build_may_error(void) {
+  static const char *const nd[] = {"error", "\\u"};
+  static const size_t len[] = {5, 2};
+  if (sbx__needles_new(nd, len, 2, &may_error) != 0) may_error = NULL;
+}
 
 typedef struct {
   sbx__sse_t w;
@@ -170,6 +206,10 @@ static int l_watch_push(lua_State *L) {
     p += used;
     n -= used;
     if (rc == 0) break;
+    /* Only an event that spells "error" (or might, through an escape) can
+     * be reported: the rest are not even parsed. */
+    if (!sbx_reflect_hit(may_error, ev.raw, ev.raw_len)) continue;
+    if (sbx__sse_parse(&wt->w, &ev) != 0) { wt->broken = 1; sbx__sse_free(&wt->w); break; }
     if (ev.name != NULL && ev.name_len == 5 && memcmp(ev.name, "error", 5) == 0) {
       wt->reported = 1;
     } else if (ev.has_data && maybe_error_object(ev.data, ev.data_len)) {
@@ -193,7 +233,10 @@ static int l_watch_gc(lua_State *L) {
 }
 
 static int l_sse_watch(lua_State *L) {
-  watch_t *wt = lua_newuserdatauv(L, sizeof *wt, 0);
+  watch_t *wt;
+  pthread_once(&may_error_once, build_may_error);
+  if (may_error == NULL) return luaL_error(L, "out of memory");
+  wt = lua_newuserdatauv(L, sizeof *wt, 0);
   memset(wt, 0, sizeof *wt);
   sbx__sse_init(&wt->w);
   luaL_setmetatable(L, WATCH_MT);

@@ -18,9 +18,10 @@
 #include <stddef.h>
 
 typedef struct sbx__sse {
-  char *buf;               /* the current event's bytes */
+  char *buf;               /* an event that spans chunks: its bytes so far */
   size_t len;
-  char *data;              /* the last event's joined data */
+  size_t elen;             /* bytes of the current event so far, wherever they are */
+  char *data;              /* the last parsed event's joined data */
   size_t line_len;         /* bytes of the current line so far (LF excluded) */
   int line_cr;             /* the current line is exactly one CR so far */
   int discarding;          /* the event outgrew the bound: skip to its end */
@@ -28,9 +29,11 @@ typedef struct sbx__sse {
 } sbx__sse_t;
 
 typedef struct sbx__sse_event {
-  const char *name;        /* NULL when the event has no `event:` line */
+  const char *raw;         /* the event's bytes before its blank line */
+  size_t raw_len;
+  const char *name;        /* sbx__sse_parse: NULL when there is no `event:` line */
   size_t name_len;
-  const char *data;        /* the data lines joined with LF ("" when none) */
+  const char *data;        /* sbx__sse_parse: the data lines joined with LF */
   size_t data_len;
   int has_data;            /* at least one `data:` line */
 } sbx__sse_event_t;
@@ -39,11 +42,15 @@ void sbx__sse_init(sbx__sse_t *w);
 void sbx__sse_free(sbx__sse_t *w);
 
 /*
- * Feeds p[0..n). Returns 1 when an event completed: *ev points into w
- * (valid until the next call) and *used says how many bytes were consumed
+ * Feeds p[0..n). Returns 1 when an event completed: ev->raw points into p
+ * (an event inside this chunk: no copy) or into w (one that spans chunks),
+ * valid until the next call, and *used says how many bytes were consumed
  * (feed the rest again); 0 when all n bytes were consumed without a further
- * event; -ENOMEM when out of memory (the stream is then unreliable).
+ * event; -ENOMEM when out of memory.
  */
 int sbx__sse_feed(sbx__sse_t *w, const char *p, size_t n, size_t *used, sbx__sse_event_t *ev);
+
+/* Fills ev->name and ev->data from ev->raw (data joined in w). 0 or -ENOMEM. */
+int sbx__sse_parse(sbx__sse_t *w, sbx__sse_event_t *ev);
 
 #endif

@@ -125,6 +125,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         off += used;
         if (rc == 0) { CHECK(off == len); break; }
         CHECK(got < nwant);
+        CHECK(ev.raw_len > 0 && ev.raw_len <= SBX_SSE_MAX_EVENT_BYTES);
+        CHECK(sbx__sse_parse(&w, &ev) == 0);
         CHECK((ev.name != NULL) == want[got].has_name);
         if (ev.name) CHECK(ev.name_len == want[got].nlen && memcmp(ev.name, want[got].name, ev.name_len) == 0);
         CHECK(ev.has_data == want[got].has_data);
