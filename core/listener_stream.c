@@ -24,7 +24,8 @@
  *    hang-up probe; `tick`: a read_body result known at once, delivered on
  *    the next loop turn), freed when all four close callbacks have run. Its
  *    head and body buffers are its own. Each queued write is a swrite_t
- *    freed in its write callback.
+ *    freed in its write callback; a response chunk is written from its Lua
+ *    string where it lies, anchored by a registry ref until that callback.
  *  - sreq_t, the request userdata (Lua's memory): points at its connection
  *    until the request ends (response flushed, client gone, silence, destroy,
  *    forced stop); the connection anchors it (a registry ref) until then, so
@@ -149,6 +150,8 @@ struct sreq {
 typedef struct swrite {
   uv_write_t w;
   sconn_t *c;
+  int ref;                 /* a Lua string written in place, anchored; or LUA_NOREF */
+  char frame[24];          /* a chunk's size line */
   char data[];
 } swrite_t;
 
@@ -281,6 +284,7 @@ static void conn_teardown(sconn_t *c, const char *reason) {
 static void on_written(uv_write_t *w, int status) {
   swrite_t *wr = w->data;
   sconn_t *c = wr->c;
+  if (wr->ref != LUA_NOREF && conn_L(c) != NULL) luaL_unref(conn_L(c), LUA_REGISTRYINDEX, wr->ref);
   free(wr);
   if (c->state == S_CLOSING) return;
   if (status < 0) { conn_teardown(c, "gone"); return; }
@@ -311,12 +315,45 @@ static int conn_send(sconn_t *c, const char *pre, size_t pn, const char *data, s
   wr = malloc(sizeof *wr + pn + dn + qn);
   if (wr == NULL) { conn_teardown(c, "destroyed"); return -1; }
   wr->c = c;
+  wr->ref = LUA_NOREF;
   wr->w.data = wr;
   if (pn) memcpy(wr->data, pre, pn);
   if (dn) memcpy(wr->data + pn, data, dn);
   if (qn) memcpy(wr->data + pn + dn, post, qn);
   b = uv_buf_init(wr->data, (unsigned)(pn + dn + qn));
   if (uv_write(&wr->w, (uv_stream_t *)&c->pipe, &b, 1, on_written) != 0) {
+    free(wr);
+    conn_teardown(c, "gone");
+    return -1;
+  }
+  return 0;
+}
+
+/*
+ * Queues one chunk of a streamed response without copying it: the Lua
+ * string at idx is written where it lies (anchored until its write callback)
+ * between its chunk-size line and CRLF (chunked) or alone. 0, or -1 when the
+ * connection was torn down instead.
+ */
+static int conn_send_string(sconn_t *c, lua_State *L, int idx, int chunked) {
+  swrite_t *wr;
+  uv_buf_t b[3];
+  size_t n;
+  const char *s = lua_tolstring(L, idx, &n);
+  int nb = 0;
+  if (c->state == S_CLOSING) return -1;
+  if (n > UINT32_MAX) { conn_teardown(c, "destroyed"); return -1; }
+  wr = malloc(sizeof *wr);
+  if (wr == NULL) { conn_teardown(c, "destroyed"); return -1; }
+  lua_pushvalue(L, idx);
+  wr->ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  wr->c = c;
+  wr->w.data = wr;
+  if (chunked) b[nb++] = uv_buf_init(wr->frame, (unsigned)snprintf(wr->frame, sizeof wr->frame, "%zx\r\n", n));
+  b[nb++] = uv_buf_init((char *)s, (unsigned)n);
+  if (chunked) b[nb++] = uv_buf_init((char *)"\r\n", 2);
+  if (uv_write(&wr->w, (uv_stream_t *)&c->pipe, b, (unsigned)nb, on_written) != 0) {
+    luaL_unref(L, LUA_REGISTRYINDEX, wr->ref);
     free(wr);
     conn_teardown(c, "gone");
     return -1;
@@ -979,24 +1016,17 @@ static int l_req_start(lua_State *L) {
 static int l_req_write(lua_State *L) {
   sreq_t *r = check_req(L);
   size_t n;
-  const char *data = luaL_checklstring(L, 2, &n);
-  sconn_t *c = open_conn(r);
+  sconn_t *c;
   int pressured;
+  luaL_checklstring(L, 2, &n);
+  c = open_conn(r);
   if (c == NULL || c->resp != R_OPEN) {
     lua_pushboolean(L, 0);
     lua_pushboolean(L, 0);
     return 2;
   }
   if (n > 0 && !c->resp_nobody) {
-    int rc;
-    if (c->resp_chunked) {
-      char pre[24];
-      int pn = snprintf(pre, sizeof pre, "%zx\r\n", n);
-      rc = conn_send(c, pre, (size_t)pn, data, n, "\r\n", 2);
-    } else {
-      rc = conn_send(c, NULL, 0, data, n, NULL, 0);
-    }
-    if (rc != 0) {
+    if (conn_send_string(c, L, 2, c->resp_chunked) != 0) {
       lua_pushboolean(L, 0);
       lua_pushboolean(L, 0);
       return 2;
