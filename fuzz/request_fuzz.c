@@ -14,7 +14,12 @@
  *  - an accepted head: request line exactly `POST <route> HTTP/1.x` with a
  *    configured route, CRLF line endings, no folding, only permitted header
  *    names, none twice, Host exactly `broker`, Authorization absent or the
- *    dummy, and the reported Content-Length equal to the header's digits.
+ *    dummy, and the reported Content-Length equal to the header's digits;
+ *  - the stream listener's framing (sbx__head_frame, rich-mode.md 8) frames
+ *    exactly the heads the sealed scan frames; its lines, re-read naively,
+ *    are the head's lines in order (name as sent, value trimmed, inside the
+ *    head when not empty), its repeated-name flag is a naive case-insensitive comparison,
+ *    and its method/target/version are the request line's.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -113,6 +118,45 @@ static void check_accepted(const char *h, size_t n, const sbx__head_result_t *r)
   CHECK(seen[2] == r->has_length);
 }
 
+/* The stream framing of h[0..n), against the scan and a naive re-reading. */
+static void check_frame(const char *h, size_t n) {
+  static sbx__head_req_t rq;
+  sbx__head_facts_t f;
+  const char *p, *eol, *end = h + n;
+  size_t i, j, line = 0;
+  int framed = sbx__head_frame(h, n, &rq) == 0, repeated = 0;
+  CHECK(framed == (sbx__head_scan(h, n, &f) == 0));
+  if (!framed) return;
+  CHECK(rq.method == h && rq.mlen > 0 && rq.method[rq.mlen] == ' ');
+  CHECK(rq.target == h + rq.mlen + 1 && rq.target == f.target && rq.tlen == f.target_len);
+  CHECK(memcmp(rq.target + rq.tlen, rq.minor ? " HTTP/1.1\r\n" : " HTTP/1.0\r\n", 11) == 0);
+  CHECK(rq.bad_url == f.bad_url && rq.has_length == f.has_length && rq.length == f.length);
+  CHECK(rq.nfields <= SBX_MAX_HEAD_FIELDS && rq.nfields <= rq.total);
+  CHECK(rq.total <= SBX_MAX_HEAD_FIELDS || rq.nfields == SBX_MAX_HEAD_FIELDS);
+  for (p = memchr(h, '\n', n) + 1; p < end - 2; p = eol + 2, line++) {
+    const char *colon, *v, *ve;
+    eol = memchr(p, '\r', (size_t)(end - p));
+    colon = memchr(p, ':', (size_t)(eol - p));
+    CHECK(colon != NULL);
+    for (v = colon + 1; v < eol && (*v == ' ' || *v == '\t'); v++) {}
+    for (ve = eol; ve > v && (ve[-1] == ' ' || ve[-1] == '\t'); ve--) {}
+    if (line >= rq.nfields) continue;
+    CHECK(rq.fields[line].name == p && rq.fields[line].nlen == (size_t)(colon - p));
+    CHECK(rq.fields[line].vlen == (size_t)(ve - v));
+    CHECK(rq.fields[line].vlen == 0 || rq.fields[line].value == v);
+  }
+  CHECK(line == rq.total);
+  for (i = 0; i < rq.nfields; i++)
+    for (j = 0; j < i; j++) {
+      size_t k, nl = rq.fields[i].nlen;
+      if (rq.fields[j].nlen != nl) continue;
+      for (k = 0; k < nl && lower((unsigned char)rq.fields[i].name[k]) ==
+                            lower((unsigned char)rq.fields[j].name[k]); k++) {}
+      if (k == nl) repeated = 1;
+    }
+  CHECK(repeated == rq.repeated);
+}
+
 static void decide_all(const char *h, size_t n) {
   sbx__head_ctx_t ctx;
   sbx__head_result_t r[4];
@@ -149,7 +193,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (first == 0) CHECK(sbx__head_end(buf, n, k) == end);
     else CHECK(first == end);
   }
-  if (end > 0 && end <= SBX_MAX_HEAD_BYTES) decide_all(buf, end);
-  if (n <= SBX_MAX_HEAD_BYTES + 1) decide_all(buf, n);
+  if (end > 0 && end <= SBX_MAX_HEAD_BYTES) { decide_all(buf, end); check_frame(buf, end); }
+  if (n <= SBX_MAX_HEAD_BYTES + 1) { decide_all(buf, n); check_frame(buf, n); }
   return 0;
 }
