@@ -1,12 +1,13 @@
 /*
  * aux.c: the helpers the parts of `sandbox.core` share (see aux.h). Small,
- * allocation-free on the C heap, and free of libuv, so the worker links
+ * allocation-free on the C heap but for sbx__reserve's buffers, and free of libuv, so the worker links
  * this file with core/json.c and core/reflect.c.
  */
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "aux.h"
@@ -169,6 +170,23 @@ int sbx__push_failure(lua_State *L, int err, const char *msg) {
   lua_pushstring(L, msg);
   lua_pushstring(L, sbx__errno_name(err));
   return 3;
+}
+
+/* ---- bounded byte buffers ------------------------------------------------------------ */
+
+int sbx__reserve(char **buf, size_t *cap, size_t len, size_t n, size_t start, size_t max) {
+  size_t want;
+  char *nb;
+  if (n > max || len > max - n) return -1;
+  if (len + n <= *cap) return 0;
+  want = *cap > start ? *cap : start;
+  while (want < len + n) want = want > max / 2 ? max : want * 2;
+  if (want > max) want = max;
+  nb = realloc(*buf, want);
+  if (nb == NULL) return -ENOMEM;
+  *buf = nb;
+  *cap = want;
+  return 0;
 }
 
 /* ---- process ------------------------------------------------------------------------ */

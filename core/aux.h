@@ -105,6 +105,15 @@ const char *sbx__errno_name(int err);
 /* The errno of a name, 0 when it names none (a seam's text at the edge). */
 int sbx__errno_from_name(const char *name);
 
+/* ---- bounded byte buffers ------------------------------------------------------ */
+
+/*
+ * Makes room in *buf (capacity *cap, `len` bytes used) for n more bytes,
+ * doubling from `start` and never past `max` bytes in all. Returns 0, -1
+ * when len + n would pass max (nothing changes), or -ENOMEM.
+ */
+int sbx__reserve(char **buf, size_t *cap, size_t len, size_t n, size_t start, size_t max);
+
 /* ---- process ---------------------------------------------------------------- */
 
 /* Operator log line on stderr: "sbx: <level>: <msg>". Never pass payloads. */

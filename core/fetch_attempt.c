@@ -71,7 +71,7 @@
 
 typedef struct sbx__attempt sf_req_t;
 
-typedef struct { uint32_t name_off, name_len, val_off, val_len; } sf_field_t;
+typedef sbx__hfield_t sf_field_t;
 
 struct sbx__attempt {
   sbx__curl_loop_t *cl;      /* this attempt's own multi */
@@ -388,9 +388,7 @@ static int head_complete(sf_req_t *r) {
 /* CURLOPT_HEADERFUNCTION: every line of every block (interim ones too). */
 static size_t on_header(char *p, size_t size, size_t nitems, void *ud) {
   sf_req_t *r = ud;
-  size_t n = size * nitems, nl, vs, ve, i;
-  const char *colon;
-  sf_field_t *f;
+  size_t n = size * nitems;
   if (r->kind != 0) return 0;
   idle_kick(r);
   r->head_used += n;
@@ -413,32 +411,12 @@ static size_t on_header(char *p, size_t size, size_t nitems, void *ud) {
   if (r->nfields < 0) { r->kind = SF_BAD_STATUS; return 0; }
   if (++r->total_fields > SF_MAX_FIELDS) { r->kind = SF_HEAD_TOO_LARGE; return 0; }
   if (!r->in_final) return n;                                  /* 1xx fields: counted only */
-  while (n > 0 && (p[n - 1] == '\n' || p[n - 1] == '\r')) n--;
-  if (n > 0 && is_ows(p[0])) {                                 /* obs-fold: refuse */
-    r->kind = SF_BAD_STATUS;
-    return 0;
+  switch (sbx__http_field(p, n, r->head_store, &r->hb_len, SF_MAX_HEAD_BYTES,
+                          &r->fields[r->nfields])) {
+  case 0: r->nfields++; return n;
+  case -1: r->kind = SF_BAD_STATUS; return 0;                  /* obs-fold, no name */
+  default: r->kind = SF_HEAD_TOO_LARGE; return 0;
   }
-  colon = memchr(p, ':', n);
-  if (colon == NULL || colon == p) { r->kind = SF_BAD_STATUS; return 0; }
-  nl = (size_t)(colon - p);
-  while (nl > 0 && is_ows(p[nl - 1])) nl--;
-  vs = (size_t)(colon - p) + 1;
-  ve = n;
-  while (vs < ve && is_ows(p[vs])) vs++;
-  while (ve > vs && is_ows(p[ve - 1])) ve--;
-  if (r->hb_len + nl + (ve - vs) > SF_MAX_HEAD_BYTES) { r->kind = SF_HEAD_TOO_LARGE; return 0; }
-  f = &r->fields[r->nfields++];
-  f->name_off = (uint32_t)r->hb_len;
-  f->name_len = (uint32_t)nl;
-  for (i = 0; i < nl; i++) {
-    char c = p[i];
-    r->head_store[r->hb_len++] = (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c;
-  }
-  f->val_off = (uint32_t)r->hb_len;
-  f->val_len = (uint32_t)(ve - vs);
-  memcpy(r->head_store + r->hb_len, p + vs, ve - vs);
-  r->hb_len += ve - vs;
-  return size * nitems;
 }
 
 static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {

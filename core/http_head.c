@@ -81,6 +81,36 @@ int sbx__http_is_tchar(unsigned char c) {
   return c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL;
 }
 
+static int is_ows(char c) { return c == ' ' || c == '\t'; }
+
+int sbx__http_field(const char *p, size_t n, char *store, size_t *used, size_t cap,
+                    sbx__hfield_t *f) {
+  const char *colon;
+  size_t nl, vs, ve, i, at = *used;
+  while (n > 0 && (p[n - 1] == '\n' || p[n - 1] == '\r')) n--;
+  if (n > 0 && is_ows(p[0])) return -1;                       /* obs-fold */
+  colon = memchr(p, ':', n);
+  if (colon == NULL || colon == p) return -1;
+  nl = (size_t)(colon - p);
+  while (nl > 0 && is_ows(p[nl - 1])) nl--;
+  vs = (size_t)(colon - p) + 1;
+  ve = n;
+  while (vs < ve && is_ows(p[vs])) vs++;
+  while (ve > vs && is_ows(p[ve - 1])) ve--;
+  if (at > cap || nl + (ve - vs) > cap - at) return -2;
+  f->name_off = (uint32_t)at;
+  f->name_len = (uint32_t)nl;
+  for (i = 0; i < nl; i++) {
+    char c = p[i];
+    store[at++] = (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c;
+  }
+  f->val_off = (uint32_t)at;
+  f->val_len = (uint32_t)(ve - vs);
+  memcpy(store + at, p + vs, ve - vs);
+  *used = at + (ve - vs);
+  return 0;
+}
+
 const char *sbx__http_reason(int status) {
   switch (status) {
   case 200: return "OK";

@@ -134,6 +134,22 @@ size_t sbx__route_find(const sbx__route_t *routes, size_t nroutes, const char *t
 void sbx__head_decide(const char *head, size_t len, const sbx__head_ctx_t *ctx,
                       sbx__head_result_t *out);
 
+/* One response header line kept in a caller's store (offsets into it). */
+typedef struct sbx__hfield {
+  uint32_t name_off, name_len, val_off, val_len;
+} sbx__hfield_t;
+
+/*
+ * The response header line p[0..n) as libcurl hands it over (CRLF or LF at
+ * its end): its name, lower-cased, and its value, trimmed of SP/HT, are
+ * appended to store[*used..cap) and recorded in *f. Returns 0; -1 for a
+ * malformed line (obs-fold, no colon, an empty name); -2 when the store
+ * would pass cap. The upstream clients (fetch_attempt.c, upstream_stream.c)
+ * keep their response heads with it.
+ */
+int sbx__http_field(const char *p, size_t n, char *store, size_t *used, size_t cap,
+                    sbx__hfield_t *f);
+
 /* RFC 9110 tchar: the bytes of a token (a method or a header name). */
 int sbx__http_is_tchar(unsigned char c);
 

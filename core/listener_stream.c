@@ -413,17 +413,8 @@ static void reply_plain(sconn_t *c, int status, const char *body) {
 
 static int on_body_bytes(http_parser *p, const char *at, size_t n) {
   sconn_t *c = p->data;
-  if (n > c->blimit - c->blen) { c->berr = EFBIG; return 1; }
-  if (c->blen + n > c->bcap) {
-    size_t cap = c->bcap ? c->bcap : BODY_BUF_START;
-    char *nb;
-    while (cap < c->blen + n) cap *= 2;
-    if (cap > c->blimit) cap = c->blimit;
-    nb = realloc(c->bbuf, cap);
-    if (nb == NULL) { c->berr = ENOMEM; return 1; }
-    c->bbuf = nb;
-    c->bcap = cap;
-  }
+  int rc = sbx__reserve(&c->bbuf, &c->bcap, c->blen, n, BODY_BUF_START, c->blimit);
+  if (rc != 0) { c->berr = rc == -1 ? EFBIG : ENOMEM; return 1; }
   memcpy(c->bbuf + c->blen, at, n);
   c->blen += n;
   return 0;

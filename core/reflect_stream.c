@@ -15,6 +15,7 @@
  * the binding.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,15 +63,7 @@ int sbx_reflect_stream_push(sbx_reflect_stream_t *s, const char *chunk, size_t n
   if (s->failed) return s->failed;
   if (s->finished) return SBX_EINVAL;
   shift(s);
-  if (n > s->cap - s->len) {
-    size_t cap = s->len + n;
-    char *nb;
-    if (cap < s->len) return -ENOMEM;          /* overflow */
-    nb = realloc(s->buf, cap);
-    if (nb == NULL) return -ENOMEM;
-    s->buf = nb;
-    s->cap = cap;
-  }
+  if (sbx__reserve(&s->buf, &s->cap, s->len, n, s->carry + n, SIZE_MAX) != 0) return -ENOMEM;
   if (n > 0) memcpy(s->buf + s->len, chunk, n);
   s->len += n;
   if (sbx_reflect_hit(s->f, s->buf, s->len)) return s->failed = SBX_EREFLECT;
@@ -187,14 +180,7 @@ void sbx__open_reflect_stream(lua_State *L) {
   static const luaL_Reg methods[] = {
     {"push", l_stream_push}, {"finish", l_stream_finish}, {"carry", l_stream_carry},
     {"total", l_stream_total}, {NULL, NULL}};
-  if (luaL_newmetatable(L, STREAM_MT)) {
-    lua_newtable(L);
-    luaL_setfuncs(L, methods, 0);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, l_stream_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
+  sbx__class(L, STREAM_MT, methods, l_stream_gc);
   lua_getfield(L, -1, "reflect_filter");        /* opened before (core.c) */
   lua_pushcclosure(L, l_reflect_stream, 1);
   lua_setfield(L, -2, "reflect_stream");

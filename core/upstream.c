@@ -304,15 +304,9 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
   if (r->err != 0 || !r->final_seen) { if (r->err == 0) r->err = UP_NETWORK; return 0; }
   if (n == 0) return 0;
   if (n > r->max_body - r->len) { r->err = UP_TOO_LARGE; return 0; }
-  if (r->len + n > r->cap) {
-    size_t cap = r->cap > 0 ? r->cap : UP_BUF_START;
-    char *nb;
-    while (cap < r->len + n) cap = cap > SIZE_MAX / 2 ? SIZE_MAX : cap * 2;
-    if (cap > r->max_body) cap = r->max_body;
-    nb = realloc(r->buf, cap);
-    if (nb == NULL) { r->err = UP_NETWORK; return 0; }
-    r->buf = nb;
-    r->cap = cap;
+  if (sbx__reserve(&r->buf, &r->cap, r->len, n, UP_BUF_START, r->max_body) != 0) {
+    r->err = UP_NETWORK;                      /* out of memory */
+    return 0;
   }
   memcpy(r->buf + r->len, p, n);
   r->len += n;

@@ -58,9 +58,7 @@
 /* Outcome kinds decided by a curl callback; 0 while none. */
 enum { US_OK = 1, US_HEAD, US_ENCODING, US_TOO_LARGE, US_TIMEOUT, US_NETWORK };
 
-typedef struct {
-  uint32_t name_off, name_len, val_off, val_len;
-} us_field_t;
+typedef sbx__hfield_t us_field_t;
 
 typedef struct us_call {
   sbx__up_xfer_t x;          /* first: the multi's link and CURLOPT_PRIVATE */
@@ -151,39 +149,6 @@ static void call_drop(lua_State *L, sbx__up_xfer_t *x) {
 
 /* ---- curl callbacks (never call Lua) ---------------------------------------- */
 
-static int is_ows(char ch) { return ch == ' ' || ch == '\t'; }
-
-/* One header line of the final block into head_store/fields. 0, or a kind. */
-static int add_field(us_call_t *c, const char *p, size_t n) {
-  const char *colon;
-  size_t nl, vs, ve, i;
-  us_field_t *f;
-  while (n > 0 && (p[n - 1] == '\n' || p[n - 1] == '\r')) n--;
-  if (n > 0 && is_ows(p[0])) return US_HEAD;                 /* obs-fold */
-  colon = memchr(p, ':', n);
-  if (colon == NULL || colon == p) return US_HEAD;
-  nl = (size_t)(colon - p);
-  while (nl > 0 && is_ows(p[nl - 1])) nl--;
-  vs = (size_t)(colon - p) + 1;
-  ve = n;
-  while (vs < ve && is_ows(p[vs])) vs++;
-  while (ve > vs && is_ows(p[ve - 1])) ve--;
-  if (c->hb_len + nl + (ve - vs) > US_MAX_HEAD_BYTES) return US_HEAD;
-  if (c->nfields >= US_MAX_FIELDS) return US_HEAD;
-  f = &c->fields[c->nfields++];
-  f->name_off = (uint32_t)c->hb_len;
-  f->name_len = (uint32_t)nl;
-  for (i = 0; i < nl; i++) {
-    char ch = p[i];
-    c->head_store[c->hb_len++] = (ch >= 'A' && ch <= 'Z') ? (char)(ch + 32) : ch;
-  }
-  f->val_off = (uint32_t)c->hb_len;
-  f->val_len = (uint32_t)(ve - vs);
-  memcpy(c->head_store + c->hb_len, p + vs, ve - vs);
-  c->hb_len += ve - vs;
-  return 0;
-}
-
 /* CURLOPT_HEADERFUNCTION: every line of every block (1xx ones too). */
 static size_t on_header(char *p, size_t size, size_t nitems, void *ud) {
   us_call_t *c = ud;
@@ -212,7 +177,12 @@ static size_t on_header(char *p, size_t size, size_t nitems, void *ud) {
   if (++c->total_fields > US_MAX_FIELDS * 2) { c->kind = US_HEAD; return 0; }
   if (!c->in_final) return n;                               /* 1xx fields: counted */
   if (sbx__up_bad_encoding(p, n, &ce)) { c->kind = US_ENCODING; return 0; }
-  if ((c->kind = add_field(c, p, n)) != 0) return 0;
+  if (c->nfields >= US_MAX_FIELDS ||
+      sbx__http_field(p, n, c->head_store, &c->hb_len, US_MAX_HEAD_BYTES, &c->fields[c->nfields]) != 0) {
+    c->kind = US_HEAD;                          /* obs-fold, no name, too large */
+    return 0;
+  }
+  c->nfields++;
   return n;
 }
 
@@ -228,12 +198,9 @@ static size_t on_write(char *p, size_t size, size_t nmemb, void *ud) {
     return CURL_WRITEFUNC_PAUSE;            /* curl keeps these bytes */
   }
   if (n > c->max_bytes - c->total) { c->kind = US_TOO_LARGE; return 0; }
-  if (c->plen + n > c->pcap) {
-    size_t cap = c->plen + n > PEND_MAX ? c->plen + n : PEND_MAX;
-    char *nb = realloc(c->pend, cap);
-    if (nb == NULL) { c->kind = US_NETWORK; return 0; }
-    c->pend = nb;
-    c->pcap = cap;
+  if (sbx__reserve(&c->pend, &c->pcap, c->plen, n, PEND_MAX, SIZE_MAX) != 0) {
+    c->kind = US_NETWORK;                     /* out of memory */
+    return 0;
   }
   memcpy(c->pend + c->plen, p, n);
   c->plen += n;
