@@ -321,9 +321,11 @@ static void on_tick(uv_timer_t *t) {
     c->curl_paused = 0;
     curl_easy_pause(c->easy, CURLPAUSE_CONT);   /* may write at once: a new tick */
   }
-  /* The end, once every byte was delivered (a pause holds back bytes, not
-   * the end of a call with none pending: a timeout is still reported). */
-  if (!c->dead && c->finished && c->plen == 0 && (c->head_delivered || !c->head_ready)) {
+  /* The end: once every byte was delivered after a success; at once after a
+   * failure, paused or not (bytes not yet delivered are dropped: the
+   * response is broken anyway). */
+  if (!c->dead && c->finished && (c->head_delivered || !c->head_ready) &&
+      (c->plen == 0 || c->kind != 0 || c->rc != CURLE_OK)) {
     call_lua(c, deliver_done, c->done_ref, c, 0, 2);
     call_destroy(c->L, c);
   }

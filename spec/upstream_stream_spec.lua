@@ -180,6 +180,18 @@ describe("core.http_stream (rich-mode.md 11.5)", function()
     end)
   end)
 
+  it("reports a failure at once even while paused", function()
+    async.run(function()
+      up:reset()
+      up:script({ { status = 200, chunks = { "first", "second" }, chunk_delay_ms = 2000 } })
+      local events, res = stream(base("/v1/messages", { timeout_ms = 600,
+        on_chunk_hook = function(call) call:pause() end }))
+      assert.are.equal("timeout", res.error)
+      assert.are.equal(200, res.status)
+      assert.are.equal("first", body_of(events))
+    end)
+  end)
+
   it("runs no callback after cancel, even from inside on_chunk, and the upstream sees the abort", function()
     async.run(function()
       up:reset()
