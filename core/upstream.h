@@ -42,7 +42,8 @@ sbx__up_multi_t *sbx__up_multi(lua_State *L);
 
 /* Links x to m (the multi's list; nothing is added to curl). */
 void sbx__up_link(sbx__up_multi_t *m, sbx__up_xfer_t *x);
-/* Unlinks x and removes easy from curl (when the multi is still up). */
+/* Unlinks x and removes easy from curl (when the multi is still up; an easy
+ * handle already removed is fine). */
 void sbx__up_unlink(sbx__up_xfer_t *x, CURL *easy);
 
 /* opts (index 1) .headers and .connect_to: raise on anything malformed

@@ -134,12 +134,14 @@ static void kick(us_call_t *c) {
   if (c->tick != NULL) uv_timer_start(c->tick, on_tick, 0, 0);
 }
 
-/* The multi's done function: record, deliver from the tick. */
+/* The multi's done function: record, deliver from the tick. The easy handle
+ * leaves curl now; the call stays linked, so a state closing before the tick
+ * still drops it. */
 static void call_done(sbx__up_xfer_t *x, CURLcode rc) {
   us_call_t *c = (us_call_t *)x;
   c->finished = 1;
   c->rc = rc;
-  sbx__up_unlink(&c->x, c->easy);            /* curl is done with it */
+  if (c->x.m != NULL && c->x.m->cl != NULL) sbx__curl_loop_remove(c->x.m->cl, c->easy);
   kick(c);
 }
 
