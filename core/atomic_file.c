@@ -19,6 +19,13 @@
  *       open with O_NOFOLLOW, require a regular file, read at most max bytes
  *       -> bytes | nil, "ENAME: message", "ENAME" (EFBIG "file too large"
  *       past max; ELOOP for a symbolic link; EINVAL "not a regular file").
+ *   core.write_file_new(path, bytes [, mode])
+ *       create path exclusively (O_CREAT|O_EXCL|O_NOFOLLOW, mode default
+ *       0600), write every byte, close -> true | nil, "ENAME: message",
+ *       "ENAME" (EEXIST when anything, a symbolic link included, is already
+ *       there; it is never opened or followed). A failed write unlinks the
+ *       file this call created. Rich mode's .channel-key record
+ *       (spec/rich-mode.md 4, alias guard step 2).
  *
  * Both are synchronous: the state file is at most 1 MiB of channel keys and
  * is written only by an owner command or a trusted plugin. Nothing between
@@ -156,10 +163,29 @@ static int l_read_file_nofollow(lua_State *L) {
   return 1;
 }
 
+static int l_write_file_new(lua_State *L) {
+  size_t plen, blen;
+  const char *path = sbx__check_path(L, 1, &plen);
+  const char *bytes = luaL_checklstring(L, 2, &blen);
+  lua_Integer mode = luaL_optinteger(L, 3, 0600);
+  luaL_argcheck(L, mode >= 0 && mode <= 0777, 3, "mode out of range");
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, (mode_t)mode);
+  if (fd < 0) return sbx__push_error(L, errno, NULL);
+  int err = write_all(fd, bytes, blen);
+  if (close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) {
+    unlink(path);
+    return sbx__push_error(L, err, NULL);
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 void sbx__open_atomic_file(lua_State *L) {
   static const luaL_Reg fns[] = {
     {"write_file_atomic", l_write_file_atomic},
     {"read_file_nofollow", l_read_file_nofollow},
+    {"write_file_new", l_write_file_new},
     {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
 }

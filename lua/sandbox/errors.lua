@@ -162,6 +162,95 @@ M.catalogue = {
   { name = "STATE_ABSOLUTE", message = "stateFile must be absolute" },
   { name = "STATE_NAME", message = "stateFile must name a file" },
   { name = "STATE_MOUNTS", message = "routing state must stay outside sandbox mounts" },
+
+  -- Rich mode: construction (spec/rich-mode.md 3)
+  { name = "RICH_OPTIONS", message = "Pi sandbox options must be a table" },
+  { name = "RICH_OPTION", message = "Invalid Pi sandbox option: ", prefix = true },
+  { name = "RICH_PARTY_DIR", message = "Dedicated absolute state directory required",
+    fix = "set partyDir to an absolute path (not /) of a directory used only by rich mode" },
+  { name = "RICH_LINUX", message = "Pi sandbox requires native Linux and local Docker",
+    fix = "run rich mode on a native Linux host with a local Docker daemon, or pass a driver" },
+  { name = "RICH_NON_ROOT", message = "Pi sandbox host must be non-root",
+    fix = "run the host as the service account, e.g. `runuser -u sbx -- ...`" },
+  { name = "RICH_PREFIX", message = "Invalid container prefix",
+    fix = "containerPrefix must match ^[a-z0-9][a-z0-9-]{0,40}$" },
+  { name = "RICH_DEADLINE", message = "Invalid runtime deadline",
+    fix = "turnTimeoutMs and startTimeoutMs must be whole milliseconds from 1000 to 600000" },
+  { name = "RICH_COMPACTOR_TIME", message = "The compactor's timeout must leave half the turn",
+    fix = "lower compaction.timeoutMs to at most half of turnTimeoutMs (or raise turnTimeoutMs)" },
+  { name = "RICH_ENDPOINT", message = "Invalid trusted endpoint",
+    fix = "upstream and MCP URLs must be https:// (MCP http:// only with allowHttpMcp) "
+      .. "without userinfo, query or fragment" },
+  { name = "RICH_MCP_NAME", message = "Invalid MCP server name",
+    fix = "MCP server names must match ^[a-zA-Z0-9_-]{1,100}$ and be unique" },
+  { name = "RICH_TOOL_NAME", message = "Invalid host tool name",
+    fix = "tools.names entries must match ^[a-zA-Z0-9_-]{1,128}$ and be unique" },
+  { name = "RICH_BUDGET", message = "Invalid broker budget", fix = "maxCalls must be a whole number from 1 to 1000" },
+  { name = "RICH_OUTPUT", message = "Invalid output-token budget",
+    fix = "maxOutputTokens must be a whole number from 1025 to 200000" },
+  { name = "RICH_COMPACTOR", message = "Invalid compactor",
+    fix = "compaction = {engine = \"name\", compact = function(request, ctx) ... end, "
+      .. "timeoutMs = 1000..600000, maxRequestBytes = 1..100663296}" },
+  { name = "RICH_TIME_ZONE", message = "Invalid time zone",
+    fix = "set timeZone to an IANA zone name of the host's database, such as UTC or Europe/Berlin" },
+  { name = "RICH_PRIVATE", message = "State directory must be private and host-owned",
+    fix = function(ctx)
+      local dir = ctx.partyDir or "PARTYDIR"
+      return string.format("chown %s: %s && chmod 700 %s", ctx.user or "USER", dir, dir)
+    end },
+
+  -- Rich mode: channel directories and the alias guard (4, 6)
+  { name = "RICH_CHANNEL", message = "Invalid channel key", fix = "use a non-empty UTF-8 channel key" },
+  { name = "RICH_CHANNEL_LONG", message = "Channel key too long" },
+  { name = "RICH_ROOT_LINK", message = "Channel root symlink refused",
+    fix = "replace the symbolic link at the channel's directory under partyDir with nothing; rich mode creates it" },
+  { name = "RICH_ALIAS", message = "Channel workspace alias refused",
+    fix = "two channel keys map to one directory name; keep using the key recorded in its .channel-key" },
+  { name = "RICH_SOCKET", message = "Broker socket path too long",
+    fix = "choose a shorter partyDir: partyDir/<channel>/run/broker.sock must fit in 100 bytes" },
+  { name = "RICH_DIR_LINK", message = "Channel directory symlinks refused" },
+
+  -- Rich mode: the container driver (5.2, 5.4)
+  { name = "RICH_SPEC", message = "Invalid container specification" },
+  { name = "RICH_WORKER_ROOT", message = "Worker must be non-root" },
+  { name = "RICH_MOUNT", message = "Invalid mount path" },
+  { name = "RICH_LOG_DRIVER", message = "Invalid container log driver",
+    fix = "log = {driver = \"local\", options = {[\"max-size\"] = \"10m\"}}: names match ^[a-z0-9][a-z0-9_.-]{0,63}$" },
+  { name = "RICH_DOCKER", message = "docker ", prefix = true, safe = false },
+
+  -- Rich mode: lifecycle and turns (6, 7, 16)
+  { name = "RICH_PROFILE", message = "Unknown profile" },
+  { name = "RICH_MCP_MISSING", message = "MCP server ", prefix = true },
+  { name = "RICH_CANCELLED", message = "Operation cancelled" },
+  { name = "RICH_NOT_READY", message = "Worker did not become ready",
+    fix = "check the worker's log (`docker logs <containerPrefix>-<channel>`) and raise startTimeoutMs if it is slow" },
+  { name = "RICH_BUSY", message = "Channel is busy" },
+  { name = "RICH_TURN_INPUT", message = "Invalid turn input" },
+  { name = "RICH_EFFORT", message = "Invalid effort level" },
+  { name = "RICH_MEMORY", message = "Memory context too large" },
+  { name = "RICH_NO_BROKER", message = "Broker unavailable" },
+  { name = "RICH_WORKER_FAILED", message = "Worker turn failed: ", prefix = true, safe = false },
+  { name = "RICH_TIMED_OUT", message = "Sandbox turn timed out", reason = "deadline",
+    fix = "raise turnTimeoutMs if turns need longer" },
+  { name = "RICH_TURN_FAILED", message = "Sandbox turn failed: ", prefix = true, safe = false },
+  { name = "RICH_IMAGES", message = "Too many images" },
+  { name = "RICH_IMAGE", message = "Invalid or oversized image" },
+  { name = "RICH_IMAGE_BUDGET", message = "Image budget exceeded" },
+  { name = "RICH_FILES", message = "Too many reply files" },
+  { name = "RICH_FILE", message = "Invalid reply file" },
+  { name = "RICH_FILE_BUDGET", message = "Reply file budget exceeded" },
+
+  -- Rich mode: the broker (9-14)
+  { name = "RICH_BOUND", message = "Broker turn already active" },
+  { name = "RICH_WORKER_BUSY", message = "Worker is busy" },
+  { name = "RICH_TURN_CANCELLED", message = "Turn cancelled" },
+  { name = "RICH_CREDENTIAL", message = "Credential unavailable",
+    fix = "oauthToken (or mcp.token) returned nothing: refresh the host's login" },
+  { name = "RICH_REFLECTED", message = "Credential reflected" },
+  { name = "RICH_TOO_LARGE", message = "Response too large" },
+  { name = "RICH_TOOL_OUTPUT", message = "Invalid tool output" },
+  { name = "RICH_REBUILD", message = "Sandbox worker image ", prefix = true,
+    fix = "rebuild the worker image with `make image-pi` from the installed core and sandbox packages" },
 }
 
 local by_message, prefixes = {}, {}

@@ -1,0 +1,163 @@
+-- rich/broker/_forward.lua: one credential-bearing upstream call and its
+-- answer streamed back to the worker (spec/rich-mode.md 11.4-11.6, and 13.1
+-- for MCP, which shares every response rule). The request is already rebuilt;
+-- this file owns:
+--   - the transport call (fetchImpl or the built-in libcurl stream), bounded
+--     by the call signal (scope OR request, and the turn deadline);
+--   - 3xx refused (502 Broker call failed), a status outside 200-599 refused
+--     (502 Upstream refused), every other status passed on unchanged;
+--   - the response headers kept (content-type, request-id, x-should-retry,
+--     retry-after, anthropic-ratelimit-*, and mcp-session-id on MCP routes;
+--     each at most 256 bytes and free of every form of the token);
+--   - the bounded reflection stream (a token split across chunks is caught,
+--     50 MiB at most), the SSE error watch on a successful event stream, the
+--     first 64 KiB of an error body for the log;
+--   - backpressure: the next chunk is pulled only once the worker's side has
+--     drained (conn:write yields while 16 KiB or more are queued);
+--   - the upstream failure log (11.6) for every failure.
+-- A failure before the head is written is 502 Broker call failed; after it,
+-- the worker's connection is destroyed (a truncated response).
+local core = require "sandbox.core"
+local errors = require "sandbox.errors"
+local log = require "sandbox.rich._log"
+local sse = require "sandbox.rich.broker._sse"
+local text = require "sandbox.rich._text"
+
+local M = {}
+
+M.FAILED = "Broker call failed"
+M.REFUSED = "Upstream refused"
+M.MAX_RESPONSE = 50 * 1024 * 1024
+M.LOG_BODY = 65536
+M.MAX_HEADER_VALUE = 256
+
+local KEEP = { ["content-type"] = true, ["request-id"] = true, ["x-should-retry"] = true, ["retry-after"] = true }
+
+local function kept_header(name, value, mcp, filter)
+  if type(value) ~= "string" or #value > M.MAX_HEADER_VALUE or value:find("[%c]") then return false end
+  if not (KEEP[name] or name:find("^anthropic%-ratelimit%-") or (mcp and name == "mcp-session-id")) then return false end
+  return not filter:hit(value)
+end
+
+-- The bounded reflection stream of 11.5 over the C filter: push(chunk) ->
+-- bytes to emit | nil, error; finish() -> the held tail.
+local function reflection(token, filter)
+  local carry_len = #text.forms(token)[1] - 1
+  local carry, total = "", 0
+  local r = {}
+  function r.push(chunk)
+    local data = carry .. chunk
+    if filter:hit(data) then return nil, errors.RICH_REFLECTED end
+    total = total + #chunk
+    if total > M.MAX_RESPONSE then return nil, errors.RICH_TOO_LARGE end
+    if #data <= carry_len then carry = data return "" end
+    carry = data:sub(#data - carry_len + 1)
+    return data:sub(1, #data - carry_len)
+  end
+  function r.finish()
+    local rest = carry
+    carry = ""
+    return rest
+  end
+  return r
+end
+M.reflection = reflection
+
+-- o = {scope, label ("model" | "mcp:<server>"), url, headers (map), body,
+-- token, signal, started, mcp (boolean)}
+function M.run(b, conn, o)
+  local function failure(f)
+    f.channel, f.upstream, f.latencyMs = o.scope.channel, o.label, b.clock.now() - o.started
+    log.upstream_failure(b.log, f, o.token)
+  end
+  local filter = core.reflect_filter(o.token)
+  local ok, res = pcall(b.fetch, { method = "POST", url = o.url, headers = o.headers, body = o.body, signal = o.signal })
+  if not ok or type(res) ~= "table" then
+    failure({ error = ok and "the transport answered no response" or res })
+    return conn:reply(502, M.FAILED)
+  end
+  local status = res.status
+  local function cancel() if res.cancel then pcall(res.cancel) end end
+  if o.signal.aborted then
+    cancel()
+    failure({ status = status, error = "aborted" })
+    return conn:reply(502, M.FAILED)
+  end
+  if math.type(status) == "integer" and status >= 300 and status <= 399 then
+    cancel()
+    failure({ status = status, error = "redirect refused" })
+    return conn:reply(502, M.FAILED)
+  end
+  if math.type(status) ~= "integer" or status < 200 or status > 599 then
+    cancel()
+    failure({ status = math.type(status) == "integer" and status or nil, error = "status outside 200-599" })
+    return conn:reply(502, M.REFUSED)
+  end
+  local headers, ctype = {}, nil
+  for name, value in pairs(res.headers or {}) do
+    local n = type(name) == "string" and name:lower() or ""
+    if n == "content-encoding" and type(value) == "string" and value:lower() ~= "identity" then
+      cancel()
+      failure({ status = status, error = "content-encoding " .. value:sub(1, 40) .. " refused" })
+      return conn:reply(502, M.FAILED)
+    end
+    if kept_header(n, value, o.mcp, filter) then
+      headers[#headers + 1] = { n, value }
+      if n == "content-type" then ctype = value end
+    end
+  end
+  table.sort(headers, function(x, y) return x[1] < y[1] end)
+  if not conn:start(status, headers) then
+    cancel()
+    return
+  end
+  if status == 204 or status == 205 then
+    cancel()
+    conn:finish()
+    return
+  end
+  local refl = reflection(o.token, filter)
+  local err_copy = status >= 400 and {} or nil
+  local err_len = 0
+  local watch = (status < 400 and ctype and ctype:lower():find("^text/event%-stream")) and sse.watch() or nil
+  local logged_event = false
+  local body = res.body
+  local broken
+  while true do
+    if o.signal.aborted then broken = "aborted" break end
+    local got, chunk = pcall(body)
+    if not got then broken = chunk break end
+    if chunk == nil then break end
+    if err_copy and err_len < M.LOG_BODY then
+      local piece = chunk:sub(1, M.LOG_BODY - err_len)
+      err_copy[#err_copy + 1] = piece
+      err_len = err_len + #piece
+    end
+    if watch and not logged_event then
+      local data = watch.push(chunk)
+      if data then
+        logged_event = true
+        failure({ status = status, body = "stream error event: " .. data })
+      end
+    end
+    local out, why = refl.push(chunk)
+    if not out then broken = why break end
+    if #out > 0 and not conn:write(out) then broken = "the worker went away" break end
+  end
+  if broken then
+    cancel()
+    failure({ status = status, error = broken, body = err_copy and table.concat(err_copy) or nil })
+    conn:destroy()
+    return
+  end
+  local rest = refl.finish()
+  if #rest > 0 and not conn:write(rest) then
+    failure({ status = status, error = "the worker went away" })
+    conn:destroy()
+    return
+  end
+  conn:finish()
+  if err_copy then failure({ status = status, body = table.concat(err_copy) }) end
+end
+
+return M

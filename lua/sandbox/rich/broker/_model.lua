@@ -1,0 +1,78 @@
+-- rich/broker/_model.lua: POST /anthropic/v1/messages and
+-- /anthropic/v1/messages/count_tokens, optionally ?beta=true (spec/rich-mode.md
+-- 11): the rebuild and its refusals (11.1-11.2, _anthropic.lua), the
+-- credential of the admitting scope read fresh on every call (11.3), the
+-- target URL, the rebuilt headers (11.4), then _forward.lua streams the
+-- answer (11.5). A refusal is a 400 with the API's error shape and one
+-- failure log line; nothing is sent upstream.
+local anthropic = require "sandbox.rich.broker._anthropic"
+local credential = require "sandbox.broker._credential"
+local errors = require "sandbox.errors"
+local forward = require "sandbox.rich.broker._forward"
+local json = require "sandbox.json"
+local log = require "sandbox.rich._log"
+local scope = require "sandbox.rich.broker._scope"
+
+local M = {}
+
+M.PATHS = { ["/anthropic/v1/messages"] = "messages", ["/anthropic/v1/messages/count_tokens"] = "count_tokens" }
+M.COPY = { "anthropic-version", "anthropic-beta", "content-type", "accept", "user-agent", "x-app" }
+M.MAX_COPY = 4096
+
+-- The fixed headers and the 11.4 copy list (a copied value replaces the
+-- fixed one of that name). Values with control characters are not copied.
+function M.headers(guest, token)
+  local h = {
+    ["content-type"] = "application/json",
+    accept = "application/json, text/event-stream",
+    ["accept-encoding"] = "identity",
+    authorization = "Bearer " .. token,
+  }
+  for _, name in ipairs(M.COPY) do
+    local v = guest[name]
+    if type(v) == "string" and #v <= M.MAX_COPY and not v:find("[%c]") then h[name] = v end
+  end
+  return h
+end
+
+-- The scope's token, or nil: a getter that raises, answers nil, "" or
+-- something unusable as a header value, or the call ending first.
+function M.token(getter, s, sig)
+  local status, value = credential.call_hook(getter, scope.credential_scope(s), sig)
+  if status ~= "ok" or not credential.valid(value) then return nil end
+  return value
+end
+
+function M.handle(b, conn, call)
+  local s, path = call.scope, call.path
+  local started = call.started
+  local function failure(f)
+    f.channel, f.upstream, f.latencyMs = s.channel, "model", b.clock.now() - started
+    log.upstream_failure(b.log, f)
+  end
+  local forced, refusal = anthropic.rebuild(call.body, {
+    model = b.model, maxOutputTokens = b.maxOutputTokens, level = s.thinking,
+    count_tokens = M.PATHS[path] == "count_tokens",
+  })
+  if not forced then
+    failure({ status = 400, error = refusal })
+    return conn:reply(400, anthropic.refusal_body(refusal), "application/json")
+  end
+  local token = M.token(b.oauthToken, s, call.signal)
+  if not token then
+    failure({ error = errors.RICH_CREDENTIAL })
+    return conn:reply(502, forward.FAILED)
+  end
+  local encoded = json.encode(forced)
+  if not encoded then
+    failure({ error = "the rebuilt request is not encodable" })
+    return conn:reply(502, forward.FAILED)
+  end
+  local url = b.upstream .. path:sub(#"/anthropic" + 1) .. (call.beta and "?beta=true" or "")
+  return forward.run(b, conn, {
+    scope = s, label = "model", url = url, headers = M.headers(conn.headers, token), body = encoded,
+    token = token, signal = call.signal, started = started,
+  })
+end
+
+return M

@@ -1,0 +1,213 @@
+-- rich/broker/init.lua: one channel's broker (PiSandboxBroker, spec/rich-mode.md
+-- 8-14): the stream-mode listener on the channel's run/broker.sock, the order
+-- of checks of section 9, the scopes (the startup scope, the bound turn), the
+-- worker transport, and the credential-bearing routes (model, host tools,
+-- MCP). It lives as long as the channel's container, across turns; bind()
+-- gives it a turn's identity and release() takes it away again.
+--
+--   local b = broker.new(cfg)            cfg: see M.new
+--   b:listen(path) -> true | nil, err    (any old socket file must be gone)
+--   b.ready                               the worker posted /worker/ready
+--   local release = b:bind{channel, profile, speaker, thinking, signal, deadline}
+--   b:execute(request, signal) -> {ok, text, files} | {ok=false, error}   (yields; raises)
+--   b:stop()                              force: every socket destroyed, the server closed
+--
+-- Section 15 (compaction) is part 2 of issue 15: its two routes answer 404
+-- (a worker that asks falls back to Pi's own summary, 15.2 step 3).
+local core = require "sandbox.core"
+local json = require "sandbox.json"
+local log = require "sandbox.rich._log"
+local mcp = require "sandbox.rich.broker._mcp"
+local model = require "sandbox.rich.broker._model"
+local privacy = require "sandbox.rich.broker._privacy"
+local scope = require "sandbox.rich.broker._scope"
+local signal = require "sandbox.signal"
+local stream = require "sandbox.rich.broker._http"
+local tools = require "sandbox.rich.broker._tools"
+local transport = require "sandbox.rich._transport"
+local worker = require "sandbox.rich.broker._worker"
+
+local M = {}
+
+M.NOT_FOUND = "Not found"
+M.TURN_ENDED = "Turn ended"
+M.BUDGET = "Broker budget exhausted"
+M.BAD_INPUT = "Invalid input"
+M.MAX_BODY = 96 * 1024 * 1024
+M.DEFAULT_CLOCK = { now = core.now, timer = core.timer }
+
+local Broker = {}
+Broker.__index = Broker
+
+-- cfg (resolved by rich/_options.lua): model, servers = {{name, url, tools,
+-- tool_set}}, tools = {names, set, call}, oauthToken, mcpToken, upstream,
+-- fetch (a fetchImpl-shaped transport), maxCalls, maxOutputTokens,
+-- turnTimeoutMs, workerImage, compaction_engine, logger (rich/_log.lua),
+-- profile; seams for specs: clock = {now, timer}, idleMs, headerTimeoutMs.
+function M.new(cfg)
+  local clock = cfg.clock or M.DEFAULT_CLOCK
+  local servers, by_name = {}, {}
+  for i, s in ipairs(cfg.servers or {}) do servers[i] = s; by_name[s.name] = s end
+  local self = setmetatable({
+    model = cfg.model, profile = cfg.profile, servers = servers, server_by_name = by_name,
+    tools = cfg.tools or { names = {}, set = {} }, oauthToken = cfg.oauthToken, mcpToken = cfg.mcpToken,
+    upstream = cfg.upstream, fetch = cfg.fetch or transport.new(nil),
+    maxCalls = cfg.maxCalls, maxOutputTokens = cfg.maxOutputTokens, turnTimeoutMs = cfg.turnTimeoutMs,
+    workerImage = cfg.workerImage, compaction_engine = cfg.compaction_engine,
+    log = cfg.logger or log.new(nil), clock = clock, idle_ms = cfg.idleMs, header_timeout_ms = cfg.headerTimeoutMs,
+    ready = false, caps = { privateTo = false, readerRecords = false }, requirement = false,
+    bound = nil, poll = nil, pending = nil, receiving = false,
+  }, Broker)
+  self.startup = scope.startup(clock.now())                      -- 13.3: armed at construction
+  self.armed_at = clock.now()
+  return self
+end
+
+function Broker:listen(path)
+  if self.server then error("broker already listening", 0) end
+  local server, err = stream.listen {
+    path = path, idle_ms = self.idle_ms, header_timeout_ms = self.header_timeout_ms,
+    on_request = function(conn) self:_serve(conn) end,
+  }
+  if not server then return nil, err end
+  self.server = server
+  return true
+end
+
+function Broker:stop()
+  if self.server then self.server:stop() end
+  self.server = nil
+  if self.poll and self.poll.wake then self.poll.wake() end
+end
+
+-- bind (9): one turn at a time; the startup scope is revoked.
+function Broker:bind(ctx)
+  if self.bound then error(require("sandbox.errors").RICH_BOUND, 0) end
+  local s = scope.turn(ctx, self.maxCalls)
+  self.bound = s
+  if self.startup then self.startup.gone = true end
+  self.startup = nil
+  return function()
+    if self.bound == s then self.bound = nil end
+  end
+end
+
+function Broker:execute(request, sig)
+  return worker.execute(self, request, sig)
+end
+
+-- 13.3: ready and discovery arm a fresh startup scope only when no turn is
+-- bound, the present one is gone, expired or used up, and over 10 s passed
+-- since the previous arming.
+function Broker:_rearm()
+  local now = self.clock.now()
+  if self.bound then return false end
+  local s = self.startup
+  if s and not s.gone and now < s.expires and s.remaining > 0 then return false end
+  if now - self.armed_at <= scope.REARM_SPACING_MS then return false end
+  self.startup = scope.startup(now)
+  self.armed_at = now
+  return true
+end
+
+function Broker:stats()
+  local s = self.bound or self.startup
+  return {
+    ready = self.ready, bound = self.bound ~= nil, pending = self.pending ~= nil,
+    scope = s and s.kind or nil, remaining = s and s.remaining or nil, active = s and s.active or nil,
+    requirement = self.requirement,
+  }
+end
+
+-- Step 7: tool = text after /tools/; server = the name after /mcp/; model =
+-- exactly the two message paths.
+local function classify(path)
+  if model.PATHS[path] then return { kind = "model" } end
+  local tool = path:match("^/tools/(.+)$")
+  if tool then return { kind = "tool", name = tool } end
+  local server = path:match("^/mcp/(.+)$")
+  if server then return { kind = "mcp", name = server } end
+  return nil
+end
+
+-- Step 12: the body, at most 96 MiB, strict UTF-8 JSON, 64 levels, an object.
+local function read_object(conn, sig)
+  local bytes = conn:body(M.MAX_BODY, sig)
+  if not bytes then return nil end
+  local v = json.decode(bytes)
+  if json.kind(v) ~= "object" then return nil end
+  return v
+end
+
+-- Steps 11-13 of an admitted call, and the slot it holds until it settles.
+function Broker:_call(conn, s, route, path, beta)
+  local started = self.clock.now()
+  local sig = signal.new()
+  local hooks = {
+    s.signal:on_abort(function(r) sig:abort(r) end),
+    conn.signal:on_abort(function(r) sig:abort(r) end),
+  }
+  local deadline = scope.deadline(s, self.turnTimeoutMs)
+  local timer = self.clock.timer(math.max(0, deadline - started), function() sig:abort("deadline") end)
+  local ok, err = pcall(function()
+    local body = read_object(conn, sig)
+    if not body then return conn:reply(400, M.BAD_INPUT) end
+    local call = { scope = s, path = path, beta = beta, body = body, signal = sig, started = started, deadline = deadline }
+    if route.kind == "model" then
+      return model.handle(self, conn, call)
+    elseif route.kind == "tool" then
+      call.name = route.name
+      return tools.handle(self, conn, call)
+    end
+    call.server = self.server_by_name[route.name]
+    return mcp.handle(self, conn, call)
+  end)
+  timer:stop()
+  for _, unhook in ipairs(hooks) do unhook() end
+  scope.settle(s)
+  if not ok then
+    self.log.error("sandbox broker handler failed", { channel = s.channel, route = route.kind, error = tostring(err):sub(1, 300) })
+    conn:fail()
+  end
+end
+
+-- One request, in the order of section 9.
+function Broker:_serve(conn)
+  local target = conn.target
+  local qpos = target:find("?", 1, true)
+  local path = qpos and target:sub(1, qpos - 1) or target
+  local query = qpos and target:sub(qpos + 1) or nil
+  if target:find("#", 1, true) or (query ~= nil and query ~= "beta=true") then      -- 1
+    return conn:reply(404, M.NOT_FOUND)
+  end
+  if path:sub(1, 8) == "/worker/" and query == nil then return worker.route(self, conn, path) end  -- 2
+  if path == "/mcp-tools" and conn.method == "GET" and query == nil then return mcp.discovery(self, conn) end  -- 3
+  if (path == "/compaction/compact" or path == "/compaction/report") and query == nil then  -- 4 (part 2)
+    return conn:reply(404, M.NOT_FOUND)
+  end
+  local s = self.bound or self.startup                                               -- 5
+  if not scope.usable(s, self.clock.now()) then return conn:reply(410, M.TURN_ENDED) end
+  if self.requirement then                                                            -- 6
+    local miss = privacy.missing(self.caps)
+    if miss then
+      local problem = privacy.problem(self.workerImage, miss)
+      s.failed = problem
+      worker.fail_pending(self, problem)
+      return conn:reply(410, problem)
+    end
+  end
+  local route = classify(path)                                                        -- 7
+  if s.kind == "startup" and not (route and route.kind == "mcp") then                 -- 8
+    return conn:reply(410, M.TURN_ENDED)
+  end
+  if conn.method ~= "POST" or route == nil                                            -- 9
+      or (route.kind == "tool" and not self.tools.set[route.name])
+      or (route.kind == "mcp" and not self.server_by_name[route.name])
+      or (route.kind ~= "model" and query ~= nil) then
+    return conn:reply(404, M.NOT_FOUND)
+  end
+  if not scope.admit(s) then return conn:reply(429, M.BUDGET) end                     -- 10, 11
+  return self:_call(conn, s, route, path, query ~= nil)                               -- 12, 13
+end
+
+return M
