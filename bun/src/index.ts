@@ -92,6 +92,23 @@ export type {
   PrecheckScriptRunnerOptions,
 } from "./precheck.ts";
 export { disposeUtilityEngine } from "./utility.ts";
+export { PiSandboxRuntime } from "./rich.ts";
+export type {
+  PiContainerDriver,
+  PiContainerSpec,
+  PiCredentialScope,
+  PiFetchRequest,
+  PiFetchResponse,
+  PiLogConfig,
+  PiLogger,
+  PiSandboxRuntimeOptions,
+  PiSpeaker,
+  PiThinkingLevel,
+  PiToolContext,
+  PiToolResponse,
+  PiTurn,
+  PiTurnResult,
+} from "./rich.ts";
 
 /** The claim's name and priority (the core agent-server claim is 100). */
 export const CLAIM_NAME = "sandbox";

@@ -232,6 +232,7 @@ function M.register(H, U)
   local util = { request_signal = request_signal, finishing = finishing, result_json = result_json, need_owner = need_owner }
   require("sandbox.embed._research").register(H, U, util)
   require("sandbox.embed._precheck").register(H, U, util)
+  require("sandbox.embed._rich").register(H, U, util)
 end
 
 return M

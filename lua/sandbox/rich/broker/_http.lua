@@ -1,0 +1,102 @@
+-- rich/broker/_http.lua: the broker's face of the C stream listener
+-- (core.stream_listen, spec/rich-mode.md 8). C owns the socket (0600, 16
+-- connections, the 10 s head deadline, the 120 s silence timer, the repeated
+-- header refusal, one request per connection with `connection: close`,
+-- backpressure); this file turns each request into a `conn` a broker task
+-- uses with sequential, yielding calls:
+--
+--   conn.method, conn.target, conn.headers (lower-case names)
+--   conn.signal           aborts when the request ends (response flushed,
+--                         client gone, silence, destroyed, forced stop)
+--   conn:body(max, sig)   -> bytes | nil, why  (yields; a larger declared
+--                         length is refused unread; sig aborting gives up)
+--   conn:reply(status, body, content_type) -> written
+--   conn:start(status, {{name, value}, ...}) -> written
+--   conn:write(chunk)     -> true | false (the request ended); yields while
+--                         16 KiB or more are queued unsent (backpressure)
+--   conn:finish()  conn:destroy()  conn:fail() (400 before the head, else destroy)
+local async = require "sandbox.async"
+local core = require "sandbox.core"
+local signal = require "sandbox.signal"
+
+local M = {}
+
+M.PLAIN = "text/plain; charset=utf-8"
+
+local Conn = {}
+Conn.__index = Conn
+
+local function new_conn(req)
+  local c = setmetatable({
+    req = req, method = req.method, target = req.target, headers = req.headers or {},
+    signal = signal.new(), drain_waiters = {},
+  }, Conn)
+  req:on_close(function(reason)
+    c.signal:abort(reason or "closed")
+    c:_drained()
+  end)
+  req:on_drain(function() c:_drained() end)
+  return c
+end
+
+function Conn:_drained()
+  local ws = self.drain_waiters
+  self.drain_waiters = {}
+  for _, w in ipairs(ws) do w() end
+end
+
+function Conn:body(max, sig)
+  if self.signal.aborted then return nil, "closed" end
+  local unhooks = {}
+  local bytes, why = async.await(function(resume)
+    local ok, err = self.req:read_body(max, function(b, e) resume(b, e) end)
+    if not ok then resume(nil, err) return end
+    unhooks[1] = self.signal:on_abort(function() resume(nil, "closed") end)
+    if sig then unhooks[2] = sig:on_abort(function() resume(nil, "aborted") end) end
+  end)
+  for _, u in ipairs(unhooks) do u() end
+  return bytes, why
+end
+
+function Conn:reply(status, body, ctype)
+  return self.req:respond(status, { ["content-type"] = ctype or M.PLAIN }, body or "")
+end
+
+function Conn:start(status, list)
+  local h = {}
+  for _, kv in ipairs(list or {}) do h[kv[1]] = kv[2] end
+  return self.req:start(status, h)
+end
+
+function Conn:write(chunk)
+  local ok, pressured = self.req:write(chunk)
+  if not ok then return false end
+  if pressured and not self.signal.aborted then
+    async.await(function(resume) self.drain_waiters[#self.drain_waiters + 1] = resume end)
+  end
+  return not self.signal.aborted or self.req:is_open()
+end
+
+function Conn:finish() return self.req:finish() end
+function Conn:destroy() self.req:destroy() end
+function Conn:fail() self.req:fail() end
+
+-- o = {path, on_request(conn), idle_ms?, header_timeout_ms?}: the listener,
+-- or nil and the core's message. on_request runs as its own task.
+function M.listen(o)
+  return core.stream_listen {
+    path = o.path, idle_ms = o.idle_ms, header_timeout_ms = o.header_timeout_ms,
+    on_request = function(req)
+      local conn = new_conn(req)
+      local task = async.spawn(o.on_request, conn)
+      async.on_done(task, function(t)
+        if not t.ok then
+          core.log("error", "rich broker: request task failed: " .. tostring(t.results[2]):sub(1, 300))
+          pcall(conn.fail, conn)
+        end
+      end)
+    end,
+  }
+end
+
+return M
