@@ -136,6 +136,7 @@ function Server:log()
 end
 
 -- opts.require_key: the server answers 401 unless Authorization is `Bearer <key>`.
+-- opts.stateful: sessions with mcp-session-id (the SDK's stateful transport).
 function M.start(opts)
   opts = opts or {}
   local ok, why = M.available()
@@ -145,6 +146,7 @@ function M.start(opts)
     args[#args + 1] = "--require-key " .. shell_quote(opts.require_key)
   end
   if opts.sse then args[#args + 1] = "--sse" end
+  if opts.stateful then args[#args + 1] = "--stateful" end
   local parent = own_pid()
   if parent then args[#args + 1] = "--parent-pid " .. parent end
   -- Backgrounded: the shell exits at once, so closing the pipe never blocks;
