@@ -1,0 +1,157 @@
+-- docker/rich_runtime_spec.lua: sandbox.rich end to end on the real daemon
+-- (spec/rich-mode.md behaviours 129-131) with the built-in Docker driver
+-- over the Engine API socket and the images `make image-pi` builds: the
+-- container posts ready; a turn against the scripted Anthropic upstream
+-- (reached through fetchImpl) completes while only the broker ever holds the
+-- real token; a worker whose PID 1 ignores SIGTERM is force-removed at the
+-- turn deadline. Opt-in with SANDBOX_DOCKER_TEST=1 (make check sets it); runs
+-- as the sbx account. Containers are named <containerPrefix>-<segment> of a
+-- test-only channel ("spec:rich-l-<pid>-<n>") and removed afterwards; the
+-- SIGTERM test's derived image is roundtable-rich-l-test-sigterm:<pid>.
+local async = require "sandbox.async"
+local core = require "sandbox.core"
+local json = require "sandbox.json"
+local rich = require "sandbox.rich"
+local spec_fs = require "spec_fs"
+local upstream = require "anthropic_upstream"
+
+local ENABLED = os.getenv("SANDBOX_DOCKER_TEST") == "1"
+local IMAGE = os.getenv("PI_IMAGE") or "pi-roundtable-sandbox:pi"
+local DEPS = os.getenv("PI_DEPS_IMAGE") or "pi-roundtable-sandbox:pi-deps"
+local SECRET = "sk-ant-oat01-rich-l-host-only-secret-4242"
+local PID = spec_fs.sh("echo $PPID")
+
+local q = spec_fs.q
+local function sh(cmd) return spec_fs.run(cmd .. " 2>&1") end
+
+if not ENABLED then
+  describe("rich mode on real Docker", function()
+    pending("set SANDBOX_DOCKER_TEST=1 to run the rich real-Docker spec (make check does)")
+  end)
+  return
+end
+
+describe("rich mode on real Docker (129-131)", function()
+  local up, dirs, names, images, seq = nil, {}, {}, {}, 0
+
+  setup(function()
+    assert.equal(0, select(2, sh("docker image inspect " .. q(IMAGE) .. " " .. q(DEPS) .. " >/dev/null")),
+      "the rich images are missing: run `make image-pi`")
+    up = upstream.start()
+  end)
+
+  teardown(function()
+    for _, n in ipairs(names) do sh("docker rm -f " .. q(n)) end
+    for _, i in ipairs(images) do sh("docker rmi -f " .. q(i)) end
+    if up then up:stop() end
+    spec_fs.rmdirs(dirs)
+  end)
+
+  local function channel()
+    seq = seq + 1
+    return "spec:rich-l-" .. PID .. "-" .. seq
+  end
+
+  local function runtime(image, over)
+    local logs = {}
+    local curl = rich.transport()
+    local o = {
+      partyDir = spec_fs.tmpdir("rd", dirs, "/tmp") .. "/p", image = image,
+      profiles = { spec = { model = "claude-sonnet-4-6" } },
+      oauthToken = function() return SECRET end,
+      effort = { judge = function() return "low" end },
+      driver = rich.dockerDriver { log = { driver = "local" } },
+      fetchImpl = function(req)
+        local url = req.url:gsub("^https://api%.anthropic%.com", up.url)
+        return curl { method = req.method, url = url, headers = req.headers, body = req.body, signal = req.signal }
+      end,
+      logger = { info = function(m, f) logs[#logs + 1] = { msg = m, fields = f } end,
+        warn = function(m, f) logs[#logs + 1] = { msg = m, fields = f } end,
+        error = function(m, f) logs[#logs + 1] = { msg = m, fields = f } end },
+      startTimeoutMs = 120000, turnTimeoutMs = 180000,
+    }
+    for k, v in pairs(over or {}) do o[k] = v end
+    return rich(o), logs
+  end
+
+  local function files_under(dir)
+    local out = {}
+    for line in sh("find " .. q(dir) .. " -type f"):gmatch("[^\n]+") do out[#out + 1] = line end
+    return out
+  end
+
+  it("B129/B130: the worker posts ready; a turn completes and only the broker ever sees the real token", function()
+    local rt = runtime(IMAGE)
+    local ch = channel()
+    local name = "roundtable-sandbox-" .. rich.channelSegment(ch)
+    names[#names + 1] = name
+    local r
+    async.run(function()
+      up:reset()
+      up:push { upstream.sse_text("Hello from the rich container") }
+      rt:start(ch, "spec")
+      assert.is_true(rt:broker(ch).ready)
+      assert.equal("running", rt:status(ch).state)
+      r = rt:runTurn { channel = ch, profile = "spec", turnId = "t1", author = { id = "123", name = "Ann", principalId = "ann" },
+        text = "hello there", images = {} }
+      assert.is_true(r.ok, r.error)
+      local calls = up:messages()
+      assert.is_true(#calls >= 1)
+      for _, c in ipairs(calls) do assert.equal("Bearer " .. SECRET, c.headers.authorization) end
+      assert.matches("[Ann (123)] hello there", json.encode(json.jsonable(calls[#calls].body)), 1, true)
+      rt:stopBrokers()
+    end)
+    assert.equal("Hello from the rich container", r.text)
+    local inspect = json.plain(json.decode(sh("docker inspect " .. q(name))))[1]
+    local env = json.encode(json.jsonable(inspect.Config.Env))
+    assert.is_nil(env:find(SECRET, 1, true))
+    assert.matches("CLAUDE_CODE_OAUTH_TOKEN=sandbox-dummy-token", env, 1, true)
+    assert.equal("none", inspect.HostConfig.NetworkMode)
+    assert.is_true(inspect.HostConfig.ReadonlyRootfs)
+    local ws = rt:sessionsDir(ch):gsub("/sessions$", "")
+    for _, f in ipairs(files_under(ws)) do
+      local st = core.fs_lstat(f)
+      if st and st.size < 64 * 1024 * 1024 then
+        assert.is_nil((spec_fs.read(f) or ""):find(SECRET, 1, true), f)
+      end
+    end
+    local logs = sh("docker logs " .. q(name))
+    assert.is_nil(logs:find(SECRET, 1, true))
+    assert.matches("turn finished", logs, 1, true)
+    async.run(function() rt:stop(ch) end)
+    assert.equal("missing", (function() local s async.run(function() s = rt:status(ch) end) return s.state end)())
+  end)
+
+  it("B131: a container whose PID 1 ignores SIGTERM is force-removed at the turn deadline", function()
+    local image = "roundtable-rich-l-test-sigterm:" .. PID
+    local ctx = spec_fs.tmpdir("rd-img", dirs, "/tmp")
+    spec_fs.write(ctx .. "/sigterm.js", 'process.on("SIGTERM", () => {});\nawait import("/app/worker/pi-main.js");\n')
+    spec_fs.write(ctx .. "/Dockerfile", "FROM " .. IMAGE .. "\nCOPY sigterm.js /app/test/sigterm.js\n"
+      .. 'ENTRYPOINT ["/usr/local/bin/bun", "/app/test/sigterm.js"]\n')
+    os.execute("chmod -R a+rX " .. q(ctx))
+    local out, code = sh("DOCKER_BUILDKIT=0 docker build -q -t " .. q(image) .. " " .. q(ctx))
+    images[#images + 1] = image
+    assert.equal(0, code, out)
+    local rt, logs = runtime(image, { turnTimeoutMs = 20000 })
+    local ch = channel()
+    local name = "roundtable-sandbox-" .. rich.channelSegment(ch)
+    names[#names + 1] = name
+    local r
+    async.run(function()
+      up:reset()
+      up:push { { hang = true } }
+      rt:start(ch, "spec")
+      assert.equal(0, select(2, sh("docker kill --signal TERM " .. q(name))))
+      r = rt:runTurn { channel = ch, profile = "spec", turnId = "t1", author = { id = "1", name = "Bo" }, text = "wait", images = {} }
+      -- the worker outlived SIGTERM: it called the model, which never answered
+      assert.is_true(#up:messages() >= 1)
+      assert.equal("missing", rt:status(ch).state)
+      rt:stopBrokers()
+    end)
+    assert.same({ ok = false, error = "Sandbox turn timed out" }, { ok = r.ok, error = r.error })
+    local seen
+    for _, l in ipairs(logs) do if l.msg == "sandbox worker log before removal" then seen = l.fields end end
+    assert.is_table(seen)
+    assert.matches("sandbox worker ready", seen.lines, 1, true)
+  end)
+end)
