@@ -101,6 +101,7 @@ export type {
   PiFetchResponse,
   PiLogConfig,
   PiLogger,
+  PiSandboxRuntimeConfig,
   PiSandboxRuntimeOptions,
   PiSpeaker,
   PiThinkingLevel,

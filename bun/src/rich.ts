@@ -6,6 +6,7 @@
 // mirrored into an AbortSignal. Every method returns a promise.
 //
 //   const rt = new PiSandboxRuntime({ partyDir, image, profiles, oauthToken, effort: { judge } });
+//   const rt2 = new PiSandboxRuntime({ config: "/etc/roundtable/rich.conf.lua", options: { ... } });
 //   const r = await rt.runTurn({ channel, profile, turnId, author, text, images: [], signal });
 //   if (r.ok) send(r.text, r.files);   // files: [{ name, data: Uint8Array }]
 //   await rt.stopBrokers();             // host shutdown: containers keep running
@@ -92,6 +93,14 @@ export interface PiLogger {
   error(message: string, fields: Record<string, unknown>): void;
 }
 
+/** A trusted Lua config script returning `sandbox.rich { ... }` (its callbacks are Lua functions). */
+export interface PiSandboxRuntimeConfig {
+  config: string;
+  /** JSON handed to the script as its argument. */
+  options?: Record<string, unknown>;
+  library?: string;
+}
+
 export interface PiSandboxRuntimeOptions {
   partyDir: string;
   image: string;
@@ -163,10 +172,19 @@ export class PiSandboxRuntime {
   private disposed = false;
 
   /** Checks the options in the engine (section 3's order); throws its message. */
-  constructor(options: PiSandboxRuntimeOptions) {
-    const o = (options ?? {}) as Partial<PiSandboxRuntimeOptions>;
+  constructor(options: PiSandboxRuntimeOptions | PiSandboxRuntimeConfig) {
+    const o = (options ?? {}) as Partial<PiSandboxRuntimeOptions> & Partial<PiSandboxRuntimeConfig>;
     this.engine = utilityEngine(o.library);
     this.owner = ownerName("pi");
+    if (o.config !== undefined) {
+      if (typeof o.config !== "string" || o.config === "") throw new Error("PiSandboxRuntime: config must be a Lua file path");
+      try {
+        this.engine.callSync({ type: "rich.new", owner: this.owner, config: o.config, options: o.options ?? {} }, 30_000);
+      } catch (err) {
+        rethrow(err);
+      }
+      return;
+    }
     const wire: Record<string, unknown> = {};
     for (const k of PLAIN) if (o[k] !== undefined) wire[k] = o[k];
     if (o.memory) wire.memory = { visibility: o.memory.visibility };

@@ -132,7 +132,7 @@ describe("rich mode on real Docker (129-131)", function()
     local out, code = sh("DOCKER_BUILDKIT=0 docker build -q -t " .. q(image) .. " " .. q(ctx))
     images[#images + 1] = image
     assert.equal(0, code, out)
-    local rt, logs = runtime(image, { turnTimeoutMs = 20000 })
+    local rt, logs = runtime(image, { turnTimeoutMs = 30000 })
     local ch = channel()
     local name = "roundtable-sandbox-" .. rich.channelSegment(ch)
     names[#names + 1] = name

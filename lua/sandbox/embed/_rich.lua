@@ -11,6 +11,10 @@
 --       effort.judge, memory.promptBlock, tools.call, mcp.token, fetchImpl,
 --       logger, driver.ensureRunning|status|remove|logs, docker.log,
 --       compaction.compact -> true
+--   {"type":"rich.new","owner":O,"config":PATH,"options":{...}}
+--       or: the trusted Lua config script at PATH, run with `options` as its
+--       argument, returns the runtime (`return sandbox.rich { ... }`), its
+--       callbacks Lua functions
 --   {"type":"rich.runTurn","owner":O,"turn":{channel, profile, turnId, author, text, images}}
 --       -> {ok, text, files:[{name, dataBase64}]} | {ok:false, error, cause};
 --       the request's cancel aborts the turn's signal
@@ -125,8 +129,19 @@ function M.register(H, U, util)
     local owner = util.need_owner(req)
     if runtimes(self)[owner] ~= nil then error("invalid request: Pi sandbox runtime " .. owner .. " exists", 0) end
     local o = type(req.options) == "table" and req.options or {}
+    local rich = require "sandbox.rich"
+    if req.config ~= nil then
+      if type(req.config) ~= "string" or req.config == "" then error("invalid request: config must be a non-empty string", 0) end
+      local chunk, lerr = loadfile(req.config, "t")
+      if not chunk then error("cannot load config: " .. tostring(lerr), 0) end
+      local ok, rt = pcall(chunk, o)
+      if not ok then error(rt, 0) end
+      if not rich.is_runtime(rt) then error("config " .. req.config .. " must return sandbox.rich { ... }", 0) end
+      runtimes(self)[owner] = rt
+      return true
+    end
     local cb = type(req.callbacks) == "table" and req.callbacks or {}
-    runtimes(self)[owner] = require("sandbox.rich")(build_options(self, owner, o, cb))
+    runtimes(self)[owner] = rich(build_options(self, owner, o, cb))
     return true
   end
 

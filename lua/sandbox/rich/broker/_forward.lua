@@ -21,7 +21,6 @@ local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local log = require "sandbox.rich._log"
 local sse = require "sandbox.rich.broker._sse"
-local text = require "sandbox.rich._text"
 
 local M = {}
 
@@ -39,29 +38,33 @@ local function kept_header(name, value, mcp, filter)
   return not filter:hit(value)
 end
 
--- The bounded reflection stream of 11.5 over the C filter: push(chunk) ->
--- bytes to emit | nil, error; finish() -> the held tail.
-local function reflection(token, filter)
-  local carry_len = #text.forms(token)[1] - 1
-  local carry, total = "", 0
+-- The bounded reflection stream of 11.5 (core.reflect_stream, in C): push
+-- -> bytes to emit | nil, error; finish() -> the held tail. A call without a
+-- credential (an MCP server with no token getter) has nothing to reflect:
+-- only the 50 MiB bound applies.
+local STREAM_ERRORS = { reflected = errors.RICH_REFLECTED, ["too large"] = errors.RICH_TOO_LARGE }
+
+local function reflection(token)
   local r = {}
+  if token == nil or token == "" then
+    local total = 0
+    function r.push(chunk)
+      total = total + #chunk
+      if total > M.MAX_RESPONSE then return nil, errors.RICH_TOO_LARGE end
+      return chunk
+    end
+    function r.finish() return "" end
+    return r
+  end
+  local s = core.reflect_stream(token, M.MAX_RESPONSE)
   function r.push(chunk)
-    local data = carry .. chunk
-    if filter:hit(data) then return nil, errors.RICH_REFLECTED end
-    total = total + #chunk
-    if total > M.MAX_RESPONSE then return nil, errors.RICH_TOO_LARGE end
-    if #data <= carry_len then carry = data return "" end
-    carry = data:sub(#data - carry_len + 1)
-    return data:sub(1, #data - carry_len)
+    local out, err = s:push(chunk)
+    if out == nil then return nil, STREAM_ERRORS[err] or tostring(err) end
+    return out
   end
-  function r.finish()
-    local rest = carry
-    carry = ""
-    return rest
-  end
+  function r.finish() return s:finish() or "" end
   return r
 end
-M.reflection = reflection
 
 -- o = {scope, label ("model" | "mcp:<server>"), url, headers (map), body,
 -- token, signal, started, mcp (boolean)}
@@ -70,7 +73,7 @@ function M.run(b, conn, o)
     f.channel, f.upstream, f.latencyMs = o.scope.channel, o.label, b.clock.now() - o.started
     log.upstream_failure(b.log, f, o.token)
   end
-  local filter = core.reflect_filter(o.token)
+  local filter = o.token and o.token ~= "" and core.reflect_filter(o.token) or { hit = function() return false end }
   local ok, res = pcall(b.fetch, { method = "POST", url = o.url, headers = o.headers, body = o.body, signal = o.signal })
   if not ok or type(res) ~= "table" then
     failure({ error = ok and "the transport answered no response" or res })
@@ -116,7 +119,7 @@ function M.run(b, conn, o)
     conn:finish()
     return
   end
-  local refl = reflection(o.token, filter)
+  local refl = reflection(o.token)
   local err_copy = status >= 400 and {} or nil
   local err_len = 0
   local watch = (status < 400 and ctype and ctype:lower():find("^text/event%-stream")) and sse.watch() or nil
