@@ -70,6 +70,8 @@ M.delegator = require "sandbox.delegator"
 M.scoped_delegator = M.delegator.new
 M.research_worker = require("sandbox.delegator.research").new
 M.scrub_diagnostic = require("sandbox.scrub").scrub_diagnostic
+-- Rich (Pi/subscription) mode, opted into separately (rich-mode.md).
+M.rich = require "sandbox.rich"
 -- Safe fetch of model-supplied URLs (fetch-and-delegation.md 1).
 M.fetch = require "sandbox.fetch"
 M.safe_fetch = M.fetch.safe_fetch
