@@ -58,7 +58,7 @@ function M.chunks(sock, bytes, on_chunk)
 end
 
 function M.worker(sock, o)
-  local w = { turns = {}, readies = {}, results = {}, stopped = false, polls = 0 }
+  local w = { sock = sock, turns = {}, readies = {}, results = {}, stopped = false, polls = 0 }
   function w.stop() w.stopped = true end
   w.task = async.spawn(function()
     while not w.stopped do

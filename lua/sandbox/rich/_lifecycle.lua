@@ -62,7 +62,7 @@ local function new_broker(rt, profile)
     mcpToken = o.mcp.token, upstream = o.upstream, fetch = rt.fetch, maxCalls = o.maxCalls,
     maxOutputTokens = o.maxOutputTokens, turnTimeoutMs = o.turnTimeoutMs, workerImage = o.image,
     compaction_engine = o.compaction and o.compaction.engine or nil, logger = rt.log,
-    clock = rt.clock, idleMs = rt.idle_ms,
+    clock = rt.clock, idleMs = rt.idle_ms, audit = rt.audit,
   }
 end
 

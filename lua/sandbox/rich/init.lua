@@ -32,14 +32,14 @@ local M = {}
 local Runtime = {}
 Runtime.__index = Runtime
 
--- options: section 3. `seams` (specs only): {host = {uid, gid, linux},
--- clock = {now, timer}, idleMs}.
+-- options: section 3. `seams` (specs and benches only): {host = {uid, gid,
+-- linux}, clock = {now, timer}, idleMs, audit}.
 function M.new(opts, seams)
   seams = seams or {}
   local o = options.resolve(opts, seams.host)
   local rt = setmetatable({
     o = o, chans = {}, log = log.new(o.logger), clock = seams.clock or broker.DEFAULT_CLOCK,
-    idle_ms = seams.idleMs,
+    idle_ms = seams.idleMs, audit = seams.audit,
   }, Runtime)
   rt.driver = o.driver or docker.new { labelProfile = o.labelProfile }
   rt.fetch = transport.new(o.fetchImpl)
@@ -74,7 +74,7 @@ function M.broker(opts, seams)
     upstream = o.upstream, fetch = transport.new(o.fetchImpl), maxCalls = o.maxCalls,
     maxOutputTokens = o.maxOutputTokens, turnTimeoutMs = o.turnTimeoutMs, workerImage = o.workerImage,
     compaction_engine = o.compaction and o.compaction.engine or nil, logger = log.new(o.logger),
-    clock = seams.clock, idleMs = seams.idleMs, headerTimeoutMs = seams.headerTimeoutMs,
+    clock = seams.clock, idleMs = seams.idleMs, headerTimeoutMs = seams.headerTimeoutMs, audit = seams.audit,
   }
 end
 

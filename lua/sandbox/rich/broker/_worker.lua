@@ -97,7 +97,10 @@ end
 -- turn stays undelivered for the next poll).
 local function deliver(b, conn, p)
   p.delivered = true
-  if conn:reply(200, p.encoded, "application/json") then return true end
+  if conn:reply(200, p.encoded, "application/json") then
+    b:_audit { event = "delivered", at = b.clock.now() }
+    return true
+  end
   if b.pending == p then p.delivered = false end
   return false
 end
@@ -154,6 +157,7 @@ local function result(b, conn)
     local r = v.result
     local out
     if r.ok then out = { ok = true, text = r.text, files = r.files } else out = { ok = false, error = r.error } end
+    b:_audit { event = "result", at = b.clock.now() }
     p.settle(true, out)                                                                          -- 6
     return 200, M.ACCEPTED
   end)

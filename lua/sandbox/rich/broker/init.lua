@@ -43,7 +43,10 @@ Broker.__index = Broker
 -- tool_set}}, tools = {names, set, call}, oauthToken, mcpToken, upstream,
 -- fetch (a fetchImpl-shaped transport), maxCalls, maxOutputTokens,
 -- turnTimeoutMs, workerImage, compaction_engine, logger (rich/_log.lua),
--- profile; seams for specs: clock = {now, timer}, idleMs, headerTimeoutMs.
+-- profile; seams for specs and benches: clock = {now, timer}, idleMs,
+-- headerTimeoutMs, audit (a function given one payload-free record per
+-- settled budgeted call {route, ms} and per turn handed out / result
+-- accepted {event, at}).
 function M.new(cfg)
   local clock = cfg.clock or M.DEFAULT_CLOCK
   local servers, by_name = {}, {}
@@ -55,6 +58,7 @@ function M.new(cfg)
     maxCalls = cfg.maxCalls, maxOutputTokens = cfg.maxOutputTokens, turnTimeoutMs = cfg.turnTimeoutMs,
     workerImage = cfg.workerImage, compaction_engine = cfg.compaction_engine,
     log = cfg.logger or log.new(nil), clock = clock, idle_ms = cfg.idleMs, header_timeout_ms = cfg.headerTimeoutMs,
+    audit = cfg.audit,
     ready = false, caps = { privateTo = false, readerRecords = false }, requirement = false,
     bound = nil, poll = nil, pending = nil, receiving = false,
   }, Broker)
@@ -108,6 +112,10 @@ function Broker:_rearm()
   self.startup = scope.startup(now)
   self.armed_at = now
   return true
+end
+
+function Broker:_audit(record)
+  if self.audit then pcall(self.audit, record) end
 end
 
 function Broker:stats()
@@ -165,6 +173,7 @@ function Broker:_call(conn, s, route, path, beta)
   timer:stop()
   for _, unhook in ipairs(hooks) do unhook() end
   scope.settle(s)
+  self:_audit { route = route.kind, ms = self.clock.now() - started }
   if not ok then
     self.log.error("sandbox broker handler failed", { channel = s.channel, route = route.kind, error = tostring(err):sub(1, 300) })
     conn:fail()
