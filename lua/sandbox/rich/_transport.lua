@@ -20,6 +20,7 @@
 -- against the request's signal, or returns the built-in one.
 local async = require "sandbox.async"
 local core = require "sandbox.core"
+local errors = require "sandbox.errors"
 
 local M = {}
 
@@ -45,49 +46,63 @@ local function lower_map(h)
   return out
 end
 
+-- A failed transfer as an error value (errorText renders it): curl's text,
+-- with the errno name as its cause when known.
+local function transfer_error(res)
+  if res.error == "too large" then return errors.RICH_TOO_LARGE end
+  local e = { name = "Error", message = res.message or res.error or "transfer failed" }
+  if res.code then e.cause = { name = "Error", message = res.code } end
+  return e
+end
+
 function M.curl(seams)
   seams = seams or {}
   return function(req)
     local sig = req.signal
     local queue, queued, done, failure = {}, 0, false, nil
-    local waiter, paused, handle = nil, false, nil
+    local waiter, paused, call = nil, false, nil
     local function wake()
       local w = waiter
       waiter = nil
       if w then w() end
     end
+    local unhook
     local head = async.await(function(resume)
       local answered = false
-      handle = core.http_stream {
+      local function answer(v) if not answered then answered = true resume(v) end end
+      local err
+      call, err = core.http_stream {
         url = req.url, method = req.method or "POST", headers = header_lines(req.headers), body = req.body,
         timeout_ms = M.TIMEOUT_MS, allow_http = req.url:sub(1, 7) == "http://",
         cainfo = seams.cainfo, connect_to = seams.connectTo,
-        on_head = function(status, headers)
-          answered = true
-          resume({ status = status, headers = lower_map(headers) })
-        end,
-        on_data = function(chunk)
+        on_head = function(status, headers) answer({ status = status, headers = lower_map(headers) }) end,
+        on_chunk = function(chunk)
           queue[#queue + 1] = chunk
           queued = queued + #chunk
-          if queued >= M.HIGH_WATER and not paused then paused = true handle:pause() end
+          if queued >= M.HIGH_WATER and not paused then paused = true call:pause() end
           wake()
         end,
-        on_done = function(err)
-          done, failure = true, err
-          if not answered then answered = true resume({ error = err or "no response" }) end
+        on_done = function(res)
+          done = true
+          if not res.ok then failure = transfer_error(res) end
+          answer({ error = failure or "no response" })
           wake()
         end,
       }
+      if not call then answer({ error = err or "the transfer could not start" }) return end
       if sig then
-        sig:on_abort(function()
-          if handle then handle:cancel() end
+        unhook = sig:on_abort(function()
+          call:cancel()
           done, failure = true, failure or "aborted"
-          if not answered then answered = true resume({ error = "aborted" }) end
+          answer({ error = "aborted" })
           wake()
         end)
       end
     end)
-    if head.error then error(head.error, 0) end
+    if head.error then
+      if unhook then unhook() end
+      error(head.error, 0)
+    end
     local function body()
       while #queue == 0 and not done do
         async.await(function(resume) waiter = resume end)
@@ -95,13 +110,15 @@ function M.curl(seams)
       if #queue > 0 then
         local chunk = table.remove(queue, 1)
         queued = queued - #chunk
-        if paused and queued < M.HIGH_WATER and not done then paused = false handle:resume() end
+        if paused and queued < M.HIGH_WATER and not done then paused = false call:resume() end
         return chunk
       end
+      if unhook then unhook() unhook = nil end
       if failure then error(failure, 0) end
       return nil
     end
-    return { status = head.status, headers = head.headers, body = body, cancel = function() handle:cancel() end }
+    return { status = head.status, headers = head.headers, body = body,
+      cancel = function() if unhook then unhook() unhook = nil end call:cancel() end }
   end
 end
 
