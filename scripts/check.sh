@@ -14,7 +14,8 @@
 #   fetch        spec/c/fetch/fetch_test.c (safe fetch's C API, core/sbx_fetch.h) against build/
 #   fetch-asan   the same against build-asan/ (ASan/UBSan, leaks checked)
 #   fuzz         every fuzz/*_fuzz.c for FUZZ_SECONDS (default 10); one test each
-#   docker       (hook) spec/docker/*_spec.lua, real Docker; runs when present
+#   docker       (hook) spec/docker/*_spec.lua, real Docker (the sealed image and the
+#                rich images, both built first); runs when present
 #   bun          (hook) `bun test` in bun/; runs when bun/package.json exists
 #   install      spec/install/install_test.sh: make install DESTDIR, pkg-config,
 #                luarocks make, bun pm pack + bun add, used from temporary trees
@@ -213,6 +214,17 @@ elif ! make --no-print-directory image >"$LOGS/image.log" 2>&1; then
 else
   docker_state="ok"
   if [ "$WORK" != "$SBX_ROOT" ]; then make_copy || true; fi  # pick up the image build's outputs
+fi
+# The rich (Pi) images, once, before every suite that runs them: the docker
+# suite's rich runtime spec and the rich-docker suite.
+pi_state="not built"
+if [ "$docker_state" = ok ] && [ -f worker/pi/package.json ]; then
+  if make --no-print-directory image-pi >"$LOGS/image-pi.log" 2>&1; then
+    pi_state="ok"
+  else
+    pi_state="make image-pi failed (build/check-logs/image-pi.log)"
+    show_tail "$LOGS/image-pi.log" 40
+  fi
 fi
 DOCKER_ENV=()
 [ "$docker_state" = ok ] && DOCKER_ENV=("SANDBOX_DOCKER_TEST=1")
@@ -465,9 +477,8 @@ if [ -f worker/pi/package.json ]; then
     if [ ${#RICH_DOCKER[@]} -gt 0 ]; then
       if [ "$docker_state" != ok ]; then
         record rich-docker 0 1 0 "could not run: $docker_state"
-      elif ! make --no-print-directory image-pi >"$LOGS/image-pi.log" 2>&1; then
-        record rich-docker 0 1 0 "make image-pi failed (build/check-logs/image-pi.log)"
-        show_tail "$LOGS/image-pi.log" 40
+      elif [ "$pi_state" != ok ]; then
+        record rich-docker 0 1 0 "could not run: $pi_state"
       else
         say check "suite rich-docker: ${RICH_DOCKER[*]} against real Docker"
         run_rich rich-docker SANDBOX_DOCKER_TEST=1 -- "${RICH_DOCKER[@]/#/./}"

@@ -349,7 +349,7 @@ describe("rich broker: the Anthropic route (11)", function()
     assert.equal(302, h:warns("sandbox upstream call failed")[1].status)
   end)
 
-  it("B80: a response over 50 MiB breaks the stream", function()
+  it("B80: a response over 50 MiB breaks the stream #slow", function()
     run(function()
       up:push { { fill = 50 * 1024 * 1024 + 1, chunkBytes = 1024 * 1024 } }
       h:bind()
