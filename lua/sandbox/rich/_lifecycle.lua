@@ -114,7 +114,7 @@ function M.start(rt, key, profile)
 end
 
 -- Waits for the channel's pending start, ignoring its error. A start still
--- waiting for the worker's ready gives up at once ("Operation cancelled").
+-- waiting for the worker's ready gives up at once (errors.RICH_CANCELLED).
 function M.settle_start(c)
   c.cancelling = true
   while c.starting do

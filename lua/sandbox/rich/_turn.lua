@@ -40,7 +40,7 @@ local function check_input(t)
   if not ok then fail(err) end
 end
 
--- Waits for a task, or fails "Operation cancelled" when sig aborts first.
+-- Waits for a task, or fails (errors.RICH_CANCELLED) when sig aborts first.
 local function race(task, sig)
   if not async.wait_or_abort(task, sig) then fail(errors.RICH_CANCELLED) end
   if not task.ok then error(task.results[2], 0) end
