@@ -20,7 +20,6 @@
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local log = require "sandbox.rich._log"
-local sse = require "sandbox.rich.broker._sse"
 
 local M = {}
 
@@ -122,7 +121,7 @@ function M.run(b, conn, o)
   local refl = reflection(o.token)
   local err_copy = status >= 400 and {} or nil
   local err_len = 0
-  local watch = (status < 400 and ctype and ctype:lower():find("^text/event%-stream")) and sse.watch() or nil
+  local watch = (status < 400 and ctype and ctype:lower():find("^text/event%-stream")) and core.sse_watch() or nil
   local logged_event = false
   local body = res.body
   local broken
@@ -137,7 +136,7 @@ function M.run(b, conn, o)
       err_len = err_len + #piece
     end
     if watch and not logged_event then
-      local data = watch.push(chunk)
+      local data = watch:push(chunk)
       if data then
         logged_event = true
         failure({ status = status, body = "stream error event: " .. data })
