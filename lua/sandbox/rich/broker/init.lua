@@ -79,7 +79,7 @@ function Broker:listen(path)
 end
 
 function Broker:stop()
-  if self.server then self.server:stop() end
+  if self.server then self.server:stop(true) end
   self.server = nil
   if self.poll and self.poll.wake then self.poll.wake() end
 end
