@@ -15,14 +15,6 @@ local json = require "sandbox.json"
 
 local M = {}
 
-local function own_pid()
-  local f = io.open("/proc/self/stat", "r")
-  if not f then return nil end
-  local line = f:read("l")
-  f:close()
-  return line and tonumber(line:match("^(%d+)"))
-end
-
 local Up = {}
 Up.__index = Up
 
@@ -59,7 +51,7 @@ function Up:stop()
 end
 
 function M.start()
-  local parent = own_pid()
+  local parent = require("spec_fs").own_pid()
   local cmd = string.format("exec env -u LD_PRELOAD bun spec/fixtures/anthropic_sse_upstream.mjs --parent-pid %d </dev/null &", parent or 0)
   local pipe = assert(io.popen(cmd, "r"))
   local line = pipe:read("l")

@@ -63,14 +63,6 @@ function M.available()
   return true
 end
 
-local function own_pid()
-  local f = io.open("/proc/self/stat", "r")
-  if not f then return nil end
-  local line = f:read("l")
-  f:close()
-  return line and tonumber(line:match("^(%d+)"))
-end
-
 local Server = {}
 Server.__index = Server
 
@@ -147,7 +139,7 @@ function M.start(opts)
   end
   if opts.sse then args[#args + 1] = "--sse" end
   if opts.stateful then args[#args + 1] = "--stateful" end
-  local parent = own_pid()
+  local parent = require("spec_fs").own_pid()
   if parent then args[#args + 1] = "--parent-pid " .. parent end
   -- Backgrounded: the shell exits at once, so closing the pipe never blocks;
   -- node keeps the pipe's write end until it has printed its one line.

@@ -91,6 +91,15 @@ function M.wait_for(pred, what)
   end
 end
 
+-- This process's pid (for fixtures that exit once their parent is gone).
+function M.own_pid()
+  local f = io.open("/proc/self/stat", "r")
+  if not f then return nil end
+  local line = f:read("l")
+  f:close()
+  return line and tonumber(line:match("^(%d+)"))
+end
+
 -- false (and the case pending) when running as root, which the runtime
 -- refuses. pending_fn is the spec's busted `pending`.
 function M.service_account(pending_fn)
