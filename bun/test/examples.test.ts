@@ -50,4 +50,31 @@ describe("examples/bun", () => {
     expect(scan.exports).toEqual(["guestPlugins"]);
     expect(scan.imports.map((i) => i.path).sort()).toEqual(["node:path", "pi-roundtable-sandbox"]);
   });
+
+  // rich-host.ts needs the Docker daemon and the rich image (`make image-pi`);
+  // SANDBOX_DOCKER_TEST=1 makes their absence a failure, as the Docker specs do.
+  const PI_IMAGE = process.env.PI_IMAGE ?? "pi-roundtable-sandbox:pi";
+  const dockerReady =
+    process.platform === "linux" && process.getuid?.() !== 0 &&
+    Bun.spawnSync(["docker", "image", "inspect", PI_IMAGE], { stdout: "ignore", stderr: "ignore" }).exitCode === 0;
+  const richCase = dockerReady || process.env.SANDBOX_DOCKER_TEST === "1" ? test : test.skip;
+  richCase(
+    "rich-host.ts runs two turns in one channel through a real Pi container, the second continuing the first",
+    async () => {
+      const child = Bun.spawn([process.execPath, join(EXAMPLES, "rich-host.ts"), "--log-driver", "local"], {
+        cwd: EXAMPLES, env: { ...process.env }, stdout: "pipe", stderr: "pipe",
+      });
+      const killer = setTimeout(() => child.kill(9), 400_000);
+      const code = await child.exited;
+      clearTimeout(killer);
+      const out = await new Response(child.stdout).text();
+      const err = await new Response(child.stderr).text();
+      expect({ code, err: code === 0 ? "" : `${out}\n${err}` }).toEqual({ code: 0, err: "" });
+      expect(out).toContain("t1 bot:   Nice to meet you, Ann.");
+      expect(out).toContain("t2 bot:   You told me your name is Ann.");
+      expect(out).toContain("the second turn's model request carries the first turn: true");
+      expect(out).toContain("the upstream saw the host token only: true");
+    },
+    420_000,
+  );
 });
