@@ -9,7 +9,9 @@
  * invalid UTF-8, unpaired surrogate escapes, repeated member names, nesting
  * deeper than SBX_MAX_JSON_DEPTH, anything but whitespace after the value,
  * numbers overflowing a double) and, given a reflection filter, scans every
- * decoded string and member name with it.
+ * decoded string and member name with it. With SBX_JSON_LAST_WINS (rich
+ * mode's bodies, spec/rich-mode.md 19) a repeated member name is not refused:
+ * the last value wins and the name keeps its first place in the order.
  *
  * Memory: neither direction uses the C heap. The decoder builds on the Lua
  * stack (strings with escapes are decoded on the C stack or, when long, in
@@ -157,6 +159,7 @@ typedef struct {
   const unsigned char *end;    /* one past the last byte */
   const struct sbx_reflect *filter;
   int check_plain;             /* scan strings without escapes too */
+  int last_wins;               /* a repeated member name replaces the value */
   int depth;                   /* containers currently open */
   int order_idx;               /* stack slots of the registry values */
   int obj_mt_idx;
@@ -466,10 +469,14 @@ static int parse_object(dec_t *d) {
       d->p++;
       if ((rc = parse_string(d)) != 0) return rc;       /* key at names+1 */
       lua_pushvalue(L, -1);
-      if (lua_rawget(L, obj) != LUA_TNIL) return SBX_EINVAL;  /* repeated */
-      lua_pop(L, 1);
-      lua_pushvalue(L, -1);
-      lua_rawseti(L, names, ++n);
+      if (lua_rawget(L, obj) != LUA_TNIL) {                 /* repeated */
+        if (!d->last_wins) return SBX_EINVAL;
+        lua_pop(L, 1);                   /* its first place in the order stays */
+      } else {
+        lua_pop(L, 1);
+        lua_pushvalue(L, -1);
+        lua_rawseti(L, names, ++n);
+      }
       skip_ws(d);
       if (d->p >= d->end || *d->p != ':') return SBX_EINVAL;
       d->p++;
@@ -536,6 +543,11 @@ static int parse_value(dec_t *d) {
 
 int sbx__json_decode(lua_State *L, const char *buf, size_t len,
                      const struct sbx_reflect *filter) {
+  return sbx__json_decode_flags(L, buf, len, filter, 0);
+}
+
+int sbx__json_decode_flags(lua_State *L, const char *buf, size_t len,
+                           const struct sbx_reflect *filter, int flags) {
   int base = lua_gettop(L);
   int rc;
   dec_t d;
@@ -548,6 +560,7 @@ int sbx__json_decode(lua_State *L, const char *buf, size_t len,
   d.p = (const unsigned char *)buf;
   d.end = d.p + len;
   d.filter = filter;
+  d.last_wins = (flags & SBX_JSON_LAST_WINS) != 0;
   d.depth = 0;
   d.order_idx = base + 1;
   d.obj_mt_idx = base + 2;
@@ -904,9 +917,20 @@ static int l_json_decode(lua_State *L) {
   const char *s = luaL_checklstring(L, 1, &len);
   const struct sbx_reflect *f = NULL;
   int rc;
+  int flags = 0;
   if (!lua_isnoneornil(L, 2)) f = sbx__reflect_check(L, 2);
+  if (!lua_isnoneornil(L, 3)) {
+    luaL_checktype(L, 3, LUA_TTABLE);
+    lua_getfield(L, 3, "duplicates");
+    if (!lua_isnil(L, -1)) {
+      const char *mode = lua_tostring(L, -1);
+      luaL_argcheck(L, mode != NULL && (strcmp(mode, "last") == 0 || strcmp(mode, "refuse") == 0), 3,
+                    "opts.duplicates must be \"last\" or \"refuse\"");
+      if (strcmp(mode, "last") == 0) flags |= SBX_JSON_LAST_WINS;
+    }
+  }
   lua_settop(L, 2);
-  rc = sbx__json_decode(L, s, len, f);
+  rc = sbx__json_decode_flags(L, s, len, f, flags);
   if (rc == 0) return 1;
   lua_pushnil(L);
   lua_pushstring(L, rc == SBX_EDEPTH ? "too deep"

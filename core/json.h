@@ -20,6 +20,13 @@ struct sbx_reflect;
 int sbx__json_decode(lua_State *L, const char *buf, size_t len,
                      const struct sbx_reflect *filter);
 
+/* The same with flags: SBX_JSON_LAST_WINS lets a repeated member name
+ * replace the earlier value (the name keeps its first place) instead of
+ * failing the decode. */
+#define SBX_JSON_LAST_WINS 1
+int sbx__json_decode_flags(lua_State *L, const char *buf, size_t len,
+                           const struct sbx_reflect *filter, int flags);
+
 /* 1 when the value at idx is a decoded JSON object (core.json_object_mt). */
 int sbx__json_is_object(lua_State *L, int idx);
 

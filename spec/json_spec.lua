@@ -133,6 +133,15 @@ describe("core.json_decode", function()
       refused('{"a":1,"b":{},"a":null}')
     end)
 
+    it("with duplicates = \"last\" (rich mode, rich-mode.md 19) the last value wins, the name keeps its place", function()
+      local core = require "sandbox.core"
+      local v = assert(core.json_decode('{"a":1,"b":2,"\\u0061":{"x":[]}}', nil, { duplicates = "last" }))
+      assert.are.equal('{"a":{"x":[]},"b":2}', core.json_encode(v))
+      assert.is_nil(core.json_decode('{"a":1,"a":2}', nil, { duplicates = "refuse" }))
+      assert.has_error(function() core.json_decode("{}", nil, { duplicates = "first" }) end)
+      assert.is_nil(core.json_decode('{"a":1,"a":', nil, { duplicates = "last" }))
+    end)
+
     it("refuses names that are equal only after escape decoding", function()
       refused('{"a":1,"\\u0061":2}')
       refused('{"\\u00e9":1,"\195\169":2}')

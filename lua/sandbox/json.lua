@@ -3,6 +3,8 @@
 -- objects keep member order, and JSON null is json.null, never nil.
 --
 --   json.decode(s) / json.encode(v[, max]) / json.utf8_valid(s)   the core's
+--   json.decode_last(s)  the same, except a repeated member name's last value
+--                        wins (rich mode's bodies, rich-mode.md 19)
 --   json.object(names, values) / json.array(list)   values that encode in order
 --   json.kind(v) / json.is_object(v) / json.is_array(v) / json.keys(o) / json.count(v)
 --   json.plain(v)     decoded JSON -> plain Lua tables (null members left out)
@@ -19,6 +21,9 @@ local M = {
 }
 
 M.MAX_DEPTH = 64
+
+local LAST_WINS = { duplicates = "last" }
+function M.decode_last(s) return core.json_decode(s, nil, LAST_WINS) end
 
 local object_mt, array_mt, order = core.json_object_mt, core.json_array_mt, core.json_order
 local null = M.null

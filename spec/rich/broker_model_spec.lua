@@ -48,6 +48,18 @@ describe("rich broker: the Anthropic route (11)", function()
     end)
   end)
 
+  it("19: a repeated member name's last value wins, and the upstream sees one", function()
+    run(function()
+      h:bind()
+      local r = h:post("/anthropic/v1/messages",
+        '{"max_tokens":5,"messages":[{"role":"user","content":"first"}],"max_tokens":7,"messages":[{"role":"user","content":"last"}]}')
+      assert.equal(200, r.status)
+      local seen = up:messages()[1]
+      assert.equal(7, seen.body.max_tokens)
+      assert.equal("last", seen.body.messages[1].content)
+    end)
+  end)
+
   it("B53: the token is read on every model call from the bound scope, per channel and speaker", function()
     h:stop()
     local scopes = {}

@@ -65,7 +65,7 @@ local function ready(b, conn)
   if is_blank(bytes) then
     v = json.object({}, {})
   else
-    v = json.decode(bytes)
+    v = json.decode_last(bytes)
     if kind(v) ~= "object" then return conn:reply(400, M.BAD_READY) end
   end
   if v.privateHistory ~= nil and type(v.privateHistory) ~= "boolean" then return conn:reply(400, M.BAD_READY) end
@@ -147,7 +147,7 @@ local function result(b, conn)
     local bytes = conn:body(M.RESULT_MAX, sig)
     u1()
     if not bytes then return 400, M.BAD_RESULT end
-    local v = json.decode(bytes)
+    local v = json.decode_last(bytes)
     if v == nil then return 400, M.BAD_RESULT end
     if kind(v) ~= "object" or b.pending ~= p or v.turnId ~= p.request.turnId or not p.delivered          -- 4
         or kind(v.result) ~= "object" or type(v.result.ok) ~= "boolean" then

@@ -142,7 +142,7 @@ end
 local function read_object(conn, sig)
   local bytes = conn:body(M.MAX_BODY, sig)
   if not bytes then return nil end
-  local v = json.decode(bytes)
+  local v = json.decode_last(bytes)
   if json.kind(v) ~= "object" then return nil end
   return v
 end
