@@ -161,7 +161,7 @@ describe("rich broker: the Anthropic route (11)", function()
         local v = body_of(r)
         assert.equal("error", v.type)
         assert.equal("invalid_request_error", v.error.type)
-        assert.equal(c[2], v.error.message:sub(1, #c[2]))
+        assert.is_truthy(v.error.message:find(c[2], 1, true), v.error.message)
       end
       assert.equal(0, #up:messages())
     end)
@@ -293,8 +293,8 @@ describe("rich broker: the Anthropic route (11)", function()
   end)
 
   it("B75: an error event split across chunks of a 200 stream is logged once; the worker gets the whole stream", function()
-    local ev = upstream.sse({ { type = "message_start", message = { id = "m" } },
-      { type = "error", error = { type = "overloaded_error", message = "Overloaded" } } })
+    local ev = upstream.sse({ { type = "message_start", message = { id = "m" } } })
+      .. 'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}\n\n'
     local cut = #ev - 20
     run(function()
       up:push { { chunks = { ev:sub(1, cut), ev:sub(cut + 1), upstream.sse({ { type = "error", error = { type = "again" } } }) } } }
