@@ -125,9 +125,10 @@ describe("rich mode on real Docker (129-131)", function()
   it("B131: a container whose PID 1 ignores SIGTERM is force-removed at the turn deadline", function()
     local image = "roundtable-rich-l-test-sigterm:" .. PID
     local ctx = spec_fs.tmpdir("rd-img", dirs, "/tmp")
-    spec_fs.write(ctx .. "/sigterm.js", 'process.on("SIGTERM", () => {});\nawait import("/app/worker/pi-main.js");\n')
+    -- preloaded, so the worker itself stays the main module
+    spec_fs.write(ctx .. "/sigterm.js", 'process.on("SIGTERM", () => {});\n')
     spec_fs.write(ctx .. "/Dockerfile", "FROM " .. IMAGE .. "\nCOPY sigterm.js /app/test/sigterm.js\n"
-      .. 'ENTRYPOINT ["/usr/local/bin/bun", "/app/test/sigterm.js"]\n')
+      .. 'ENTRYPOINT ["/usr/local/bin/bun", "--preload", "/app/test/sigterm.js", "/app/worker/pi-main.js"]\n')
     os.execute("chmod -R a+rX " .. q(ctx))
     local out, code = sh("DOCKER_BUILDKIT=0 docker build -q -t " .. q(image) .. " " .. q(ctx))
     images[#images + 1] = image

@@ -64,6 +64,18 @@ describe("the Anthropic rebuild (11.1)", function()
     assert.equal("Invalid tool choice", refused({ messages = USER, tool_choice = { type = "tool", name = "web_search" } }))
   end)
 
+  it("a root $schema naming a JSON Schema meta-schema (as Claude Code sends) passes; any other remote one is refused", function()
+    local tool = function(schema) return { messages = USER, tools = { { name = "mcp__custom-tools__t", input_schema = schema } } } end
+    local r = ok(tool { type = "object", properties = { q = { type = "string" } }, ["$schema"] = "http://json-schema.org/draft-07/schema#" })
+    assert.equal("http://json-schema.org/draft-07/schema#", r.tools[1].input_schema["$schema"])
+    assert.equal("Remote schema or native tool refused",
+      refused(tool { type = "object", ["$schema"] = "https://evil.example/schema#" }))
+    assert.equal("Remote schema or native tool refused", refused(tool { type = "object", properties = {
+      q = { type = "string", ["$schema"] = "http://json-schema.org/draft-07/schema#" } } }))
+    assert.equal("Remote schema or native tool refused", refused(tool { type = "object",
+      ["$schema"] = "http://json-schema.org/draft-07/schema#", properties = { q = { ["$ref"] = "http://x/y" } } }))
+  end)
+
   it("B58: a schema nested deeper than 64 is refused", function()
     -- (the broker's body read refuses JSON nested over 64 first; the walk
     -- holds for any value handed to it)

@@ -189,6 +189,37 @@ local function messages(list, ceiling)
   return out
 end
 
+-- The JSON Schema meta-schemas a tool's root may declare as `$schema`. Claude
+-- Code (the worker's bridge) sends every tool with "$schema":
+-- "http://json-schema.org/draft-07/schema#" at its root (zod's JSON Schema
+-- output), which the page's walk (only "#..." references) would refuse: a
+-- root naming one of these well-known meta-schemas is judged without it and
+-- forwarded as sent; any other remote `$schema`, and every remote one below
+-- the root, is still refused.
+M.META_SCHEMAS = {}
+for _, draft in ipairs { "draft-04", "draft-06", "draft-07" } do
+  for _, scheme in ipairs { "http", "https" } do
+    M.META_SCHEMAS[scheme .. "://json-schema.org/" .. draft .. "/schema#"] = true
+    M.META_SCHEMAS[scheme .. "://json-schema.org/" .. draft .. "/schema"] = true
+  end
+end
+for _, draft in ipairs { "2019-09", "2020-12" } do
+  M.META_SCHEMAS["https://json-schema.org/draft/" .. draft .. "/schema"] = true
+end
+
+local function input_schema_ok(s)
+  if kind(s) ~= "object" then return false end
+  local meta = s["$schema"]
+  if type(meta) == "string" and M.META_SCHEMAS[meta] then
+    local names, values = {}, {}
+    for _, k in ipairs(json.keys(s)) do
+      if k ~= "$schema" then names[#names + 1] = k values[k] = s[k] end
+    end
+    return schema.parameters_ok(json.object(names, values))
+  end
+  return schema.parameters_ok(s)
+end
+
 local function tools(list)
   if list == nil then return nil end
   if kind(list) ~= "array" or #list > M.MAX_TOOLS then refuse(M.E_TOOLS) end
@@ -196,7 +227,7 @@ local function tools(list)
   for i = 1, #list do
     local t = list[i]
     if kind(t) ~= "object" or (t.type ~= nil and t.type ~= "custom") or not tool_name_ok(t.name)
-        or kind(t.input_schema) ~= "object" or not schema.parameters_ok(t.input_schema)
+        or not input_schema_ok(t.input_schema)
         or (t.description ~= nil and type(t.description) ~= "string") then
       refuse(M.E_TOOL)
     end
