@@ -102,7 +102,7 @@ describe("rich mode on real Docker (129-131)", function()
       rt:stopBrokers()
     end)
     assert.equal("Hello from the rich container", r.text)
-    local inspect = json.plain(json.decode(sh("docker inspect " .. q(name))))[1]
+    local inspect = json.plain(json.decode((sh("docker inspect " .. q(name)))))[1]
     local env = json.encode(json.jsonable(inspect.Config.Env))
     assert.is_nil(env:find(SECRET, 1, true))
     assert.matches("CLAUDE_CODE_OAUTH_TOKEN=sandbox-dummy-token", env, 1, true)
