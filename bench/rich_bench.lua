@@ -79,7 +79,11 @@ local rt = rich({
   effort = { judge = function() return "low" end },
   driver = driver, fetchImpl = timed_fetch, startTimeoutMs = 120000, turnTimeoutMs = 300000,
   logger = { info = function() end, warn = function() end, error = function(m, f) io.stderr:write(m, " ", tostring(f.message), "\n") end },
-}, { audit = function(r) r.at = r.at or core.now() records[#records + 1] = r end })
+}, {
+  -- a sub-millisecond clock for the audit records (timers keep core.timer)
+  clock = { now = function() return core.hrtime() / 1e6 end, timer = core.timer },
+  audit = function(r) records[#records + 1] = r end,
+})
 
 local function pct(list, p)
   local s = {}

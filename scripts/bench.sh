@@ -21,8 +21,13 @@ build/sbx lua bench/stream_bench.lua "${BENCH_STREAM_ROUNDS:-7}"
 echo "== embedding ABI round trips from C and from Bun (bench/ffi_bench.c, bench/ffi_bench.ts)"
 as_sbx build/bench/ffi_bench "${BENCH_FFI_CALLS:-20000}"
 as_sbx bun bench/ffi_bench.ts "${BENCH_FFI_CALLS:-20000}"
+echo "== rich turn: host overhead vs model time, Lua peer worker (bench/rich_bench.lua)"
+as_sbx build/sbx lua bench/rich_bench.lua "${BENCH_RICH_TURNS:-50}"
 if [ "${BENCH_DOCKER:-1}" = 1 ]; then
   make --no-print-directory image >/dev/null
+  make --no-print-directory image-pi >/dev/null
+  echo "== rich turn: host overhead vs model time, real Pi container (bench/rich_bench.lua --docker)"
+  as_sbx build/sbx lua bench/rich_bench.lua "${BENCH_RICH_DOCKER_TURNS:-20}" --docker
   echo "== sealed turn vs bare docker run --rm, host RSS (bench/turn_bench.lua)"
   as_sbx build/sbx lua bench/turn_bench.lua "${BENCH_TURNS:-20}"
   echo "== container drivers: CLI vs Engine API (bench/turn_overhead.lua)"

@@ -156,7 +156,7 @@ function Broker:_call(conn, s, route, path, beta)
     conn.signal:on_abort(function(r) sig:abort(r) end),
   }
   local deadline = scope.deadline(s, self.turnTimeoutMs)
-  local timer = self.clock.timer(math.max(0, deadline - started), function() sig:abort("deadline") end)
+  local timer = self.clock.timer(math.max(0, math.ceil(deadline - started)), function() sig:abort("deadline") end)
   local ok, err = pcall(function()
     local body = read_object(conn, sig)
     if not body then return conn:reply(400, M.BAD_INPUT) end
