@@ -10,8 +10,14 @@ local rich = require "sandbox.rich"
 local signal = require "sandbox.signal"
 local spec_fs = require "spec_fs"
 
-local dirs = {}
+local dirs, drivers = {}, {}
 teardown(function() spec_fs.rmdirs(dirs) end)
+-- every fixture worker stops with its test, so nothing is left on the loop
+after_each(function()
+  for _, d in ipairs(drivers) do d.close() end
+  drivers = {}
+  async.run(function() async.sleep(60) end)     -- the stopped loops see it and end
+end)
 
 local AUTHOR = { id = "123", name = "Ann", principalId = "ann" }
 
@@ -22,6 +28,7 @@ end
 local function runtime(over, driver_opts)
   local logs = {}
   local d = fixture.new(driver_opts or { turn = reply("done") })
+  drivers[#drivers + 1] = d
   local judged = {}
   local o = {
     partyDir = spec_fs.tmpdir("rrt", dirs, spec_fs.short_tmp()) .. "/p", image = "pi-roundtable-sandbox:pi",

@@ -5,7 +5,7 @@
 -- only Docker is left out (spec/docker/ runs the real daemon).
 --
 --   local d = fixture.new{ turn = function(t, d) return result end, ready = true|false, logs = "text" }
---   d.calls   every call {op, arg}; d.workers[name]; d.specs[name]
+--   d.calls   every call {op, arg}; d.workers[name]; d.specs[name]; d.close()
 local peer = require "rich_peer"
 
 local M = {}
@@ -47,6 +47,12 @@ function M.new(o)
       record("logs", { name, lines })
       return d.logs_text
     end
+  end
+
+  -- Stops every worker task still looping (a spec's last step: a worker
+  -- whose broker is gone keeps retrying its ready).
+  function d.close()
+    for name, w in pairs(d.workers) do w.stop() d.workers[name] = nil end
   end
 
   function d.count(op)
