@@ -161,6 +161,11 @@
  *   {"type":"precheck.new"|"precheck.describe"|"precheck.run"|"precheck.toolName"|
  *    "precheck.dispose","owner":O,...}  the precheck script runner a trusted Lua
  *       config builds (lua/sandbox/embed/_precheck.lua documents the shapes)
+ *   {"type":"rich.new"|"rich.runTurn"|"rich.start"|"rich.stop"|"rich.startFresh"|
+ *    "rich.status"|"rich.sessionsDir"|"rich.attachmentDir"|"rich.stopBrokers"|
+ *    "rich.dispose","owner":O,...}  rich mode's runtime (PiSandboxRuntime), its
+ *       callbacks host calls of O or a trusted Lua config's functions
+ *       (lua/sandbox/embed/_rich.lua documents the shapes)
  * An unknown type, malformed JSON, a missing member or a Lua error gives an
  * ok=false result, never a crash. Requests are at most
  * SBX_FFI_MAX_REQUEST_BYTES.
