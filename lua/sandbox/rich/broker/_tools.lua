@@ -11,7 +11,6 @@ local forward = require "sandbox.rich.broker._forward"
 local json = require "sandbox.json"
 local log = require "sandbox.rich._log"
 local media = require "sandbox.rich._media"
-local privacy = require "sandbox.rich.broker._privacy"
 local text = require "sandbox.rich._text"
 local worker = require "sandbox.rich.broker._worker"
 
@@ -59,13 +58,8 @@ function M.handle(b, conn, call)
   if not answer then return failure(errors.RICH_TOOL_OUTPUT) end
   if answer.privateTo ~= nil then
     b.requirement = true
-    local miss = privacy.missing(b.caps)
-    if miss then
-      local problem = privacy.problem(b.workerImage, miss)
-      s.failed = problem
-      worker.fail_pending(b, problem)
-      return conn:reply(409, problem)
-    end
+    local problem = worker.enforce(b, s)
+    if problem then return conn:reply(409, problem) end
   end
   if call.signal.aborted then return failure("aborted") end
   return conn:reply(200, json.encode(answer), "application/json")

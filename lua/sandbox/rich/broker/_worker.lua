@@ -43,14 +43,16 @@ function M.fail_pending(b, message)
   if p and p.settle then p.settle(false, message) end
 end
 
--- 14.1: while the requirement is set and a capability is missing, the bound
--- turn is failed and the pending one fails with the problem text.
-function M.enforce(b)
+-- 14.1: while the requirement is set and a capability is missing, the scope
+-- (the bound turn's by default) is failed, the pending turn fails with the
+-- problem text, and the text is returned for the caller's answer.
+function M.enforce(b, s)
   if not b.requirement then return nil end
   local miss = privacy.missing(b.caps)
   if not miss then return nil end
   local problem = privacy.problem(b.workerImage, miss)
-  if b.bound then b.bound.failed = problem end
+  s = s or b.bound
+  if s then s.failed = problem end
   M.fail_pending(b, problem)
   return problem
 end

@@ -19,7 +19,6 @@ local json = require "sandbox.json"
 local log = require "sandbox.rich._log"
 local mcp = require "sandbox.rich.broker._mcp"
 local model = require "sandbox.rich.broker._model"
-local privacy = require "sandbox.rich.broker._privacy"
 local scope = require "sandbox.rich.broker._scope"
 local signal = require "sandbox.signal"
 local stream = require "sandbox.rich.broker._http"
@@ -196,15 +195,8 @@ function Broker:_serve(conn)
   end
   local s = self.bound or self.startup                                               -- 5
   if not scope.usable(s, self.clock.now()) then return conn:reply(410, M.TURN_ENDED) end
-  if self.requirement then                                                            -- 6
-    local miss = privacy.missing(self.caps)
-    if miss then
-      local problem = privacy.problem(self.workerImage, miss)
-      s.failed = problem
-      worker.fail_pending(self, problem)
-      return conn:reply(410, problem)
-    end
-  end
+  local problem = worker.enforce(self, s)                                             -- 6
+  if problem then return conn:reply(410, problem) end
   local route = classify(path)                                                        -- 7
   if s.kind == "startup" and not (route and route.kind == "mcp") then                 -- 8
     return conn:reply(410, M.TURN_ENDED)
