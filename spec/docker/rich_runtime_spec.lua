@@ -122,6 +122,36 @@ describe("rich mode on real Docker (129-131)", function()
     assert.equal("missing", (function() local s async.run(function() s = rt:status(ch) end) return s.state end)())
   end)
 
+  it("a profile with an MCP server: pi-mcp-adapter connects through the startup scope and its tool reaches the model", function()
+    local mcp = require("mcp_server").start { require_key = "mcp-host-key" }
+    local rt = runtime(IMAGE, {
+      profiles = { spec = { model = "claude-sonnet-4-6", mcp = { "docs" } } }, allowHttpMcp = true,
+      mcp = { servers = { { name = "docs", url = mcp.url, tools = { "search" } } }, token = function() return "mcp-host-key" end },
+    })
+    local ch = channel()
+    names[#names + 1] = "roundtable-sandbox-" .. rich.channelSegment(ch)
+    local ok, err = pcall(async.run, function()
+      up:reset()
+      rt:start(ch, "spec")
+      local r = rt:runTurn { channel = ch, profile = "spec", turnId = "t1", author = { id = "1", name = "A" }, text = "hi", images = {} }
+      assert.is_true(r.ok, r.error)
+      local m = up:messages()
+      local tools = {}
+      for _, t in ipairs(m[#m].body.tools or {}) do tools[t.name] = true end
+      assert.is_true(tools["mcp__custom-tools__docs_search"])
+      local methods = {}
+      for _, e in ipairs(mcp:log()) do
+        methods[e.body.method] = true
+        assert.equal("Bearer mcp-host-key", e.authorization)
+      end
+      assert.is_true(methods.initialize and methods["tools/list"] and methods["notifications/initialized"])
+      assert.is_nil(methods["tools/call"])
+      rt:stop(ch)
+    end)
+    mcp:stop()
+    assert.is_true(ok, err)
+  end)
+
   it("B131: a container whose PID 1 ignores SIGTERM is force-removed at the turn deadline", function()
     local image = "roundtable-rich-l-test-sigterm:" .. PID
     local ctx = spec_fs.tmpdir("rd-img", dirs, "/tmp")
