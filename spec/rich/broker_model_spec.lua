@@ -337,6 +337,27 @@ describe("rich broker: the Anthropic route (11)", function()
     end
   end)
 
+  it("B76: a 529 whose body echoes the token raw and in base64 is logged with that body redacted", function()
+    local echo = '{"type":"error","error":{"type":"overloaded_error","message":"Overloaded for '
+      .. SECRET .. " aka " .. core.base64(SECRET) .. '"}}'
+    run(function()
+      up:push { { raw = echo, status = 529 } }
+      h:bind()
+      local r = peer.raw(h.sock, peer.bytes("POST", "/anthropic/v1/messages", '{"messages":[{"role":"user","content":"x"}]}'))
+      assert.is_nil(r.data:find(SECRET, 1, true))
+      assert.is_true(broken(peer.parse(r.data)))
+    end)
+    local w = h:warns("sandbox upstream call failed")
+    assert.equal(1, #w)
+    assert.same({ "discord:party", "model", 529 }, { w[1].channel, w[1].upstream, w[1].status })
+    assert.is_number(w[1].latencyMs)
+    assert.matches("overloaded", w[1].body:lower(), 1, true)
+    assert.matches("[redacted]", w[1].body, 1, true)
+    local all = json.encode(json.jsonable(w[1]))
+    assert.is_nil(all:find(SECRET, 1, true))
+    assert.is_nil(all:find(core.base64(SECRET), 1, true))
+  end)
+
   it("B78/B79: a thrown upstream error is logged with its cause chain; a 3xx is refused", function()
     h:stop()
     h = harness.new { up = up, over = { fetchImpl = function()
