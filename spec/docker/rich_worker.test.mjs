@@ -90,7 +90,7 @@ describe.skipIf(!ON)("rich images on real Docker (17.1)", () => {
       expect(run.err).toBe("");
       expect(run.code).toBe(0);
       await Promise.race([peer.whenReady(), Bun.sleep(90_000).then(() => { throw new Error(`no ready: ${docker("logs", name).out}`); })]);
-      expect(peer.readies[0]).toEqual({ capabilities: {} });
+      expect(peer.readies[0]).toEqual({ capabilities: { privateTo: true, readerRecords: true }, privateHistory: false });
       const result = await peer.runTurn({
         turnId: "t1", author: { id: "123", name: "Ann", principalId: "ann" }, text: "hello there",
         memory: "", memoryVisibility: "private", images: [], thinking: "low",

@@ -31,7 +31,7 @@ describe("startup (17.2, 10.7)", () => {
     await until(() => w.peer.polls > 0, "the first poll");
     const order = w.peer.events.filter((e) => !e.startsWith("POST /anthropic") && e !== "HEAD /anthropic");
     expect(order.slice(0, 4)).toEqual(["GET /mcp-tools", "GET /worker/config", "POST /worker/ready", "GET /worker/next"]);
-    expect(w.peer.readies[0]).toEqual({ capabilities: {} });
+    expect(w.peer.readies[0]).toEqual({ capabilities: { privateTo: true, readerRecords: true }, privateHistory: false });
     const ready = w.logs().find((l) => l.msg === "sandbox worker ready");
     expect(ready.app).toBe("sandbox-worker");
     expect(ready.profile).toBe("spec");

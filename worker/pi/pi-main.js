@@ -63,6 +63,8 @@ async function startup() {
     workspace: process.env.SANDBOX_WORKSPACE || "/workspace",
     turn: undefined,
     skillsRead: new Set(),
+    provider: content.model.provider,
+    memoryTools: content.memoryTools,
   };
   state.turnView = {
     get turnId() { return state.turn?.turnId; },

@@ -7,8 +7,8 @@
 //   context files and the built-in tools.
 // - Extensions, in order: the claude-bridge provider (the model transport;
 //   first, so host compaction of part 2 can override its compaction result),
-//   read-attachment, broker-tools, skills (with skillsDir), speaker-memory,
-//   the content's extensions, [host-compaction: part 2], the MCP adapter (only
+//   read-attachment, broker-tools, skills (with skillsDir), speaker-memory
+//   (with private-exchanges, 14.2), the content's extensions, [host-compaction: part 2], the MCP adapter (only
 //   with servers) and active-tools last.
 // - The active tools wait up to 45 s for MCP tools; any still absent fails
 //   startup with "tools are not registered: ...". Thinking defaults to low.
@@ -20,6 +20,7 @@ import { readAttachmentExtension } from "./ext/read_attachment.js";
 import { brokerToolsExtension } from "./ext/broker_tools.js";
 import { loadSkills, skillsExtension, skillIndex } from "./ext/skills.js";
 import { speakerMemoryExtension } from "./ext/speaker_memory.js";
+import { privateExchangesExtension } from "./ext/private_exchanges.js";
 import { activeToolsExtension } from "./ext/active_tools.js";
 import { mcpExtension, mcpToolNames } from "./ext/mcp.js";
 import { MCP_WAIT_MS, MCP_POLL_MS } from "./limits.js";
@@ -57,6 +58,7 @@ export async function buildSession(state, content, servers, port) {
   ];
   if (tree) factories.push({ name: "skills", factory: skillsExtension(state, tree) });
   factories.push({ name: "speaker-memory", factory: speakerMemoryExtension(state) });
+  factories.push({ name: "private-exchanges", factory: privateExchangesExtension(state, content.memoryTools) });
   const own = content.extensions ? await content.extensions(state.turnView) : [];
   for (const [i, f] of (own ?? []).entries()) factories.push(typeof f === "function" ? { name: `content-${i}`, factory: f } : f);
   if (servers.length > 0) factories.push({ name: "mcp-adapter", factory: mcpExtension(servers, port) });

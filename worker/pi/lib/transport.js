@@ -4,17 +4,21 @@
 //   back to ready) -> parse (96 MiB) and validate the turn -> run it ->
 //   POST /worker/result (60 s).
 // Any exception logs "broker poll failed" once until the next success, then
-// sleeps 250 ms and continues. The ready body declares no privacy
-// capabilities: privateTo projection and reader records are part 2, and an
-// image without them must not claim them (14.1).
+// sleeps 250 ms and continues. The ready body declares both privacy
+// capabilities (privateTo projection, reader records: 14.2) and whether the
+// retained branch holds any private-memory turn or private exchange.
 import * as broker from "./broker.js";
 import { validateTurn } from "./turn_input.js";
 import { runTurn } from "./turn.js";
 import { log, errorText } from "./log.js";
 import { safeName } from "./names.js";
+import { walk } from "./privacy.js";
 import { READY_TIMEOUT_MS, NEXT_TIMEOUT_MS, RESULT_TIMEOUT_MS, RETRY_SLEEP_MS, TURN_BODY_MAX } from "./limits.js";
 
-export const READY_BODY = { capabilities: {} };
+export function readyBody(state, session) {
+  const { privateHistory } = walk(session.sessionManager.getBranch(), state.memoryTools);
+  return { capabilities: { privateTo: true, readerRecords: true }, privateHistory };
+}
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -25,7 +29,7 @@ async function postResult(turnId, result) {
 
 // once(state, session): one ready/next/run/result round; false when no turn came.
 export async function once(state, session) {
-  const ready = await broker.call("POST", "/worker/ready", { body: READY_BODY, timeoutMs: READY_TIMEOUT_MS });
+  const ready = await broker.call("POST", "/worker/ready", { body: readyBody(state, session), timeoutMs: READY_TIMEOUT_MS });
   if (ready.status !== 200) throw new Error(`the broker answered ${ready.status} for ready`);
   const next = await broker.call("GET", "/worker/next", { timeoutMs: NEXT_TIMEOUT_MS, max: TURN_BODY_MAX });
   if (next.status !== 200) return false;

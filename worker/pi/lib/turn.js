@@ -2,8 +2,11 @@
 //
 // 1. An unknown thinking level gives "unknown thinking level X".
 // 2. Set the turn context (author id, name, principalId).
-// 3. [Bridge refusal: part 2, with reader records.]
-// 4. Set memory and visibility, pin the active tools, set the thinking level.
+// 3. Bridge refusal (14.2): on a claude-bridge model, a raw branch holding a
+//    private-memory turn of another reader, or a privateTo exchange this
+//    reader may not see, ends the turn before any provider call.
+// 4. Set memory and visibility, write the reader record, pin the active
+//    tools, set the thinking level.
 // 5. A 10-minute in-worker abort timer.
 // 6. Prompt with "[<name> (<id>)] <text>" plus the images. A throw, or a run
 //    whose last assistant message ended in an error, gives
@@ -14,6 +17,7 @@
 import { log, errorText, cut } from "./log.js";
 import { writeBridgePrompt } from "./session.js";
 import { codePoints } from "./names.js";
+import { BRIDGE_REFUSAL, bridgeRefused, readerOf } from "./privacy.js";
 import { THINKING_LEVELS, TURN_ABORT_MS, TEXT_MAX, RESULT_ERROR_MAX } from "./limits.js";
 
 function failure(error) { return { ok: false, error: cut(error, RESULT_ERROR_MAX) }; }
@@ -26,6 +30,11 @@ function lastAssistant(session) {
 
 export async function runTurn(state, session, turn) {
   if (!THINKING_LEVELS.includes(turn.thinking)) return failure(`unknown thinking level ${turn.thinking}`);
+  const reader = readerOf(turn.author);
+  if (state.provider === "claude-bridge" && bridgeRefused(session.sessionManager.getBranch(), reader, state.memoryTools)) {
+    log("prompt failed", { turnId: turn.turnId, error: "bridge refusal" });
+    return failure(BRIDGE_REFUSAL);
+  }
   state.turn = turn;
   let toolCalls = 0;
   const unsubscribe = session.subscribe((event) => {
@@ -34,6 +43,7 @@ export async function runTurn(state, session, turn) {
   });
   const timer = setTimeout(() => { void session.abort(); }, TURN_ABORT_MS);
   try {
+    state.recordReader(turn.memory !== "" && turn.memoryVisibility !== "shared");
     state.pinTools();
     session.setThinkingLevel(turn.thinking);
     writeBridgePrompt(state);
@@ -64,6 +74,7 @@ export async function runTurn(state, session, turn) {
   } finally {
     clearTimeout(timer);
     unsubscribe();
+    state.endReaderTurn();
     state.turn = undefined;
   }
 }

@@ -30,12 +30,15 @@ export function referenceImages(workspace, names) {
   });
 }
 
-export async function callHostTool(name, input, signal) {
+// onPrivate(privateTo) is told when the answer carries privateTo (14.2
+// persistence), before an ok=false answer becomes the thrown error.
+export async function callHostTool(name, input, signal, onPrivate = () => {}) {
   const res = await broker.call("POST", `/tools/${name}`, {
     body: { input }, max: TOOL_ANSWER_MAX, timeoutMs: TURN_ABORT_MS, signal,
   });
   if (res.status !== 200) throw new Error(`Broker answered ${res.status}`);
   const answer = broker.json(res.bytes);
+  if (typeof answer?.privateTo === "string" && answer.privateTo.length > 0) onPrivate(answer.privateTo);
   if (!answer || typeof answer !== "object" || answer.ok !== true) {
     throw new Error(typeof answer?.error === "string" && answer.error ? answer.error : "Host tool failed");
   }
@@ -57,13 +60,13 @@ export function brokerToolsExtension(state, tools) {
         label: tool.label ?? tool.name,
         description: tool.description ?? "",
         parameters: tool.parameters ?? { type: "object", properties: {} },
-        async execute(_id, params, signal) {
+        async execute(toolCallId, params, signal) {
           try {
             let input = params ?? {};
             if (tool.name === "image_generate" && input.reference_images !== undefined) {
               input = { ...input, reference_images: referenceImages(state.workspace, input.reference_images) };
             }
-            const result = await callHostTool(tool.name, input, signal);
+            const result = await callHostTool(tool.name, input, signal, (p) => state.privateCalls?.set(toolCallId, p));
             return result;
           } catch (err) {
             log("tool failed", { turnId: state.turn?.turnId, tool: tool.name, error: cut(errorText(err), LOG_ERROR_MAX) });
