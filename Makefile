@@ -16,7 +16,7 @@ CFLAGS   ?= -O2 -g
 HARDEN   ?= -D_FORTIFY_SOURCE=2 -fstack-protector-strong
 WARN     := -Wall -Wextra -Werror -Wmissing-prototypes
 DEPFLAGS := -MMD -MP
-PKGS     := lua5.4 libuv libcurl libcrypto zlib libbrotlidec
+PKGS     := lua5.4 libuv libcurl libcrypto zlib libbrotlidec libutf8proc
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhttp_parser
 SBX_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC $(HARDEN) $(PKG_CFLAGS) $(CFLAGS)

@@ -30,6 +30,7 @@ static const struct {
   {"docker_demux", sbx__open_docker_demux},
   {"fs", sbx__open_fs},
   {"atomic_file", sbx__open_atomic_file},
+  {"dir_handle", sbx__open_dir_handle},
   {"scrub", sbx__open_scrub},
 };
 

@@ -32,6 +32,7 @@ void sbx__open_process(lua_State *L);       /* core.spawn */
 void sbx__open_unix_stream(lua_State *L);   /* core.unix_stream */
 void sbx__open_fs(lua_State *L);            /* core.fs_*, realpath, lock_dir */
 void sbx__open_atomic_file(lua_State *L);   /* core.write_file_atomic, read_file_nofollow */
+void sbx__open_dir_handle(lua_State *L);    /* core.dir_open (handle:write_new, close) */
 void sbx__open_scrub(lua_State *L);         /* core.scrub_diagnostic, scrub_trim, scrub_valid_limit */
 
 #endif

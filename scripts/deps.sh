@@ -33,6 +33,7 @@ chk_libuv()      { pkg-config --exists libuv; }
 chk_libcurl()    { pkg-config --exists libcurl; }
 chk_libcrypto()  { pkg-config --exists libcrypto; }
 chk_decoders()   { pkg-config --exists zlib libbrotlidec; }
+chk_utf8proc()   { pkg-config --exists libutf8proc; }
 chk_httpparser() { [ -f /usr/include/http_parser.h ] && [ -e "$SBX_LIBDIR/libhttp_parser.so" ]; }
 chk_cjson()      {
   [ -f "$SBX_LIBDIR/liblua5.4-cjson.a" ] && have lua5.4 &&
@@ -64,6 +65,7 @@ APT_CHECKS=(
   "libcrypto (OpenSSL)|libssl-dev|chk_libcrypto"
   "zlib + Brotli decoder (safe fetch)|zlib1g-dev libbrotli-dev|chk_decoders"
   "http_parser|libhttp-parser-dev|chk_httpparser"
+  "utf8proc (NFC, rich attachments)|libutf8proc-dev|chk_utf8proc"
   "lua-cjson (5.4)|lua-cjson-dev|chk_cjson"
   "busted (lua5.4)|lua-busted|chk_busted"
   "luarocks (the rockspec check)|luarocks|chk_luarocks"

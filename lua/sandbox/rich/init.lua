@@ -13,10 +13,10 @@
 --   rt:stopBrokers()             rt:runTurn{channel, profile, turnId, author, text, images, signal?}
 --   rich.broker(options)         a channel's broker alone (PiSandboxBroker)
 --   rich.transport{...}          the built-in upstream transport, fetchImpl-shaped
+--   rich.collectAttachments(message, dir, opts)   16.4 (rich/_attachments.lua)
 --
--- Part 2 of the mode (private-exchange projection in the worker, compaction
--- routes, attachment collection and the outbox: sections 14.2, 15, 16.4-16.5)
--- is not here; the host rules of 14.1 are (rich/broker/_privacy.lua).
+-- The host rules of 14.1 live in rich/broker/_privacy.lua; the worker's
+-- half of 14.2, 15.1-15.2 and 16.5 is worker/pi/.
 local broker = require "sandbox.rich.broker"
 local core = require "sandbox.core"
 local docker = require "sandbox.rich.docker"
@@ -79,6 +79,7 @@ function M.broker(opts, seams)
 end
 
 M.dockerDriver = docker.new
+M.collectAttachments = require("sandbox.rich._attachments").collect
 M.transport = transport.curl
 M.channelSegment = require("sandbox.rich._channel").segment
 M.errorText = text.error_text
