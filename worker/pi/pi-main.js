@@ -69,6 +69,7 @@ async function startup() {
   state.turnView = {
     get turnId() { return state.turn?.turnId; },
     get author() { return state.turn ? { ...state.turn.author } : undefined; },
+    get outbox() { return state.outbox; },
   };
   const session = await buildSession(state, content, servers, address.port);
   log("sandbox worker ready", { profile, tools: [...state.activeTools] });

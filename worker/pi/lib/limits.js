@@ -36,3 +36,7 @@ export const REFERENCE_IMAGES_MAX = 4;           // 17.4 image_generate
 export const REFERENCE_EXT = [".png", ".jpg", ".jpeg", ".webp", ".gif"];
 
 export const THINKING_LEVELS = ["low", "medium", "high", "xhigh"];
+
+export const OUTBOX_FILES_MAX = 10;              // 16.5 worker outbox
+export const OUTBOX_FILE_MAX = 10 * MiB;
+export const OUTBOX_TOTAL_MAX = 50 * MiB;

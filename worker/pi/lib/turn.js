@@ -11,12 +11,14 @@
 // 6. Prompt with "[<name> (<id>)] <text>" plus the images. A throw, or a run
 //    whose last assistant message ended in an error, gives
 //    {ok:false, error:"prompt failed: <err>"}.
-// The reply text is trimmed and must be 1-100,000 characters, else the turn
-// output fails ("Worker output failed"). Reply files come with the part-2
-// outbox; this worker sends none.
+// The reply text is trimmed and must be 1-100,000 characters ("Final text
+// bounds exceeded"); the reply files are the turn's outbox (16.5, lib/outbox.js).
+// Either failure is logged "turn output failed" and answered
+// {ok:false, error:"Worker output failed"}.
 import { log, errorText, cut } from "./log.js";
 import { writeBridgePrompt } from "./session.js";
 import { codePoints } from "./names.js";
+import * as outbox from "./outbox.js";
 import { BRIDGE_REFUSAL, bridgeRefused, readerOf } from "./privacy.js";
 import { THINKING_LEVELS, TURN_ABORT_MS, TEXT_MAX, RESULT_ERROR_MAX } from "./limits.js";
 
@@ -34,6 +36,12 @@ export async function runTurn(state, session, turn) {
   if (state.provider === "claude-bridge" && bridgeRefused(session.sessionManager.getBranch(), reader, state.memoryTools)) {
     log("prompt failed", { turnId: turn.turnId, error: "bridge refusal" });
     return failure(BRIDGE_REFUSAL);
+  }
+  try {
+    state.outbox = outbox.prepare(state.workspace, turn.turnId);
+  } catch (err) {
+    log("turn output failed", { turnId: turn.turnId, error: cut(errorText(err), 2000) });
+    return failure("Worker output failed");
   }
   state.turn = turn;
   let toolCalls = 0;
@@ -69,12 +77,21 @@ export async function runTurn(state, session, turn) {
       log("turn output failed", { turnId: turn.turnId, error: "Final text bounds exceeded" });
       return failure("Worker output failed");
     }
+    let files;
+    try {
+      files = outbox.collect(state.outbox);
+    } catch (err) {
+      log("turn output failed", { turnId: turn.turnId, error: cut(err.message, 2000) });
+      return failure("Worker output failed");
+    }
     log("turn finished", { turnId: turn.turnId, thinking: turn.thinking, toolCalls });
-    return { ok: true, text, files: [] };
+    return { ok: true, text, files };
   } finally {
     clearTimeout(timer);
     unsubscribe();
     state.endReaderTurn();
+    if (state.outbox) outbox.finish(state.outbox);
+    state.outbox = undefined;
     state.turn = undefined;
   }
 }
