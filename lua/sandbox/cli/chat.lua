@@ -22,6 +22,7 @@ continues the conversation.
   --channel KEY     channel key, e.g. demo:one
   --speaker S       ID[:NAME[:PRINCIPAL]] of the guest you speak as
   --timeout MS      turn deadline in ms (1000 to 600000)
+  --log-format F    text (default) or json: the operator log on stderr
 
 In the chat:
   /quit, /exit      leave (end of input leaves too, after queued turns)
