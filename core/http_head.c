@@ -294,10 +294,14 @@ int sbx__head_scan(const char *head, size_t len, sbx__head_facts_t *f) {
 
   memset(f, 0, sizeof *f);
   if (head == NULL || len == 0 || len > SBX_MAX_HEAD_BYTES) return -1;
-  if (sbx__head_end(head, len, 0) != len || !lines_ok(head, len)) return -1;
+  if (sbx__head_end(head, len, 0) != len) return -1;
 
-  /* Request line: method SP target SP version CRLF. */
+  /* Request line: method SP target SP version CRLF (its own line ending
+     first, so a framing error is known to be the request line's or the
+     header lines': the audit line says which). */
   eol = memchr(head, '\n', len);
+  if (eol == NULL || eol == head || eol[-1] != '\r' ||
+      memchr(head, '\r', (size_t)(eol - head) - 1) != NULL) return -1;
   line_len = (size_t)(eol - head) - 1;          /* without CRLF; lines_ok: CR */
   sp1 = memchr(head, ' ', line_len);
   if (sp1 == NULL || !is_token(head, (size_t)(sp1 - head))) return -1;
@@ -314,6 +318,7 @@ int sbx__head_scan(const char *head, size_t len, sbx__head_facts_t *f) {
     else if (c < 0x21 || c == 0x7f) return -1;
   }
   f->line_ok = 1;
+  if (!lines_ok(head, len)) return -1;
 
   /* Headers: http_parser over `POST / <version>` + the rest of the head. */
   inlen = sizeof prefix - 1 + (len - (size_t)(ver - head));
