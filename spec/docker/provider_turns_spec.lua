@@ -60,7 +60,7 @@ describe("a sealed turn per provider family on real Docker", function()
       assert.equal(case.text, res.text)
       case.check(reqs, json)
       for _, r in ipairs(reqs) do assert.is_nil(r.body:find(P.KEY, 1, true), "the key is never in a body") end
-      assert.equal("", sh("docker ps -aq --filter ancestor=" .. q(IMAGE)))
+      assert.equal("", sh("docker ps -aq --filter label=roundtable.sandbox.installation=" .. rt.installation))
     end)
   end
 end)
