@@ -6,6 +6,8 @@
 --   common.parse_turn_args(args, extra_flags) -> parsed, speaker | nil, usage error
 --   common.open(cmd, parsed) -> rt, cfg | nil, exit status (reported)
 --   common.report(cmd, err, cfg, config_path)   "sbx <cmd>: <what>" + "  fix: ..."
+--   common.report_turn(cmd, res, settled, cfg, config_path) -> exit status:
+--                      a turn's failure reason and fix (operations.md 1)
 --   common.fix_for(err, cfg, config_path) -> the catalogue's fix, or nil
 --   common.docker() -> the CLI driver (drivers/cli.lua): the docker runner of
 --                      the turns themselves, so doctor and demo ask the daemon
@@ -58,6 +60,31 @@ function M.report(cmd, err, cfg, config_path)
   io.stderr:write("sbx ", cmd, ": ", M.describe(err), "\n")
   local fix = M.fix_for(err, cfg, config_path)
   if fix then io.stderr:write("  fix: ", fix, "\n") end
+end
+
+-- The report of one turn on stderr (spec/operations.md 1): a turn refused
+-- before it started as the catalogue error, else `sbx <cmd>: turn failed:
+-- <reason>`, the provider's status line when there is one and the fix.
+-- Returns the `sbx run` exit status of its class.
+function M.report_turn(cmd, res, settled, cfg, config_path)
+  if not settled then                    -- refused before it started
+    M.report(cmd, res, cfg, config_path)
+    local e = errors.entry(res)
+    local usage = e and (e.name == "MESSAGE" or e.name == "TOO_LARGE" or e.name == "CHANNEL")
+    return usage and errors.EXIT.usage or errors.EXIT.config
+  end
+  if res.ok then return errors.EXIT.ok end
+  io.stderr:write("sbx ", cmd, ": turn failed: ", res.reason, "\n")
+  if res.status then
+    local parts = { "route=" .. tostring(res.route), "status=" .. tostring(res.status) }
+    for _, k in ipairs { "code", "type", "param" } do
+      if res[k] then parts[#parts + 1] = k .. "=" .. res[k] end
+    end
+    io.stderr:write("  upstream: ", table.concat(parts, " "), "\n")
+  end
+  local fix = M.fix_for_reason(res, cfg, config_path)
+  if fix then io.stderr:write("  fix: ", fix, "\n") end
+  return errors.exit_status(res.reason)
 end
 
 -- $TZ as the worker's zone (one leading ':' dropped), or nil for UTC.

@@ -4,7 +4,6 @@
 local async = require "sandbox.async"
 local common = require "sandbox.cli._common"
 local core = require "sandbox.core"
-local errors = require "sandbox.errors"
 
 local M = {}
 
@@ -36,28 +35,6 @@ time zone the worker sees is $TZ (default UTC). Ctrl-C stops the turn.
 Run `sbx doctor CONFIG.lua` first if a turn fails for no visible reason.
 ]==]
 
--- The failure report of one turn on stderr; returns the exit status.
-function M.report(res, settled, cfg, path)
-  if not settled then                    -- refused before it started
-    common.report("run", res, cfg, path)
-    local e = errors.entry(res)
-    local usage = e and (e.name == "MESSAGE" or e.name == "TOO_LARGE" or e.name == "CHANNEL")
-    return usage and errors.EXIT.usage or errors.EXIT.config
-  end
-  if res.ok then return errors.EXIT.ok end
-  io.stderr:write("sbx run: turn failed: ", res.reason, "\n")
-  if res.status then
-    local parts = { "route=" .. tostring(res.route), "status=" .. tostring(res.status) }
-    for _, k in ipairs { "code", "type", "param" } do
-      if res[k] then parts[#parts + 1] = k .. "=" .. res[k] end
-    end
-    io.stderr:write("  upstream: ", table.concat(parts, " "), "\n")
-  end
-  local fix = common.fix_for_reason(res, cfg, path)
-  if fix then io.stderr:write("  fix: ", fix, "\n") end
-  return errors.exit_status(res.reason)
-end
-
 function M.run(args)
   local parsed, speaker = common.parse_turn_args(args)
   if not parsed then
@@ -84,7 +61,7 @@ function M.run(args)
     sig:stop()
     term:stop()
     io.stdout:write(reply, "\n")
-    local code = M.report(res, settled, cfg, path)
+    local code = common.report_turn("run", res, settled, cfg, path)
     pcall(rt.dispose, rt)
     return code
   end)
