@@ -41,7 +41,10 @@
  *
  * Lua is called only from libuv callbacks through sbx__loop(L)->L, never
  * from inside a method (results known at once wait for `tick`), and never
- * once the listener userdata was collected. Nothing here logs a payload,
+ * once the listener userdata was collected. What C refuses on its own (the
+ * connection over the cap, a head past its deadline, a malformed head) is
+ * reported to opts.on_refused(reason, status) as data, for the audit line
+ * (spec/operations.md 3): the reason only, never a byte of the request. Nothing here logs a payload,
  * header value, credential or path.
  */
 #include <errno.h>
@@ -87,6 +90,7 @@ struct slst {
   uint64_t head_ms, idle_ms;
   size_t max_body;
   int on_request_ref;
+  int on_refused_ref;      /* opts.on_refused, or LUA_NOREF */
   int self_ref;            /* the userdata, anchored until stop() */
   sconn_t *conns;
   int nconns;
@@ -159,6 +163,7 @@ static char scratch[READ_CHUNK];    /* body and linger reads; consumed in on_rea
 
 static void start_read(sconn_t *c);
 static void stop_read(sconn_t *c);
+static void reply_plain(sconn_t *c, int status, const char *body);
 static void on_timer(uv_timer_t *t);
 
 /* ---- helpers ----------------------------------------------------------- */
@@ -170,6 +175,28 @@ static void lst_release(slst_t *lst) {
 
 static lua_State *conn_L(sconn_t *c) {
   return c->lst->lua_gone ? NULL : c->lst->lp->L;
+}
+
+/* opts.on_refused(reason, status): "connections" (0: nothing written),
+ * "header_deadline" (0) or "header" (400). The listener stays alive across
+ * the call (a handler may stop it). */
+static void report_refused(slst_t *lst, const char *reason, int status) {
+  lua_State *L;
+  if (lst->on_refused_ref == LUA_NOREF || lst->lua_gone) return;
+  L = lst->lp->L;
+  lst->refs++;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lst->on_refused_ref);
+  lua_pushstring(L, reason);
+  lua_pushinteger(L, status);
+  sbx__pcall(L, 2);
+  lst_release(lst);
+}
+
+/* A head C refuses itself: 400 `bad request`, reported. */
+static void refuse_head(sconn_t *c) {
+  slst_t *lst = c->lst;
+  reply_plain(c, 400, SBX_BODY_BAD_REQUEST);
+  report_refused(lst, "header", 400);
 }
 
 static void arm_timer(sconn_t *c, uint64_t ms) {
@@ -516,7 +543,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b) {
     uv_timer_stop(&c->timer);
     c->state = S_REQ;
     uv_timer_start(&c->probe, on_timer, SBX_HUP_POLL_MS, SBX_HUP_POLL_MS);
-    if (end == 0 || end > SBX_MAX_HEAD_BYTES) { reply_plain(c, 400, SBX_BODY_BAD_REQUEST); return; }
+    if (end == 0 || end > SBX_MAX_HEAD_BYTES) { refuse_head(c); return; }
     c->head_len = end;
     head_complete(c);
     return;
@@ -555,7 +582,11 @@ static void on_timer(uv_timer_t *t) {
     return;
   }
   if (c->state == S_LINGER) conn_teardown(c, "finished");
-  else if (c->state == S_HEAD) conn_teardown(c, "gone");     /* no request yet: silent */
+  else if (c->state == S_HEAD) {                             /* no request yet: silent */
+    slst_t *lst = c->lst;
+    conn_teardown(c, "gone");
+    report_refused(lst, "header_deadline", 0);
+  }
   else conn_teardown(c, "idle");
 }
 
@@ -617,14 +648,14 @@ static void head_complete(sconn_t *c) {
   if (rq == NULL || L == NULL) { free(rq); conn_teardown(c, "destroyed"); return; }
   if (sbx__head_frame(c->buf, c->head_len, rq) != 0 || rq->repeated || rq->total > rq->nfields) {
     free(rq);
-    reply_plain(c, 400, SBX_BODY_BAD_REQUEST);      /* before routing: no Lua, no budget */
+    refuse_head(c);                                  /* before routing: no budget */
     return;
   }
   if (rq->te) {
     f = field(rq, "transfer-encoding");
     if (f == NULL || !sbx__head_name_is(f->value, f->vlen, "chunked")) {
       free(rq);
-      reply_plain(c, 400, SBX_BODY_BAD_REQUEST);
+      refuse_head(c);
       return;
     }
     c->chunked = 1;
@@ -670,7 +701,11 @@ static void on_connection(uv_stream_t *server, int status) {
   slst_t *lst = server->data;
   sconn_t *c;
   if (status < 0 || lst->stopped) return;
-  if (lst->nconns >= lst->max_conns) { sbx__pipe_refuse(server); return; }
+  if (lst->nconns >= lst->max_conns) {
+    sbx__pipe_refuse(server);
+    report_refused(lst, "connections", 0);
+    return;
+  }
   c = calloc(1, sizeof *c);
   if (c == NULL) return;
   c->buf = malloc(SBX_MAX_HEAD_BYTES + 1);
@@ -715,6 +750,7 @@ static void lst_stop(slst_t *lst, lua_State *L, int force) {
   if (lst->lua_gone) L = NULL;
   if (L != NULL) {
     sbx__unref(L, &lst->on_request_ref);
+    sbx__unref(L, &lst->on_refused_ref);
     sbx__unref(L, &lst->self_ref);
   }
   /* Gather first: a handler run by a teardown may end other connections
@@ -753,6 +789,8 @@ static int l_stream_listen(lua_State *L) {
                                     SBX_STREAM_MAX_BODY_BYTES);
   if (lua_getfield(L, 1, "on_request") != LUA_TFUNCTION)
     return luaL_error(L, WHO ": opts.on_request must be a function");
+  if (lua_getfield(L, 1, "on_refused") != LUA_TNIL && !lua_isfunction(L, -1))
+    return luaL_error(L, WHO ": opts.on_refused must be a function");
   if (path_len > SBX_MAX_SOCKET_PATH)
     return sbx__push_failure(L, ENAMETOOLONG, "broker socket path too long");
 
@@ -765,6 +803,7 @@ static int l_stream_listen(lua_State *L) {
   lst->idle_ms = (uint64_t)idle_ms;
   lst->max_body = (size_t)max_body;
   lst->on_request_ref = LUA_NOREF;
+  lst->on_refused_ref = LUA_NOREF;
   lst->self_ref = LUA_NOREF;
   uv_pipe_init(&lp->uv, &lst->server, 0);
   lst->server.data = lst;
@@ -777,7 +816,8 @@ static int l_stream_listen(lua_State *L) {
     snprintf(msg, sizeof msg, "cannot listen on the broker socket: %s", uv_strerror(rc));
     return sbx__push_failure(L, -rc, msg);
   }
-  lst->on_request_ref = sbx__ref(L, -2);
+  lst->on_request_ref = sbx__ref(L, -3);
+  if (lua_isfunction(L, -2)) lst->on_refused_ref = sbx__ref(L, -2);
   sbx__box_bind(box, lst, NULL);                /* the listener outlives its box */
   lst->refs++;                                  /* the userdata's */
   lst->self_ref = sbx__ref(L, -1);

@@ -195,6 +195,38 @@ describe("core.stream_listen (rich-mode.md 8)", function()
     end)
   end)
 
+  describe("refusals C decides, as data", function()
+    it("reports the 17th connection, a late head and a malformed or repeated one to on_refused", function()
+      local refused = {}
+      listen { header_timeout_ms = 150, on_refused = function(reason, status)
+        refused[#refused + 1] = reason .. " " .. status
+      end }
+      async.run(function()
+        local boxes = {}
+        for i = 1, 17 do boxes[i] = start_request(path, "", { keep_open = true, timeout_ms = 5000 }) end
+        assert.is_true(wait_until(function() return #refused >= 1 end, 2000))
+        assert.are.same({ "connections 0" }, refused)
+        -- the 16 held connections never complete a head: each one's deadline is reported
+        assert.is_true(wait_until(function() return #refused >= 17 end, 3000))
+        for _, b in ipairs(boxes) do b.handle:close() end
+        for i = 2, 17 do assert.are.equal("header_deadline 0", refused[i]) end
+        refused = {}
+        exchange(path, request { method = "GET", headers = { "X-A: 1", "x-a: 2" } })
+        exchange(path, "GET /x HTTP/1.1\r\nBad Name: 1\r\n\r\n")
+        exchange(path, "POST /x HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n")
+        assert.are.equal(200, parse(exchange(path, request { method = "GET" }).data).status)
+      end)
+      assert.are.same({ "header 400", "header 400", "header 400" }, refused)
+      assert.are.equal(1, #seen)
+    end)
+
+    it("raises on an on_refused that is not a function", function()
+      assert.has_error(function()
+        core.stream_listen { path = path, on_request = print, on_refused = "x" }
+      end, "stream_listen: opts.on_refused must be a function")
+    end)
+  end)
+
   describe("request bodies", function()
     local results = {}
     local function read_with(limit)

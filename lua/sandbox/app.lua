@@ -42,8 +42,9 @@
 --                     -- (default commands.NOT_OWNER)
 --     failure = "...",  -- the generic owner-command failure panel text
 --                     -- (default commands.FAILED)
---     log = function(level, msg, fields),        -- default runtime.log; the
---                     -- runtime's own turn-failure line goes to runtime.log
+--     log = function(level, msg, fields),        -- where the operator lines go
+--                     -- when the options name no `logger` (default: stderr in
+--                     -- logFormat); the runtime's lines go there too
 --   }
 --
 -- EVENT SHAPE (a message as the host's router sees it; JSON-able)
@@ -120,6 +121,7 @@ local claim = require "sandbox.channels.claim"
 local commands = require "sandbox.channels.commands"
 local errors = require "sandbox.errors"
 local json = require "sandbox.json"
+local log = require "sandbox.log"
 local runtime = require "sandbox.runtime"
 local turn_queue = require "sandbox.channels._queue"
 
@@ -158,9 +160,18 @@ function M.is_app(v)
   return M.mt ~= nil and getmetatable(v) == M.mt
 end
 
+-- The one operator logger: the runtime's once started, else one made from
+-- the same options (spec/operations.md 2).
+function App:_logger()
+  if self.rt then return self.rt.logger end
+  if not self.early_logger then
+    self.early_logger = log.from_options(self.options, self.host and self.host.log or nil)
+  end
+  return self.early_logger
+end
+
 function App:_log(level, msg, fields)
-  local log = self.host and self.host.log or runtime.log
-  pcall(log, level, msg, fields)
+  self:_logger():log(level, msg, fields)
 end
 
 local function require_started(self)
@@ -173,6 +184,7 @@ local function resolve_api_key(o, host)
     if type(o.apiKey) ~= "function" then fail(errors.API_KEY_TYPE) end
     return o.apiKey
   end
+  if o.modelAuth == "none" then return nil end      -- never called (providers.md 1)
   local login = host.hostLogin
   if type(login) ~= "function" then fail(M.E_API_KEY) end
   local provider = o.provider or "openai"
@@ -204,7 +216,8 @@ function App:start(host)
   if self.disposed then fail(runtime.E_BUSY) end
   host = host or {}
   local o = self.options
-  local rt = runtime.new(self:runtime_options(host))                  -- steps 2-3
+  local opts, checked = self:runtime_options(host)
+  local rt = runtime.new(opts, checked, host)                         -- steps 2-3
   local store_path
   local ok, store = pcall(function()
     store_path = channels.state_path(o.stateFile, rt.options.runRoot,   -- steps 4-6
@@ -216,9 +229,7 @@ function App:start(host)
   if not ok then
     local fix = errors.fix(store)
     if fix then
-      self.host = host
-      self:_log("error", M.LOG_STATE, { file = store_path or o.stateFile, fix = fix })
-      self.host = nil
+      rt.logger:error(M.LOG_STATE, { file = store_path or o.stateFile, fix = fix })
     end
     rt:dispose()
     error(store, 0)
@@ -265,12 +276,14 @@ function App:_answer(key, event, speaker)
   end)
   if stop_typing then pcall(stop_typing) end
   if not ok then
-    self:_log("error", runtime.LOG_TURN_FAILED, { channel = key })
+    self:_log("error", runtime.LOG_REFUSED, { channel = key })
     text = runtime.GUEST_FAILED_OR_STOPPED
   end
   local split = self.host.split or claim.split                        -- step 5
   local sok, pieces = pcall(split, text)
   if not sok or type(pieces) ~= "table" then pieces = claim.split(text) end
+  -- the turn's reason is the operator's (its `turn finished` line, and
+  -- rt:run_turn's result through the SANDBOX service), never the guest's
   return { replies = pieces }
 end
 

@@ -22,6 +22,7 @@ continues the conversation.
   --channel KEY     channel key, e.g. demo:one
   --speaker S       ID[:NAME[:PRINCIPAL]] of the guest you speak as
   --timeout MS      turn deadline in ms (1000 to 600000)
+  --log-format F    text (default) or json: the operator log on stderr
 
 In the chat:
   /quit, /exit      leave (end of input leaves too, after queued turns)
@@ -119,7 +120,7 @@ function M.run(args)
       if tty_err then io.stderr:write("\r\27[K") end
       local secs = (core.now() - t0) / 1000
       io.stdout:write("sandbox: ", reply, "\n")
-      if not settled then common.report("chat", res, cfg, path) end
+      if not settled or not res.ok then common.report_turn("chat", res, settled, cfg, path) end
       if tty_err then io.stderr:write(string.format("(%.1fs)\n", secs)) end
       io.stdout:flush()
     end
