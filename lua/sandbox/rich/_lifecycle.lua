@@ -61,7 +61,7 @@ local function new_broker(rt, profile)
     model = prof.model, profile = profile, servers = servers, tools = o.tools, oauthToken = o.oauthToken,
     mcpToken = o.mcp.token, upstream = o.upstream, fetch = rt.fetch, maxCalls = o.maxCalls,
     maxOutputTokens = o.maxOutputTokens, turnTimeoutMs = o.turnTimeoutMs, workerImage = o.image,
-    compaction_engine = o.compaction and o.compaction.engine or nil, logger = rt.log,
+    compaction = o.compaction, logger = rt.log,
     clock = rt.clock, idleMs = rt.idle_ms, audit = rt.audit,
   }
 end

@@ -73,7 +73,7 @@ function M.broker(opts, seams)
     model = o.model, servers = o.servers, tools = o.tools, oauthToken = o.oauthToken, mcpToken = o.mcpToken,
     upstream = o.upstream, fetch = transport.new(o.fetchImpl), maxCalls = o.maxCalls,
     maxOutputTokens = o.maxOutputTokens, turnTimeoutMs = o.turnTimeoutMs, workerImage = o.workerImage,
-    compaction_engine = o.compaction and o.compaction.engine or nil, logger = log.new(o.logger),
+    compaction = o.compaction, logger = log.new(o.logger),
     clock = seams.clock, idleMs = seams.idleMs, headerTimeoutMs = seams.headerTimeoutMs, audit = seams.audit,
   }
 end

@@ -12,8 +12,8 @@
 --   b:execute(request, signal) -> {ok, text, files} | {ok=false, error}   (yields; raises)
 --   b:stop()                              force: every socket destroyed, the server closed
 --
--- Section 15 (compaction) is part 2 of issue 15: its two routes answer 404
--- (a worker that asks falls back to Pi's own summary, 15.2 step 3).
+-- Section 15's two routes are rich/broker/_compaction.lua.
+local compaction = require "sandbox.rich.broker._compaction"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 local log = require "sandbox.rich._log"
@@ -41,7 +41,8 @@ Broker.__index = Broker
 -- cfg (resolved by rich/_options.lua): model, servers = {{name, url, tools,
 -- tool_set}}, tools = {names, set, call}, oauthToken, mcpToken, upstream,
 -- fetch (a fetchImpl-shaped transport), maxCalls, maxOutputTokens,
--- turnTimeoutMs, workerImage, compaction_engine, logger (rich/_log.lua),
+-- turnTimeoutMs, workerImage, compaction ({engine, compact, timeoutMs,
+-- maxRequestBytes}) or compaction_engine alone, logger (rich/_log.lua),
 -- profile; seams for specs and benches: clock = {now, timer}, idleMs,
 -- headerTimeoutMs, audit (a function given one payload-free record per
 -- settled budgeted call {route, ms} and per turn handed out / result
@@ -55,7 +56,8 @@ function M.new(cfg)
     tools = cfg.tools or { names = {}, set = {} }, oauthToken = cfg.oauthToken, mcpToken = cfg.mcpToken,
     upstream = cfg.upstream, fetch = cfg.fetch or transport.new(nil),
     maxCalls = cfg.maxCalls, maxOutputTokens = cfg.maxOutputTokens, turnTimeoutMs = cfg.turnTimeoutMs,
-    workerImage = cfg.workerImage, compaction_engine = cfg.compaction_engine,
+    workerImage = cfg.workerImage, compaction = cfg.compaction,
+    compaction_engine = cfg.compaction_engine or (cfg.compaction and cfg.compaction.engine),
     log = cfg.logger or log.new(nil), clock = clock, idle_ms = cfg.idleMs, header_timeout_ms = cfg.headerTimeoutMs,
     audit = cfg.audit,
     ready = false, caps = { privateTo = false, readerRecords = false }, requirement = false,
@@ -190,8 +192,8 @@ function Broker:_serve(conn)
   end
   if path:sub(1, 8) == "/worker/" and query == nil then return worker.route(self, conn, path) end  -- 2
   if path == "/mcp-tools" and conn.method == "GET" and query == nil then return mcp.discovery(self, conn) end  -- 3
-  if (path == "/compaction/compact" or path == "/compaction/report") and query == nil then  -- 4 (part 2)
-    return conn:reply(404, M.NOT_FOUND)
+  if (path == "/compaction/compact" or path == "/compaction/report") and query == nil then  -- 4
+    return compaction.route(self, conn, path)
   end
   local s = self.bound or self.startup                                               -- 5
   if not scope.usable(s, self.clock.now()) then return conn:reply(410, M.TURN_ENDED) end
