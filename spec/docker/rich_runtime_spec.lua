@@ -152,6 +152,64 @@ describe("rich mode on real Docker (129-131)", function()
     assert.is_true(ok, err)
   end)
 
+  it("B99/B101/B108/B31: a private host result for Ann, then Bo refused on the bridge, then a reply file, through a real container", function()
+    local image = "roundtable-rich2-test-private:" .. PID
+    local ctx = spec_fs.tmpdir("rd-img", dirs, "/tmp")
+    -- The image's content with two host tools: recall (private) and draw (an image, so a reply file).
+    spec_fs.write(ctx .. "/content.ts", [[
+export function workerContent() {
+  return {
+    model: { provider: "claude-bridge", id: "claude-sonnet-4-6" },
+    prompt: "Spec persona.",
+    brokerTools: [
+      { name: "recall", description: "Recall a private note", parameters: { type: "object", properties: {} } },
+      { name: "draw", description: "Draw a picture", parameters: { type: "object", properties: {} } },
+    ],
+  };
+}
+]])
+    spec_fs.write(ctx .. "/Dockerfile", "FROM " .. IMAGE .. "\nCOPY content.ts /app/worker/content.ts\n")
+    os.execute("chmod -R a+rX " .. q(ctx))
+    local out, code = sh("DOCKER_BUILDKIT=0 docker build -q -t " .. q(image) .. " " .. q(ctx))
+    images[#images + 1] = image
+    assert.equal(0, code, out)
+    local PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+    local seen_tools = {}
+    local rt = runtime(image, { tools = { names = { "recall", "draw" }, call = function(name, _, c)
+      seen_tools[#seen_tools + 1] = name
+      if name == "recall" then return { ok = true, text = "Ann's locker code is 7314", privateTo = c.speaker.principalId } end
+      return { ok = true, text = "drawn", image = { data = PNG, mimeType = "image/png" } }
+    end } })
+    local ch = channel()
+    names[#names + 1] = "roundtable-sandbox-" .. rich.channelSegment(ch)
+    local ann = { id = "1", name = "Ann", principalId = "ann" }
+    local r1, r2, r3, calls_after_ann
+    async.run(function()
+      up:reset()
+      up:push { upstream.sse_tool("mcp__custom-tools__recall", {}), upstream.sse_text("I found your note."),
+        upstream.sse_tool("mcp__custom-tools__draw", {}, "toolu_spec_2"), upstream.sse_text("Here is your picture.") }
+      rt:start(ch, "spec")
+      r1 = rt:runTurn { channel = ch, profile = "spec", turnId = "t1", author = ann, text = "what is my code?", images = {} }
+      calls_after_ann = #up:messages()
+      r2 = rt:runTurn { channel = ch, profile = "spec", turnId = "t2", author = { id = "2", name = "Bo", principalId = "bo" },
+        text = "what did Ann ask?", images = {} }
+      assert.equal(calls_after_ann, #up:messages())            -- Bo's turn called no provider
+      r3 = rt:runTurn { channel = ch, profile = "spec", turnId = "t3", author = ann, text = "draw me", images = {} }
+      assert.is_true(rt:broker(ch).requirement)
+      rt:stop(ch)
+    end)
+    assert.is_true(r1.ok, r1.error)
+    assert.equal("I found your note.", r1.text)
+    assert.is_false(r2.ok)
+    assert.matches("claude-bridge cannot replay another reader's private-memory turns or private exchanges", r2.error, 1, true)
+    assert.is_true(r3.ok, r3.error)
+    assert.equal("Here is your picture.", r3.text)
+    assert.equal(1, #r3.files)
+    assert.equal("image.png", r3.files[1].name)
+    assert.equal(core.base64_decode(PNG), r3.files[1].data)
+    assert.same({ "recall", "draw" }, seen_tools)
+  end)
+
   it("B131: a container whose PID 1 ignores SIGTERM is force-removed at the turn deadline", function()
     local image = "roundtable-rich-l-test-sigterm:" .. PID
     local ctx = spec_fs.tmpdir("rd-img", dirs, "/tmp")

@@ -76,6 +76,20 @@ function M.sse_text(text, model)
   return { events = ev }
 end
 
+-- The SSE events of one streamed tool_use message (stop_reason tool_use).
+function M.sse_tool(name, input, id, model)
+  local ev = {
+    { type = "message_start", message = { id = "msg_t", type = "message", role = "assistant", model = model or "claude-sonnet-4-6",
+      content = json.array(), stop_reason = json.null, stop_sequence = json.null, usage = { input_tokens = 3, output_tokens = 1 } } },
+    { type = "content_block_start", index = 0, content_block = { type = "tool_use", id = id or "toolu_spec_1", name = name, input = json.object({}, {}) } },
+    { type = "content_block_delta", index = 0, delta = { type = "input_json_delta", partial_json = json.encode(json.jsonable(input)) } },
+    { type = "content_block_stop", index = 0 },
+    { type = "message_delta", delta = { stop_reason = "tool_use", stop_sequence = json.null }, usage = { output_tokens = 2 } },
+    { type = "message_stop" },
+  }
+  return { events = ev }
+end
+
 -- Raw SSE text of events.
 function M.sse(events)
   local out = {}
