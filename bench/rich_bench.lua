@@ -8,7 +8,7 @@
 -- the built-in libcurl transport. The worker is either a Lua peer speaking
 -- section 10 over the channel's real broker socket (default: one streamed
 -- model call per turn) or, with --docker, the real Pi container of `make
--- image-pi` behind the built-in Docker driver. Per turn (the broker's audit
+-- image-pi` behind the built-in Docker driver. Per turn (the broker's trace
 -- seam gives the call and hand-over times):
 --   turn      runTurn from admission to its reply
 --   worker    from the turn handed out on /worker/next to its result accepted
@@ -80,9 +80,9 @@ local rt = rich({
   driver = driver, fetchImpl = timed_fetch, startTimeoutMs = 120000, turnTimeoutMs = 300000,
   logger = { info = function() end, warn = function() end, error = function(m, f) io.stderr:write(m, " ", tostring(f.message), "\n") end },
 }, {
-  -- a sub-millisecond clock for the audit records (timers keep core.timer)
+  -- a sub-millisecond clock for the trace records (timers keep core.timer)
   clock = { now = function() return core.hrtime() / 1e6 end, timer = core.timer },
-  audit = function(r) records[#records + 1] = r end,
+  trace = function(r) records[#records + 1] = r end,
 })
 
 local function pct(list, p)

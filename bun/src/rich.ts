@@ -130,6 +130,11 @@ export interface PiSandboxRuntimeOptions {
   turnTimeoutMs?: number;
   maxCalls?: number;
   maxOutputTokens?: number;
+  /** The operator log (docs/operations.md): "json" (rich mode's default) or "text" when no logger is given. */
+  logFormat?: "text" | "json";
+  logLevel?: "debug" | "info" | "warn" | "error";
+  /** One payload-free audit line per broker request (default true). */
+  audit?: boolean;
   /** Path of libsbx.so (default: the bridge's, or $SBX_LIB). */
   library?: string;
 }
@@ -149,7 +154,8 @@ export type PiTurnResult =
   | { ok: false; error: string; cause?: string };
 
 const PLAIN = ["partyDir", "image", "profiles", "upstream", "allowHttpMcp", "timeZone", "containerPrefix",
-  "labelChannel", "labelProfile", "startTimeoutMs", "turnTimeoutMs", "maxCalls", "maxOutputTokens"] as const;
+  "labelChannel", "labelProfile", "startTimeoutMs", "turnTimeoutMs", "maxCalls", "maxOutputTokens",
+  "logFormat", "logLevel", "audit"] as const;
 
 const rethrow = (err: unknown): never => rethrowAs(err, {});
 const isFn = (v: unknown): v is (...a: unknown[]) => unknown => typeof v === "function";

@@ -6,7 +6,7 @@
 --
 --   local h = harness.new{ over = {...broker options}, seams = {...}, mcp = {stateful=, require_key=} }
 --   h.b, h.sock, h.up, h.mcp, h.logs (captured logger lines), h.fetched (what fetchImpl saw)
---   h:bind{channel=, speaker=, thinking=} -> release, signal
+--   h:bind{channel=, speaker=, thinking=, turnId=} -> release, signal
 --   h:post(target, body, headers) / h:get(target)  -> {status, headers, body}
 --   h:stop()
 local async = require "sandbox.async"
@@ -67,7 +67,7 @@ function H:bind(t)
   local release = self.b:bind {
     channel = t.channel or "discord:party", profile = t.profile or "main",
     speaker = t.speaker or { id = "123", name = "Ann", principalId = "ann" },
-    thinking = t.thinking or "high", signal = sig, deadline = t.deadline,
+    thinking = t.thinking or "high", signal = sig, deadline = t.deadline, turnId = t.turnId,
   }
   return release, sig
 end

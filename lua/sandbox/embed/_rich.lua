@@ -29,7 +29,8 @@ local json = require "sandbox.json"
 local M = {}
 
 local OPTIONS = { "partyDir", "image", "profiles", "upstream", "allowHttpMcp", "timeZone", "containerPrefix",
-  "labelChannel", "labelProfile", "startTimeoutMs", "turnTimeoutMs", "maxCalls", "maxOutputTokens", "workerImage" }
+  "labelChannel", "labelProfile", "startTimeoutMs", "turnTimeoutMs", "maxCalls", "maxOutputTokens", "workerImage",
+  "logFormat", "logLevel", "audit" }
 
 local function runtimes(self)
   self.riches = self.riches or {}

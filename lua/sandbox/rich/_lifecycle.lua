@@ -49,7 +49,7 @@ local function spec_for(rt, key, profile, p)
   }
 end
 
-local function new_broker(rt, profile)
+local function new_broker(rt, key, profile)
   local o, prof = rt.o, rt.o.profiles[profile]
   local servers = {}
   for i, name in ipairs(prof.mcp) do
@@ -61,8 +61,8 @@ local function new_broker(rt, profile)
     model = prof.model, profile = profile, servers = servers, tools = o.tools, oauthToken = o.oauthToken,
     mcpToken = o.mcp.token, upstream = o.upstream, fetch = rt.fetch, maxCalls = o.maxCalls,
     maxOutputTokens = o.maxOutputTokens, turnTimeoutMs = o.turnTimeoutMs, workerImage = o.image,
-    compaction = o.compaction, logger = rt.log,
-    clock = rt.clock, idleMs = rt.idle_ms, audit = rt.audit,
+    compaction = o.compaction, logger = rt.log, channel = key,
+    clock = rt.clock, idleMs = rt.idle_ms, trace = rt.trace,
   }
 end
 
@@ -80,7 +80,7 @@ local function start_once(rt, key, profile, c)
     if c.broker and recreate then rt.driver.remove(name) end
     if c.broker then c.broker:stop() end
     c.broker, c.profile = nil, nil
-    local b = new_broker(rt, profile)
+    local b = new_broker(rt, key, profile)
     core.fs_rmtree(p.socket)
     local ok, err = b:listen(p.socket)
     if not ok then fail(tostring(err)) end

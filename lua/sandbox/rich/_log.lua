@@ -1,41 +1,49 @@
--- rich/_log.lua: the host logger of rich mode (spec/rich-mode.md 18). The
--- operator's logger is a table of info/warn/error functions called as
--- (message, fields); without one, each line is a JSON object on stderr
--- {"time","level","msg",...fields}. A logger that raises never breaks a turn
--- or a call. No payload or credential is ever a field: callers pass names,
+-- rich/_log.lua: rich mode's face of the engine's one operator logger
+-- (sandbox/log.lua, spec/operations.md 2) and of its call records
+-- (sandbox/ops/record.lua, the audit lines of operations.md 3). Every line
+-- rich mode writes, the messages of spec/rich-mode.md 18 and the broker's
+-- audit lines, goes through one sandbox.log logger:
+--   - the operator's `logger` table (info/warn/error, each (message, fields);
+--     rich-mode.md 3) when given, which gets every line;
+--   - otherwise stderr, one JSON object per line {"time","level","msg",...}
+--     (rich-mode.md 3's default), or the format `logFormat` names ("text" |
+--     "json"; an explicit one is also the core's own lines' format, as for
+--     sandbox{}); `logLevel` filters (default info).
+-- A logger that raises loses that line only; it never breaks a turn or a
+-- call. No payload or credential is ever a field: callers pass names,
 -- statuses, counts and text that went through redact + scrubDiagnostic.
 --
---   log.new(logger) -> L;  L.info(msg, fields), L.warn(...), L.error(...)
+--   local L = log.new(logger, {logFormat=, logLevel=, audit=})
+--   L.info(msg, fields), L.warn(...), L.error(...)
+--   L.logger     the sandbox.log logger;  L.recorder  the call records' recorder,
+--                whose reader writes the audit lines (audit = false: none)
 --   log.upstream_failure(L, fields, ...tokens)   11.6 "sandbox upstream call failed"
-local json = require "sandbox.json"
+local core = require "sandbox.core"
+local lines = require "sandbox.ops.lines"
+local logmod = require "sandbox.log"
+local record = require "sandbox.ops.record"
 local text = require "sandbox.rich._text"
 
 local M = {}
 
 M.UPSTREAM_FAILED = "sandbox upstream call failed"
 M.BODY_CHARS = 2000
+M.DEFAULT_FORMAT = "json"
 
-local function stderr_line(level, msg, fields)
-  local names, values = { "time", "level", "msg" }, { time = os.date("!%Y-%m-%dT%H:%M:%SZ"), level = level, msg = msg }
-  local extra = {}
-  for k in pairs(fields or {}) do if type(k) == "string" and values[k] == nil then extra[#extra + 1] = k end end
-  table.sort(extra)
-  for _, k in ipairs(extra) do names[#names + 1] = k values[k] = json.value(fields[k]) end
-  local line = json.encode(json.object(names, values))
-  if line then io.stderr:write(line, "\n") end
-end
-
-function M.new(logger)
-  local L = {}
+function M.new(logger, o)
+  o = o or {}
+  local lg
+  if logger ~= nil or o.logFormat ~= nil then
+    lg = logmod.new { logger = logger, format = o.logFormat, level = o.logLevel }
+  else
+    -- the page's default, JSON lines on stderr, without changing the
+    -- format of the core's own lines for the rest of the process
+    lg = logmod.new { format = M.DEFAULT_FORMAT, level = o.logLevel, write = core.log_write }
+  end
+  local L = { logger = lg, recorder = record.recorder() }
+  L.recorder:subscribe(lines.reader(lg, { audit = o.audit }))
   for _, level in ipairs { "info", "warn", "error" } do
-    local fn = logger and logger[level]
-    L[level] = function(msg, fields)
-      if fn then
-        local ok = pcall(fn, msg, fields or {})
-        if ok then return end
-      end
-      stderr_line(level, msg, fields)
-    end
+    L[level] = function(msg, fields) lg:log(level, msg, fields) end
   end
   return L
 end

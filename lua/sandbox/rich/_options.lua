@@ -14,10 +14,13 @@
 -- The required options the page names without a message of their own (image,
 -- profiles, oauthToken, effort.judge, and the shape of memory, tools, mcp,
 -- logger and driver) are checked between 8 and 9, so no side effect happens
--- for a refused configuration: "Invalid Pi sandbox option: <name>".
+-- for a refused configuration: "Invalid Pi sandbox option: <name>"; so are
+-- the operator log's options sandbox{} takes too (logFormat, logLevel,
+-- audit: spec/operations.md 2-3), with their own messages.
 local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
+local logmod = require "sandbox.log"
 local runtime_options = require "sandbox.runtime._options"
 
 local M = {}
@@ -184,6 +187,14 @@ local function logger(l)
   return l
 end
 
+-- The operator log's options (spec/operations.md 2-3), with its messages:
+-- logFormat "text" | "json" (default: rich-mode.md 3's JSON lines),
+-- logLevel, audit (default on).
+local function log_options(opts)
+  logmod.check_options { logFormat = opts.logFormat, logLevel = opts.logLevel, audit = opts.audit }
+  return { logFormat = opts.logFormat, logLevel = opts.logLevel, audit = opts.audit }
+end
+
 local function memory(m)
   if m == nil then return { visibility = M.DEFAULTS.memoryVisibility } end
   if type(m) ~= "table" then bad("memory") end
@@ -253,6 +264,7 @@ function M.resolve_broker(opts)
     model = opts.model, servers = servers, tools = b.tools, oauthToken = opts.oauthToken, mcpToken = b.mcp_token,
     upstream = b.upstream, fetchImpl = opts.fetchImpl, maxCalls = b.maxCalls, maxOutputTokens = b.maxOutputTokens,
     turnTimeoutMs = turn_ms, workerImage = opts.workerImage, compaction = b.compaction, logger = logger(opts.logger),
+    log = log_options(opts),
   }
 end
 
@@ -297,6 +309,7 @@ function M.resolve(opts, host)
   if type(opts.effort) ~= "table" or type(opts.effort.judge) ~= "function" then bad("effort.judge") end
   local mem = memory(opts.memory)
   local log = logger(opts.logger)
+  local log_opts = log_options(opts)
   if opts.driver ~= nil and type(opts.driver) ~= "table" then bad("driver") end
   if opts.fetchImpl ~= nil and type(opts.fetchImpl) ~= "function" then bad("fetchImpl") end
   for _, k in ipairs { "labelChannel", "labelProfile" } do
@@ -318,7 +331,7 @@ function M.resolve(opts, host)
     mcp = { servers = b.servers, by_name = b.by_name, token = b.mcp_token },
     upstream = b.upstream, fetchImpl = opts.fetchImpl, allowHttpMcp = b.allowHttpMcp, timeZone = zone,
     containerPrefix = prefix, labelChannel = opts.labelChannel or d.labelChannel,
-    labelProfile = opts.labelProfile or d.labelProfile, driver = opts.driver, logger = log,
+    labelProfile = opts.labelProfile or d.labelProfile, driver = opts.driver, logger = log, log = log_opts,
     compaction = b.compaction, startTimeoutMs = start_ms, turnTimeoutMs = turn_ms,
     maxCalls = b.maxCalls, maxOutputTokens = b.maxOutputTokens, workerImage = opts.workerImage or opts.image,
     uid = uid, gid = gid,

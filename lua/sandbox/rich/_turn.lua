@@ -74,7 +74,7 @@ local function turn_body(rt, t, c, sig, deadline)
   if not b then fail(errors.RICH_NO_BROKER) end
   local release = b:bind {
     channel = key, profile = t.profile, speaker = { id = a.id, name = a.name, principalId = principal },
-    thinking = level, signal = sig, deadline = deadline,
+    thinking = level, signal = sig, deadline = deadline, turnId = t.turnId,
   }
   c.release = release
   local res = b:execute(request, sig)                                                -- 8

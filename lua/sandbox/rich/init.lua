@@ -32,14 +32,15 @@ local M = {}
 local Runtime = {}
 Runtime.__index = Runtime
 
--- options: section 3. `seams` (specs and benches only): {host = {uid, gid,
--- linux}, clock = {now, timer}, idleMs, audit}.
+-- options: section 3, plus the operator log's options of spec/operations.md
+-- 2-3 (logFormat, logLevel, audit). `seams` (specs and benches only): {host
+-- = {uid, gid, linux}, clock = {now, timer}, idleMs, trace}.
 function M.new(opts, seams)
   seams = seams or {}
   local o = options.resolve(opts, seams.host)
   local rt = setmetatable({
-    o = o, chans = {}, log = log.new(o.logger), clock = seams.clock or broker.DEFAULT_CLOCK,
-    idle_ms = seams.idleMs, audit = seams.audit,
+    o = o, chans = {}, log = log.new(o.logger, o.log), clock = seams.clock or broker.DEFAULT_CLOCK,
+    idle_ms = seams.idleMs, trace = seams.trace,
   }, Runtime)
   rt.driver = o.driver or docker.new { labelProfile = o.labelProfile }
   rt.fetch = transport.new(o.fetchImpl)
@@ -73,8 +74,8 @@ function M.broker(opts, seams)
     model = o.model, servers = o.servers, tools = o.tools, oauthToken = o.oauthToken, mcpToken = o.mcpToken,
     upstream = o.upstream, fetch = transport.new(o.fetchImpl), maxCalls = o.maxCalls,
     maxOutputTokens = o.maxOutputTokens, turnTimeoutMs = o.turnTimeoutMs, workerImage = o.workerImage,
-    compaction = o.compaction, logger = log.new(o.logger),
-    clock = seams.clock, idleMs = seams.idleMs, headerTimeoutMs = seams.headerTimeoutMs, audit = seams.audit,
+    compaction = o.compaction, logger = log.new(o.logger, o.log),
+    clock = seams.clock, idleMs = seams.idleMs, headerTimeoutMs = seams.headerTimeoutMs, trace = seams.trace,
   }
 end
 

@@ -14,9 +14,11 @@
 --     first 64 KiB of an error body for the log;
 --   - backpressure: the next chunk is pulled only once the worker's side has
 --     drained (conn:write yields while 16 KiB or more are queued);
---   - the upstream failure log (11.6) for every failure.
+--   - the upstream failure log (11.6) for every failure, and the audit
+--     record's reason and upstream status (rich/broker/_audit.lua).
 -- A failure before the head is written is 502 Broker call failed; after it,
 -- the worker's connection is destroyed (a truncated response).
+local audit = require "sandbox.rich.broker._audit"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local log = require "sandbox.rich._log"
@@ -42,6 +44,11 @@ end
 -- credential (an MCP server with no token getter) has nothing to reflect:
 -- only the 50 MiB bound applies.
 local STREAM_ERRORS = { reflected = errors.RICH_REFLECTED, ["too large"] = errors.RICH_TOO_LARGE }
+-- The audit reason of a stream that broke.
+local BROKEN_REASONS = {
+  [errors.RICH_REFLECTED] = "reflection", [errors.RICH_TOO_LARGE] = "upstream_invalid",
+  ["the worker went away"] = "client_closed",
+}
 
 local function reflection(token)
   local r = {}
@@ -66,31 +73,39 @@ local function reflection(token)
 end
 
 -- o = {scope, label ("model" | "mcp:<server>"), url, headers (map), body,
--- token, signal, started, mcp (boolean)}
+-- token, signal, started, mcp (boolean), call (the admitted call: its
+-- audit record)}
 function M.run(b, conn, o)
+  local call = o.call or { scope = o.scope, signal = o.signal }
   local function failure(f)
     f.channel, f.upstream, f.latencyMs = o.scope.channel, o.label, b.clock.now() - o.started
     log.upstream_failure(b.log, f, o.token)
   end
+  local function why(reason) audit.why(call, reason) end
   local filter = o.token and o.token ~= "" and core.reflect_filter(o.token) or { hit = function() return false end }
   local ok, res = pcall(b.fetch, { method = "POST", url = o.url, headers = o.headers, body = o.body, signal = o.signal })
   if not ok or type(res) ~= "table" then
+    why(o.signal.aborted and audit.aborted(call) or "upstream_unreachable")
     failure({ error = ok and "the transport answered no response" or res })
     return conn:reply(502, M.FAILED)
   end
   local status = res.status
+  if call.rec and math.type(status) == "integer" then call.rec.upstream_status = status end
   local function cancel() if res.cancel then pcall(res.cancel) end end
   if o.signal.aborted then
+    why(audit.aborted(call))
     cancel()
     failure({ status = status, error = "aborted" })
     return conn:reply(502, M.FAILED)
   end
   if math.type(status) == "integer" and status >= 300 and status <= 399 then
+    why("upstream_invalid")
     cancel()
     failure({ status = status, error = "redirect refused" })
     return conn:reply(502, M.FAILED)
   end
   if math.type(status) ~= "integer" or status < 200 or status > 599 then
+    why("upstream_invalid")
     cancel()
     failure({ status = math.type(status) == "integer" and status or nil, error = "status outside 200-599" })
     return conn:reply(502, M.REFUSED)
@@ -99,6 +114,7 @@ function M.run(b, conn, o)
   for name, value in pairs(res.headers or {}) do
     local n = type(name) == "string" and name:lower() or ""
     if n == "content-encoding" and type(value) == "string" and value:lower() ~= "identity" then
+      why("upstream_invalid")
       cancel()
       failure({ status = status, error = "content-encoding " .. value:sub(1, 40) .. " refused" })
       return conn:reply(502, M.FAILED)
@@ -110,6 +126,7 @@ function M.run(b, conn, o)
   end
   table.sort(headers, function(x, y) return x[1] < y[1] end)
   if not conn:start(status, headers) then
+    why("client_closed")
     cancel()
     return
   end
@@ -147,6 +164,7 @@ function M.run(b, conn, o)
     if #out > 0 and not conn:write(out) then broken = "the worker went away" break end
   end
   if broken then
+    why(BROKEN_REASONS[broken] or (broken == "aborted" and audit.aborted(call)) or "upstream_unreachable")
     cancel()
     failure({ status = status, error = broken, body = err_copy and table.concat(err_copy) or nil })
     conn:destroy()
@@ -154,6 +172,7 @@ function M.run(b, conn, o)
   end
   local rest = refl.finish()
   if #rest > 0 and not conn:write(rest) then
+    why("client_closed")
     failure({ status = status, error = "the worker went away" })
     conn:destroy()
     return

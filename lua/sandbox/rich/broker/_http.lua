@@ -15,6 +15,8 @@
 --   conn:write(chunk)     -> true | false (the request ended); yields while
 --                         16 KiB or more are queued unsent (backpressure)
 --   conn:finish()  conn:destroy()  conn:fail() (400 before the head, else destroy)
+--   conn.status, conn.bytes_out   what was written (the audit line's status and
+--                         bytes_out; status 0 while nothing was)
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local signal = require "sandbox.signal"
@@ -29,7 +31,7 @@ Conn.__index = Conn
 local function new_conn(req)
   local c = setmetatable({
     req = req, method = req.method, target = req.target, headers = req.headers or {},
-    signal = signal.new(), drain_waiters = {},
+    signal = signal.new(), drain_waiters = {}, status = 0, bytes_out = 0,
   }, Conn)
   req:on_close(function(reason)
     c.signal:abort(reason or "closed")
@@ -59,18 +61,24 @@ function Conn:body(max, sig)
 end
 
 function Conn:reply(status, body, ctype)
-  return self.req:respond(status, { ["content-type"] = ctype or M.PLAIN }, body or "")
+  body = body or ""
+  local ok = self.req:respond(status, { ["content-type"] = ctype or M.PLAIN }, body)
+  if ok then self.status, self.bytes_out = status, #body end
+  return ok
 end
 
 function Conn:start(status, list)
   local h = {}
   for _, kv in ipairs(list or {}) do h[kv[1]] = kv[2] end
-  return self.req:start(status, h)
+  local ok = self.req:start(status, h)
+  if ok then self.status = status end
+  return ok
 end
 
 function Conn:write(chunk)
   local ok, pressured = self.req:write(chunk)
   if not ok then return false end
+  self.bytes_out = self.bytes_out + #chunk
   if pressured and not self.signal.aborted then
     async.await(function(resume) self.drain_waiters[#self.drain_waiters + 1] = resume end)
   end
@@ -81,11 +89,13 @@ function Conn:finish() return self.req:finish() end
 function Conn:destroy() self.req:destroy() end
 function Conn:fail() self.req:fail() end
 
--- o = {path, on_request(conn), idle_ms?, header_timeout_ms?}: the listener,
--- or nil and the core's message. on_request runs as its own task.
+-- o = {path, on_request(conn), on_refused(reason, status)?, idle_ms?,
+-- header_timeout_ms?}: the listener, or nil and the core's message.
+-- on_request runs as its own task; on_refused (what C refused itself) on
+-- the loop.
 function M.listen(o)
   return core.stream_listen {
-    path = o.path, idle_ms = o.idle_ms, header_timeout_ms = o.header_timeout_ms,
+    path = o.path, idle_ms = o.idle_ms, header_timeout_ms = o.header_timeout_ms, on_refused = o.on_refused,
     on_request = function(req)
       local conn = new_conn(req)
       local task = async.spawn(o.on_request, conn)

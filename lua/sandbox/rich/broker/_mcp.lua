@@ -5,6 +5,7 @@
 -- 403 MCP method refused. The forwarded body is rebuilt ({jsonrpc, method,
 -- id?, params?}), the MCP credential is read on every call, and the answer
 -- streams back under the model route's response rules (_forward.lua).
+local audit = require "sandbox.rich.broker._audit"
 local errors = require "sandbox.errors"
 local forward = require "sandbox.rich.broker._forward"
 local json = require "sandbox.json"
@@ -31,7 +32,10 @@ end
 function M.handle(b, conn, call)
   local s, server = call.scope, call.server
   local body = call.body
-  if not M.allowed(body, server, s.kind == "startup") then return conn:reply(403, M.REFUSED) end
+  if not M.allowed(body, server, s.kind == "startup") then
+    audit.why(call, "payload")
+    return conn:reply(403, M.REFUSED)
+  end
   local forwarded = json.encode(json.object({ "jsonrpc", "id", "method", "params" }, {
     jsonrpc = "2.0", id = body.id, method = body.method, params = body.params,
   }))
@@ -40,8 +44,10 @@ function M.handle(b, conn, call)
     ["accept-encoding"] = "identity",
   }, nil
   if b.mcpToken then
-    token = model.token(b.mcpToken, s, call.signal)
+    local why
+    token, why = model.token(b.mcpToken, s, call.signal)
     if not token then
+      audit.why(call, why or audit.aborted(call))
       log.upstream_failure(b.log, { channel = s.channel, upstream = "mcp:" .. server.name,
         latencyMs = b.clock.now() - call.started, error = errors.RICH_CREDENTIAL })
       return conn:reply(502, forward.FAILED)
@@ -52,10 +58,13 @@ function M.handle(b, conn, call)
     local v = conn.headers[name]
     if type(v) == "string" and #v <= M.MAX_SESSION_HEADER and not v:find("[%c]") then headers[name] = v end
   end
-  if not forwarded then return conn:reply(502, forward.FAILED) end
+  if not forwarded then
+    audit.why(call, "payload")
+    return conn:reply(502, forward.FAILED)
+  end
   return forward.run(b, conn, {
     scope = s, label = "mcp:" .. server.name, url = server.url, headers = headers, body = forwarded,
-    token = token or "", signal = call.signal, started = call.started, mcp = true,
+    token = token or "", signal = call.signal, started = call.started, mcp = true, call = call,
   })
 end
 

@@ -6,6 +6,7 @@
 -- answer (11.5). A refusal is a 400 with the API's error shape and one
 -- failure log line; nothing is sent upstream.
 local anthropic = require "sandbox.rich.broker._anthropic"
+local audit = require "sandbox.rich.broker._audit"
 local credential = require "sandbox.broker._credential"
 local errors = require "sandbox.errors"
 local forward = require "sandbox.rich.broker._forward"
@@ -35,11 +36,13 @@ function M.headers(guest, token)
   return h
 end
 
--- The scope's token, or nil: a getter that raises, answers nil, "" or
--- something unusable as a header value, or the call ending first.
+-- The scope's token, or nil and the audit reason: a getter that raises
+-- (credential_error), answers nil, "" or something unusable as a header
+-- value (credential_missing), or the call ending first (nil).
 function M.token(getter, s, sig)
   local status, value = credential.call_hook(getter, scope.credential_scope(s), sig)
-  if status ~= "ok" or not credential.valid(value) then return nil end
+  if status ~= "ok" then return nil, value == "raised" and "credential_error" or nil end
+  if not credential.valid(value) then return nil, "credential_missing" end
   return value
 end
 
@@ -55,23 +58,26 @@ function M.handle(b, conn, call)
     count_tokens = M.PATHS[path] == "count_tokens",
   })
   if not forced then
+    audit.why(call, "payload")
     failure({ status = 400, error = refusal })
     return conn:reply(400, anthropic.refusal_body(refusal), "application/json")
   end
-  local token = M.token(b.oauthToken, s, call.signal)
+  local token, why = M.token(b.oauthToken, s, call.signal)
   if not token then
+    audit.why(call, why or audit.aborted(call))
     failure({ error = errors.RICH_CREDENTIAL })
     return conn:reply(502, forward.FAILED)
   end
   local encoded = json.encode(forced)
   if not encoded then
+    audit.why(call, "payload")
     failure({ error = "the rebuilt request is not encodable" })
     return conn:reply(502, forward.FAILED)
   end
   local url = b.upstream .. path:sub(#"/anthropic" + 1) .. (call.beta and "?beta=true" or "")
   return forward.run(b, conn, {
     scope = s, label = "model", url = url, headers = M.headers(conn.headers, token), body = encoded,
-    token = token, signal = call.signal, started = started,
+    token = token, signal = call.signal, started = started, call = call,
   })
 end
 

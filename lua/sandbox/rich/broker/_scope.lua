@@ -43,10 +43,12 @@ function M.startup(now)
   }
 end
 
--- ctx = {channel, profile, speaker, thinking, signal, deadline}: copied.
+-- ctx = {channel, profile, speaker, thinking, signal, deadline, turnId?}:
+-- copied (turnId names the turn in the audit lines).
 function M.turn(ctx, max_calls)
   return {
     kind = "turn", channel = ctx.channel, profile = ctx.profile or "",
+    turnId = type(ctx.turnId) == "string" and ctx.turnId or nil,
     speaker = copy_speaker(ctx.speaker), thinking = ctx.thinking or "low",
     signal = ctx.signal or signal.new(), deadline = ctx.deadline,
     remaining = max_calls, active = 0,

@@ -6,6 +6,7 @@
 -- known members only; a privateTo answer raises the privacy requirement, and
 -- an image that cannot keep it private never sees the payload (14.1).
 local async = require "sandbox.async"
+local audit = require "sandbox.rich.broker._audit"
 local errors = require "sandbox.errors"
 local forward = require "sandbox.rich.broker._forward"
 local json = require "sandbox.json"
@@ -40,28 +41,35 @@ end
 function M.handle(b, conn, call)
   local s, name = call.scope, call.name
   local label = "tool:" .. name
-  local function failure(err)
+  local function failure(err, why)
+    audit.why(call, why or "tool_failed")
     log.upstream_failure(b.log, { channel = s.channel, upstream = label, latencyMs = b.clock.now() - call.started, error = err })
     return conn:reply(502, forward.FAILED)
   end
   local input = call.body.input
-  if json.kind(input) ~= "object" then return conn:reply(400, M.BAD_INPUT) end
+  if json.kind(input) ~= "object" then
+    audit.why(call, "payload")
+    return conn:reply(400, M.BAD_INPUT)
+  end
   local sp = s.speaker
   local ctx = {
     channel = s.channel, profile = s.profile, speaker = { id = sp.id, name = sp.name, principalId = sp.principalId },
     thinking = s.thinking, deadline = call.deadline, signal = call.signal,
   }
   local task = async.spawn(b.tools.call, name, input, ctx)
-  if not async.wait_or_abort(task, call.signal) then return failure("aborted") end
+  if not async.wait_or_abort(task, call.signal) then return failure("aborted", audit.aborted(call)) end
   if not task.ok then return failure(task.results[2]) end
   local answer = M.answer(task.results[2])
   if not answer then return failure(errors.RICH_TOOL_OUTPUT) end
   if answer.privateTo ~= nil then
     b.requirement = true
     local problem = worker.enforce(b, s)
-    if problem then return conn:reply(409, problem) end
+    if problem then
+      audit.why(call, "payload")
+      return conn:reply(409, problem)
+    end
   end
-  if call.signal.aborted then return failure("aborted") end
+  if call.signal.aborted then return failure("aborted", audit.aborted(call)) end
   return conn:reply(200, json.encode(answer), "application/json")
 end
 

@@ -100,7 +100,7 @@ end
 local function deliver(b, conn, p)
   p.delivered = true
   if conn:reply(200, p.encoded, "application/json") then
-    b:_audit { event = "delivered", at = b.clock.now() }
+    b:_trace { event = "delivered", at = b.clock.now() }
     return true
   end
   if b.pending == p then p.delivered = false end
@@ -159,7 +159,7 @@ local function result(b, conn)
     local r = v.result
     local out
     if r.ok then out = { ok = true, text = r.text, files = r.files } else out = { ok = false, error = r.error } end
-    b:_audit { event = "result", at = b.clock.now() }
+    b:_trace { event = "result", at = b.clock.now() }
     p.settle(true, out)                                                                          -- 6
     return 200, M.ACCEPTED
   end)

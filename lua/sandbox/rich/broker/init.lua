@@ -13,6 +13,7 @@
 --   b:stop()                              force: every socket destroyed, the server closed
 --
 -- Section 15's two routes are rich/broker/_compaction.lua.
+local audit = require "sandbox.rich.broker._audit"
 local compaction = require "sandbox.rich.broker._compaction"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
@@ -42,11 +43,12 @@ Broker.__index = Broker
 -- tool_set}}, tools = {names, set, call}, oauthToken, mcpToken, upstream,
 -- fetch (a fetchImpl-shaped transport), maxCalls, maxOutputTokens,
 -- turnTimeoutMs, workerImage, compaction ({engine, compact, timeoutMs,
--- maxRequestBytes}) or compaction_engine alone, logger (rich/_log.lua),
--- profile; seams for specs and benches: clock = {now, timer}, idleMs,
--- headerTimeoutMs, audit (a function given one payload-free record per
--- settled budgeted call {route, ms} and per turn handed out / result
--- accepted {event, at}).
+-- maxRequestBytes}) or compaction_engine alone, logger (rich/_log.lua: the
+-- operator logger and the recorder the audit lines come from), profile,
+-- channel (the audit lines'; the scope's when absent); seams for specs and
+-- benches: clock = {now, timer}, idleMs, headerTimeoutMs, trace (a function
+-- given one payload-free record per settled budgeted call {route, ms} and per
+-- turn handed out / result accepted {event, at}).
 function M.new(cfg)
   local clock = cfg.clock or M.DEFAULT_CLOCK
   local servers, by_name = {}, {}
@@ -59,7 +61,7 @@ function M.new(cfg)
     workerImage = cfg.workerImage, compaction = cfg.compaction,
     compaction_engine = cfg.compaction_engine or (cfg.compaction and cfg.compaction.engine),
     log = cfg.logger or log.new(nil), clock = clock, idle_ms = cfg.idleMs, header_timeout_ms = cfg.headerTimeoutMs,
-    audit = cfg.audit,
+    trace = cfg.trace, channel = cfg.channel,
     ready = false, caps = { privateTo = false, readerRecords = false }, requirement = false,
     bound = nil, poll = nil, pending = nil, receiving = false,
   }, Broker)
@@ -73,6 +75,7 @@ function Broker:listen(path)
   local server, err = stream.listen {
     path = path, idle_ms = self.idle_ms, header_timeout_ms = self.header_timeout_ms,
     on_request = function(conn) self:_serve(conn) end,
+    on_refused = function(reason, status) audit.c_refused(self, reason, status) end,
   }
   if not server then return nil, err end
   self.server = server
@@ -115,8 +118,8 @@ function Broker:_rearm()
   return true
 end
 
-function Broker:_audit(record)
-  if self.audit then pcall(self.audit, record) end
+function Broker:_trace(record)
+  if self.trace then pcall(self.trace, record) end
 end
 
 function Broker:stats()
@@ -139,18 +142,28 @@ local function classify(path)
   return nil
 end
 
--- Step 12: the body, at most 96 MiB, strict UTF-8 JSON, 64 levels, an object.
-local function read_object(conn, sig)
-  local bytes = conn:body(M.MAX_BODY, sig)
-  if not bytes then return nil end
+-- Step 12: the body, at most 96 MiB, strict UTF-8 JSON, 64 levels, an
+-- object; or nil and the audit reason.
+local function read_object(conn, sig, rec)
+  local bytes, why = conn:body(M.MAX_BODY, sig)
+  if not bytes then
+    why = tostring(why)
+    if why:find("^EFBIG") then return nil, "body_too_large" end
+    if why:find("^ETIMEDOUT") then return nil, "request_deadline" end
+    if why == "aborted" then return nil, sig.reason == "deadline" and "request_deadline" or "after_turn" end
+    return nil, "client_closed"
+  end
+  rec.bytes_in = #bytes
   local v = json.decode_last(bytes)
-  if json.kind(v) ~= "object" then return nil end
+  if json.kind(v) ~= "object" then return nil, "malformed_json" end
   return v
 end
 
 -- Steps 11-13 of an admitted call, and the slot it holds until it settles.
 function Broker:_call(conn, s, route, path, beta)
   local started = self.clock.now()
+  local call = { scope = s, path = path, beta = beta, started = started }
+  local rec = audit.begin(self, s, audit.route(route.kind, path), call)
   local sig = signal.new()
   local hooks = {
     s.signal:on_abort(function(r) sig:abort(r) end),
@@ -158,10 +171,14 @@ function Broker:_call(conn, s, route, path, beta)
   }
   local deadline = scope.deadline(s, self.turnTimeoutMs)
   local timer = self.clock.timer(math.max(0, math.ceil(deadline - started)), function() sig:abort("deadline") end)
+  call.signal, call.deadline = sig, deadline
   local ok, err = pcall(function()
-    local body = read_object(conn, sig)
-    if not body then return conn:reply(400, M.BAD_INPUT) end
-    local call = { scope = s, path = path, beta = beta, body = body, signal = sig, started = started, deadline = deadline }
+    local body, why = read_object(conn, sig, rec)
+    if not body then
+      rec.reason = why
+      return conn:reply(400, M.BAD_INPUT)
+    end
+    call.body = body
     if route.kind == "model" then
       return model.handle(self, conn, call)
     elseif route.kind == "tool" then
@@ -174,11 +191,18 @@ function Broker:_call(conn, s, route, path, beta)
   timer:stop()
   for _, unhook in ipairs(hooks) do unhook() end
   scope.settle(s)
-  self:_audit { route = route.kind, ms = self.clock.now() - started }
+  self:_trace { route = route.kind, ms = self.clock.now() - started }
   if not ok then
     self.log.error("sandbox broker handler failed", { channel = s.channel, route = route.kind, error = tostring(err):sub(1, 300) })
     conn:fail()
   end
+  audit.finish(self, rec, conn)
+end
+
+-- A refusal before admission (steps 1, 4-10): the answer and its audit line.
+local function refuse(self, conn, s, status, body, reason, route)
+  conn:reply(status, body)
+  audit.refused(self, s, status, reason, route)
 end
 
 -- One request, in the order of section 9.
@@ -188,7 +212,7 @@ function Broker:_serve(conn)
   local path = qpos and target:sub(1, qpos - 1) or target
   local query = qpos and target:sub(qpos + 1) or nil
   if target:find("#", 1, true) or (query ~= nil and query ~= "beta=true") then      -- 1
-    return conn:reply(404, M.NOT_FOUND)
+    return refuse(self, conn, self.bound, 404, M.NOT_FOUND, "query")
   end
   if path:sub(1, 8) == "/worker/" and query == nil then return worker.route(self, conn, path) end  -- 2
   if path == "/mcp-tools" and conn.method == "GET" and query == nil then return mcp.discovery(self, conn) end  -- 3
@@ -196,20 +220,25 @@ function Broker:_serve(conn)
     return compaction.route(self, conn, path)
   end
   local s = self.bound or self.startup                                               -- 5
-  if not scope.usable(s, self.clock.now()) then return conn:reply(410, M.TURN_ENDED) end
+  if not scope.usable(s, self.clock.now()) then
+    return refuse(self, conn, s or self.bound, 410, M.TURN_ENDED, "after_turn")
+  end
   local problem = worker.enforce(self, s)                                             -- 6
-  if problem then return conn:reply(410, problem) end
+  if problem then return refuse(self, conn, s, 410, problem, "after_turn") end
   local route = classify(path)                                                        -- 7
+  local known = route and (route.kind == "model"
+    or (route.kind == "tool" and self.tools.set[route.name])
+    or (route.kind == "mcp" and self.server_by_name[route.name])) and audit.route(route.kind, path) or nil
   if s.kind == "startup" and not (route and route.kind == "mcp") then                 -- 8
-    return conn:reply(410, M.TURN_ENDED)
+    return refuse(self, conn, s, 410, M.TURN_ENDED, "not_bound", known)
   end
-  if conn.method ~= "POST" or route == nil                                            -- 9
-      or (route.kind == "tool" and not self.tools.set[route.name])
-      or (route.kind == "mcp" and not self.server_by_name[route.name])
-      or (route.kind ~= "model" and query ~= nil) then
-    return conn:reply(404, M.NOT_FOUND)
+  if conn.method ~= "POST" or not known or (route.kind ~= "model" and query ~= nil) then  -- 9
+    local why = not known and "unknown_route" or conn.method ~= "POST" and "method" or "query"
+    return refuse(self, conn, s, 404, M.NOT_FOUND, why, known)
   end
-  if not scope.admit(s) then return conn:reply(429, M.BUDGET) end                     -- 10, 11
+  if not scope.admit(s) then                                                          -- 10, 11
+    return refuse(self, conn, s, 429, M.BUDGET, s.remaining <= 0 and "budget" or "busy", known)
+  end
   return self:_call(conn, s, route, path, query ~= nil)                               -- 12, 13
 end
 
