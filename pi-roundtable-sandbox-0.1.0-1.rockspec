@@ -1,7 +1,7 @@
 -- The luarocks description of the engine's Lua side (spec/operations.md 6):
 -- `luarocks --lua-version=5.4 make` in the checkout builds sandbox.core
 -- against the system's libraries (Debian: liblua5.4-dev libuv1-dev
--- libcurl4-openssl-dev libssl-dev zlib1g-dev libbrotli-dev
+-- libcurl4-openssl-dev libssl-dev zlib1g-dev libbrotli-dev libutf8proc-dev
 -- libhttp-parser-dev) through the Makefile (make rock, into build/rock/) and
 -- installs every sandbox.* module and sandbox/core.so into the rock tree
 -- (make install-rock). The sbx CLI, libsbx and the worker image are `make
@@ -30,6 +30,7 @@ external_dependencies = {
   ZLIB = { header = "zlib.h", library = "z" },
   BROTLI = { header = "brotli/decode.h", library = "brotlidec" },
   HTTP_PARSER = { header = "http_parser.h", library = "http_parser" },
+  UTF8PROC = { header = "utf8proc.h", library = "utf8proc" },
 }
 build = {
   type = "make",

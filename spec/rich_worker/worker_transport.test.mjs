@@ -16,7 +16,7 @@ describe("worker loop (10.7)", () => {
     await until(() => w.peer.polls >= 3, "three polls");
     const seq = w.peer.events.filter((e) => e === "POST /worker/ready" || e === "GET /worker/next");
     for (let i = 0; i + 1 < seq.length; i += 2) expect(seq.slice(i, i + 2)).toEqual(["POST /worker/ready", "GET /worker/next"]);
-    expect(w.peer.readies.every((r) => JSON.stringify(r) === '{"capabilities":{}}')).toBe(true);
+    expect(w.peer.readies.every((r) => JSON.stringify(r) === '{"capabilities":{"privateTo":true,"readerRecords":true},"privateHistory":false}')).toBe(true);
   });
 
   test("a failing broker is logged as broker poll failed once, until the next success", async () => {
