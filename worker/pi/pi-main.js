@@ -53,9 +53,10 @@ async function startup() {
   let config = {};
   if (cfg.status === 200) config = broker.json(cfg.bytes) ?? {};
   else if (cfg.status !== 404) throw new Error(`the broker answered ${cfg.status} for config`);
-  // Host compaction (section 15) is part 2: this worker registers no
-  // compaction handler, so Pi's own summary runs either way.
-  log("compaction ready", { hostCompactor: false, ...(config?.compaction ? { hostEngineIgnored: true } : {}) });
+  // Section 15: with {"compaction":{"engine":...}} the worker asks the
+  // host's compactor first (lib/ext/host_compaction.js); with {} only Pi's
+  // own summary runs.
+  log("compaction ready", { hostCompactor: typeof config?.compaction?.engine === "string" });
 
   const profile = process.env.SANDBOX_PROFILE || "";
   const content = await loadContent(profile);
@@ -71,7 +72,7 @@ async function startup() {
     get author() { return state.turn ? { ...state.turn.author } : undefined; },
     get outbox() { return state.outbox; },
   };
-  const session = await buildSession(state, content, servers, address.port);
+  const session = await buildSession(state, content, servers, address.port, config);
   log("sandbox worker ready", { profile, tools: [...state.activeTools] });
   return { state, session };
 }

@@ -40,3 +40,6 @@ export const THINKING_LEVELS = ["low", "medium", "high", "xhigh"];
 export const OUTBOX_FILES_MAX = 10;              // 16.5 worker outbox
 export const OUTBOX_FILE_MAX = 10 * MiB;
 export const OUTBOX_TOTAL_MAX = 50 * MiB;
+
+export const COMPACTION_ANSWER_MAX = 32 * MiB;   // 15.2: the host's /compaction/compact answer
+export const REPORT_TIMEOUT_MS = 5_000;          // 15.2: each /compaction/report

@@ -122,3 +122,29 @@ export function redact(messages, memoryTools = [], also = []) {
   }
   return out;
 }
+
+function withoutReasoning(m) {
+  if (m?.role !== "assistant" || !Array.isArray(m.content)) return m;
+  if (!m.content.some((c) => c?.type === "thinking" || c?.type === "redacted_thinking")) return m;
+  return { ...m, content: m.content.filter((c) => c?.type !== "thinking" && c?.type !== "redacted_thinking") };
+}
+
+// keptForSummary: the kept tail as a summarizer may see it: every private
+// exchange shows its placeholder (no reader sees through), calls keep their
+// ids and names but no arguments, and reasoning is gone.
+export function keptForSummary(messages, memoryTools = []) {
+  return project(messages, undefined, memoryTools).map(withoutReasoning);
+}
+
+// redactPreparation(preparation, kept, memoryTools): Pi's compaction
+// preparation redacted in place (the one object Pi's own summary, the
+// bridge's and the host request all read). A call and its result on
+// different sides of the boundary (the summarized part, the split turn's
+// prefix, the kept tail) are matched across all three.
+export function redactPreparation(preparation, kept, memoryTools = []) {
+  const summarized = preparation.messagesToSummarize ?? [];
+  const prefix = preparation.turnPrefixMessages ?? [];
+  preparation.messagesToSummarize = redact(summarized, memoryTools, [...prefix, ...kept]);
+  preparation.turnPrefixMessages = redact(prefix, memoryTools, [...summarized, ...kept]);
+  return preparation;
+}

@@ -5,11 +5,14 @@
 //   the tmpfs, holding only a bridge config that turns AskClaude off.
 // - Disabled: automatic extensions, skill discovery, prompt templates, themes,
 //   context files and the built-in tools.
-// - Extensions, in order: the claude-bridge provider (the model transport;
-//   first, so host compaction of part 2 can override its compaction result),
+// - Extensions, in order: the claude-bridge provider (the model transport,
+//   first; its session_before_compact takeover is held back and runs only as
+//   host-compaction's fallback, on the redacted preparation),
 //   read-attachment, broker-tools, skills (with skillsDir), speaker-memory
-//   (with private-exchanges, 14.2), the content's extensions, [host-compaction: part 2], the MCP adapter (only
-//   with servers) and active-tools last.
+//   (with private-exchanges, 14.2), the content's extensions,
+//   host-compaction (15, ext/host_compaction.js), the MCP adapter (only with
+//   servers) and active-tools last.
+// - The compaction tier (15.1) is applied once the model is set.
 // - The active tools wait up to 45 s for MCP tools; any still absent fails
 //   startup with "tools are not registered: ...". Thinking defaults to low.
 import { mkdirSync, writeFileSync, readFileSync } from "node:fs";
@@ -22,6 +25,7 @@ import { loadSkills, skillsExtension, skillIndex } from "./ext/skills.js";
 import { speakerMemoryExtension } from "./ext/speaker_memory.js";
 import { privateExchangesExtension } from "./ext/private_exchanges.js";
 import { activeToolsExtension } from "./ext/active_tools.js";
+import { hostCompactionExtension, withoutTakeover } from "./ext/host_compaction.js";
 import { mcpExtension, mcpToolNames } from "./ext/mcp.js";
 import { MCP_WAIT_MS, MCP_POLL_MS } from "./limits.js";
 
@@ -42,8 +46,9 @@ async function loadBridge() {
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-// buildSession(state, content, servers, port) -> AgentSession
-export async function buildSession(state, content, servers, port) {
+// buildSession(state, content, servers, port, config) -> AgentSession
+// config: the broker's /worker/config answer ({compaction:{engine}} or {}).
+export async function buildSession(state, content, servers, port, config = {}) {
   const agentDir = process.env.PI_CODING_AGENT_DIR || "/tmp/pi-agent";
   mkdirSync(agentDir, { recursive: true, mode: 0o700 });
   writeFileSync(join(agentDir, "claude-bridge.json"), JSON.stringify({ askClaude: { enabled: false } }));
@@ -51,8 +56,10 @@ export async function buildSession(state, content, servers, port) {
   const tree = content.skillsDir ? loadSkills(content.skillsDir) : undefined;
   state.promptParts = [content.prompt ?? DEFAULT_PROMPT, tree ? skillIndex(tree.skills) : ""].filter(Boolean);
 
+  const settingsManager = SettingsManager.inMemory({});
+  const takeover = {};
   const factories = [
-    { name: "claude-bridge", factory: await loadBridge() },
+    { name: "claude-bridge", factory: withoutTakeover(await loadBridge(), takeover) },
     { name: "read-attachment", factory: readAttachmentExtension(state) },
     { name: "broker-tools", factory: brokerToolsExtension(state, content.brokerTools) },
   ];
@@ -61,10 +68,11 @@ export async function buildSession(state, content, servers, port) {
   factories.push({ name: "private-exchanges", factory: privateExchangesExtension(state, content.memoryTools) });
   const own = content.extensions ? await content.extensions(state.turnView) : [];
   for (const [i, f] of (own ?? []).entries()) factories.push(typeof f === "function" ? { name: `content-${i}`, factory: f } : f);
+  const engine = typeof config?.compaction?.engine === "string" ? config.compaction.engine : undefined;
+  factories.push({ name: "host-compaction", factory: hostCompactionExtension(state, { engine, memoryTools: content.memoryTools, settings: settingsManager, takeover }) });
   if (servers.length > 0) factories.push({ name: "mcp-adapter", factory: mcpExtension(servers, port) });
   factories.push({ name: "active-tools", factory: activeToolsExtension(state) });
 
-  const settingsManager = SettingsManager.inMemory({});
   const cwd = state.workspace;
   const loader = new DefaultResourceLoader({
     cwd, agentDir, settingsManager,
@@ -88,6 +96,7 @@ export async function buildSession(state, content, servers, port) {
   if (!model) throw new Error(`model ${content.model.provider}/${content.model.id} is not available`);
   await session.setModel(model);
   session.setThinkingLevel("low");
+  state.applyTier(session.model, session.sessionManager.getBranch());
 
   state.activeTools = [
     "read_attachment",

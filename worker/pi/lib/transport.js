@@ -2,7 +2,7 @@
 // 10.7 step 3), forever:
 //   POST /worker/ready (5 s) -> GET /worker/next (55 s; not 200: sleep 250 ms,
 //   back to ready) -> parse (96 MiB) and validate the turn -> run it ->
-//   POST /worker/result (60 s).
+//   (pending compaction reports delivered: 15.2) -> POST /worker/result (60 s).
 // Any exception logs "broker poll failed" once until the next success, then
 // sleeps 250 ms and continues. The ready body declares both privacy
 // capabilities (privateTo projection, reader records: 14.2) and whether the
@@ -42,6 +42,7 @@ export async function once(state, session) {
     return true;
   }
   const result = await runTurn(state, session, turn);
+  await state.flushReports?.();               // 15.2: reports stay inside the bound turn
   await postResult(turn.turnId, result);
   return true;
 }

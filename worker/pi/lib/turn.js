@@ -6,7 +6,7 @@
 //    private-memory turn of another reader, or a privateTo exchange this
 //    reader may not see, ends the turn before any provider call.
 // 4. Set memory and visibility, write the reader record, pin the active
-//    tools, set the thinking level.
+//    tools, set the thinking level and the compaction tier (15.1).
 // 5. A 10-minute in-worker abort timer.
 // 6. Prompt with "[<name> (<id>)] <text>" plus the images. A throw, or a run
 //    whose last assistant message ended in an error, gives
@@ -24,10 +24,8 @@ import { THINKING_LEVELS, TURN_ABORT_MS, TEXT_MAX, RESULT_ERROR_MAX } from "./li
 
 function failure(error) { return { ok: false, error: cut(error, RESULT_ERROR_MAX) }; }
 
-function lastAssistant(session) {
-  const msgs = session.messages;
-  for (let i = msgs.length - 1; i >= 0; i--) if (msgs[i].role === "assistant") return msgs[i];
-  return undefined;
+function assistantText(message) {
+  return (message.content ?? []).filter((c) => c?.type === "text").map((c) => c.text).join("");
 }
 
 export async function runTurn(state, session, turn) {
@@ -45,8 +43,10 @@ export async function runTurn(state, session, turn) {
   }
   state.turn = turn;
   let toolCalls = 0;
+  let reply;                 // this turn's last assistant message (a compaction may rebuild session.messages)
   const unsubscribe = session.subscribe((event) => {
     if (event.type === "tool_execution_end") toolCalls += 1;
+    else if (event.type === "message_end" && event.message?.role === "assistant") reply = event.message;
     else if (event.type === "auto_retry_start") log("model call retried", { attempt: event.attempt, error: cut(event.errorMessage ?? "", 2000) });
   });
   const timer = setTimeout(() => { void session.abort(); }, TURN_ABORT_MS);
@@ -54,8 +54,8 @@ export async function runTurn(state, session, turn) {
     state.recordReader(turn.memory !== "" && turn.memoryVisibility !== "shared");
     state.pinTools();
     session.setThinkingLevel(turn.thinking);
+    state.applyTier(session.model, session.sessionManager.getBranch());
     writeBridgePrompt(state);
-    const before = session.messages.length;
     const images = turn.images.map((i) => ({ type: "image", data: i.data, mimeType: i.mimeType }));
     try {
       await session.prompt(`[${turn.author.name} (${turn.author.id})] ${turn.text}`, {
@@ -66,13 +66,12 @@ export async function runTurn(state, session, turn) {
       log("prompt failed", { turnId: turn.turnId, error: cut(errorText(err), 2000) });
       return failure(`prompt failed: ${errorText(err)}`);
     }
-    const reply = session.messages.length > before ? lastAssistant(session) : undefined;
     if (!reply || reply.stopReason === "error" || reply.stopReason === "aborted") {
       const why = reply?.errorMessage || (reply ? reply.stopReason : "no reply");
       log("model call failed", { turnId: turn.turnId, error: cut(why, 2000) });
       return failure(`prompt failed: ${why}`);
     }
-    const text = (session.getLastAssistantText() ?? "").trim();
+    const text = assistantText(reply).trim();
     if (!text || codePoints(text) > TEXT_MAX) {
       log("turn output failed", { turnId: turn.turnId, error: "Final text bounds exceeded" });
       return failure("Worker output failed");
