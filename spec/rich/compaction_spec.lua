@@ -162,4 +162,34 @@ describe("rich compaction routes (15.3-15.5)", function()
       assert.same({ channel = "discord:party", trigger = "overflow", aborted = true, error = "boom" }, by["compaction failed"])
     end)
   end)
+  it("each compaction request writes one audit line: answered calls (fallbacks too) info, refusals warn with their reason", function()
+    broker(function(req) return { summary = "s", firstKeptEntryId = req.firstKeptEntryId, tokensBefore = 1 } end)
+    local function audits()
+      local out = {}
+      for _, l in ipairs(h.logs) do
+        if l.msg == "broker call" or l.msg == "broker refused" then out[#out + 1] = { l.level, l.msg, l.fields.route, l.fields.status, l.fields.reason } end
+      end
+      return out
+    end
+    async.run(function()
+      h:post("/compaction/report", { type = "bypass", reason = "r", tokensBefore = 1 })
+      h:bind { channel = "discord:party", turnId = "t9" }
+      assert.equal(404, h:get("/compaction/compact").status)
+      assert.equal(200, h:post("/compaction/compact", request()).status)
+      assert.equal(200, h:post("/compaction/report", { type = "bypass", reason = "r", tokensBefore = 1 }).status)
+      assert.equal(400, h:post("/compaction/report", "[1]").status)
+      assert.equal(400, h:post("/compaction/report", { type = "end" }).status)
+    end)
+    assert.same({
+      { "warn", "broker refused", "/compaction/report", 410, "not_bound" },
+      { "warn", "broker refused", "/compaction/compact", 404, "method" },
+      { "info", "broker call", "/compaction/compact", 200, nil },
+      { "info", "broker call", "/compaction/report", 200, nil },
+      { "warn", "broker refused", "/compaction/report", 400, "malformed_json" },
+      { "warn", "broker refused", "/compaction/report", 400, "payload" },
+    }, audits())
+    for _, l in ipairs(h.logs) do
+      if l.msg == "broker call" then assert.equal("t9", l.fields.turn) assert.is_true(l.fields.bytes_in > 0) end
+    end
+  end)
 end)

@@ -9,8 +9,13 @@
 -- request shape; then the callback, raced against turn OR request OR
 -- timeout. Every fallback is 200 {"ok":false,"fallback":reason} and one warn
 -- line. report counts first (the 17th gets 429), reads at most 64 KiB,
--- validates and logs.
+-- validates and logs. Every request writes one audit line (spec/operations.md
+-- 3, through rich/broker/_audit.lua): a refusal (method, not_bound,
+-- after_turn, budget, body_too_large, malformed_json, payload) is "broker
+-- refused"; an answered request, fallbacks included, "broker call" with its
+-- sizes.
 local async = require "sandbox.async"
+local audit = require "sandbox.rich.broker._audit"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 local signal = require "sandbox.signal"
@@ -90,7 +95,7 @@ local function fallback(b, conn, s, reason)
   return conn:reply(200, json.encode(json.object({ "ok", "fallback" }, { ok = false, fallback = reason })), "application/json")
 end
 
-local function compact(b, conn, s)
+local function compact(b, conn, s, rec)
   local c = b.compaction
   if not c then return fallback(b, conn, s, M.NONE) end                                     -- 1
   if b.compacting then return fallback(b, conn, s, M.RUNNING) end                           -- 2
@@ -111,6 +116,7 @@ local function compact(b, conn, s)
   local timer = b.clock.timer(math.floor(timeout), function() timed_out = true sig:abort("timeout") end)
   local function done() timer:stop() for _, u in ipairs(hooks) do u() end end
   local bytes, why = conn:body(c.maxRequestBytes, sig)                                       -- 6
+  if bytes then rec.bytes_in = #bytes end
   if not bytes then
     done()
     if why ~= "aborted" and why ~= "closed" then return fallback(b, conn, s, over) end
@@ -159,12 +165,17 @@ function M.report_ok(r)
   return r.error == nil or chars_within(r.error, 0, 10000)
 end
 
-local function report(b, conn, s)
+local function report(b, conn, s, rec)
   s.reports = (s.reports or 0) + 1
-  if s.reports > M.MAX_REPORTS then return conn:reply(429, M.REPORTS) end
-  local bytes = conn:body(M.REPORT_MAX)
+  if s.reports > M.MAX_REPORTS then rec.reason = "budget" return conn:reply(429, M.REPORTS) end
+  local bytes, why = conn:body(M.REPORT_MAX)
+  if bytes then rec.bytes_in = #bytes end
   local r = bytes and json.decode_last(bytes)
-  if not M.report_ok(r) then return conn:reply(400, M.BAD_REPORT) end
+  if not M.report_ok(r) then
+    if not bytes then rec.reason = tostring(why):find("^EFBIG") and "body_too_large" or "client_closed"
+    else rec.reason = kind(r) == "object" and "payload" or "malformed_json" end
+    return conn:reply(400, M.BAD_REPORT)
+  end
   if r.type == "bypass" then
     b.log.info("compaction skips the extension for Pi's summary", { channel = s.channel, reason = r.reason,
       tokensBefore = r.tokensBefore, ceiling = M.CEILING })
@@ -182,11 +193,24 @@ local function report(b, conn, s)
 end
 
 function M.route(b, conn, path)
-  if conn.method ~= "POST" then return conn:reply(404, "Not found") end
+  local route = audit.route("compaction", path)
+  if conn.method ~= "POST" then
+    conn:reply(404, "Not found")
+    return audit.refused(b, b.bound, 404, "method", route)
+  end
   local s = turn_scope(b)
-  if not s then return conn:reply(410, M.TURN_ENDED) end
-  if path == "/compaction/compact" then return compact(b, conn, s) end
-  return report(b, conn, s)
+  if not s then
+    conn:reply(410, M.TURN_ENDED)
+    return audit.refused(b, b.bound, 410, b.bound and "after_turn" or "not_bound", route)
+  end
+  local rec = audit.begin(b, s, route, {})
+  local ok, err = pcall(path == "/compaction/compact" and compact or report, b, conn, s, rec)
+  if not ok then
+    b.log.error("sandbox broker handler failed", { channel = s.channel, route = "compaction", error = tostring(err):sub(1, 300) })
+    conn:fail()
+  end
+  if rec.reason then rec.accepted = false end                -- a refusal line carries no sizes
+  audit.finish(b, rec, conn)
 end
 
 return M
