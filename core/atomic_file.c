@@ -46,20 +46,6 @@
 #define ATOMIC_TMP_SUFFIX ".tmp"
 #define ATOMIC_READ_MAX ((lua_Integer)64 * 1024 * 1024)
 
-/* Writes all n bytes; 0 or an errno value. */
-static int write_all(int fd, const char *buf, size_t n) {
-  while (n > 0) {
-    ssize_t w = write(fd, buf, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    buf += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
 /* fsync of the directory holding path (the rename's durability). */
 static int fsync_parent(const char *path, size_t len) {
   char dir[PATH_MAX];
@@ -107,7 +93,7 @@ static int l_write_file_atomic(lua_State *L) {
     return sbx__push_error(L, EINVAL, "temp file is not a service-owned regular file");
   }
   if (err == 0 && fchmod(fd, 0600) != 0) err = errno;
-  if (err == 0) err = write_all(fd, bytes, blen);
+  if (err == 0) err = sbx__write_all(fd, bytes, blen);
   if (err == 0 && fsync(fd) != 0) err = errno;
   if (close(fd) != 0 && err == 0) err = errno;
   if (err != 0) {
@@ -171,7 +157,7 @@ static int l_write_file_new(lua_State *L) {
   luaL_argcheck(L, mode >= 0 && mode <= 0777, 3, "mode out of range");
   int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, (mode_t)mode);
   if (fd < 0) return sbx__push_error(L, errno, NULL);
-  int err = write_all(fd, bytes, blen);
+  int err = sbx__write_all(fd, bytes, blen);
   if (close(fd) != 0 && err == 0) err = errno;
   if (err != 0) {
     unlink(path);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "aux.h"
 
@@ -38,6 +39,14 @@ void sbx__class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFu
     lua_pushcfunction(L, gc);
     lua_setfield(L, -2, "__gc");
   }
+  lua_pop(L, 1);
+}
+
+void sbx__class_closable(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc) {
+  sbx__class(L, name, methods, gc);
+  luaL_getmetatable(L, name);
+  lua_pushcfunction(L, gc);
+  lua_setfield(L, -2, "__close");
   lua_pop(L, 1);
 }
 
@@ -264,4 +273,19 @@ void sbx__ignore_sigpipe(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGPIPE, &sa, NULL);
   }
+}
+
+/* ---- files -------------------------------------------------------------------- */
+
+int sbx__write_all(int fd, const char *buf, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, buf, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    buf += w;
+    n -= (size_t)w;
+  }
+  return 0;
 }

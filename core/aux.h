@@ -34,6 +34,8 @@ void sbx__unref(lua_State *L, int *ref);
 /* Registers metatable `name` once: __index = a table of `methods`, __gc =
  * gc. Leaves the stack as it was. */
 void sbx__class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc);
+/* The same, with __close = gc too (a handle a `local x <close>` may hold). */
+void sbx__class_closable(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc);
 
 /*
  * A box is the Lua face of a C object whose memory libuv (or curl) owns: a
@@ -113,6 +115,12 @@ int sbx__errno_from_name(const char *name);
  * when len + n would pass max (nothing changes), or -ENOMEM.
  */
 int sbx__reserve(char **buf, size_t *cap, size_t len, size_t n, size_t start, size_t max);
+
+/* ---- files -------------------------------------------------------------------- */
+
+/* Writes all n bytes to fd, again after EINTR and short writes; 0 or the
+ * errno of the failed write. */
+int sbx__write_all(int fd, const char *buf, size_t n);
 
 /* ---- process ---------------------------------------------------------------- */
 

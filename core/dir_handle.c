@@ -52,19 +52,6 @@ static int valid_component(const char *name, size_t len) {
   return !(strcmp(name, ".") == 0 || strcmp(name, "..") == 0);
 }
 
-static int write_all(int fd, const char *buf, size_t n) {
-  while (n > 0) {
-    ssize_t w = write(fd, buf, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    buf += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
 static int l_dir_open(lua_State *L) {
   size_t plen;
   const char *path = sbx__check_path(L, 1, &plen);
@@ -87,7 +74,7 @@ static int l_write_new(lua_State *L) {
   if (!valid_component(name, nlen)) return sbx__push_error(L, EINVAL, "not a single file name");
   int fd = openat(h->fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, (mode_t)mode);
   if (fd < 0) return sbx__push_error(L, errno, NULL);
-  int err = write_all(fd, bytes, blen);
+  int err = sbx__write_all(fd, bytes, blen);
   if (close(fd) != 0 && err == 0) err = errno;
   if (err != 0) {
     unlinkat(h->fd, name, 0);
@@ -118,16 +105,7 @@ static int l_utf8_nfc(lua_State *L) {
 
 void sbx__open_dir_handle(lua_State *L) {
   static const luaL_Reg methods[] = {{"write_new", l_write_new}, {"close", l_close}, {NULL, NULL}};
-  luaL_newmetatable(L, DIR_HANDLE_MT);
-  luaL_newlib(L, methods);
-  lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, l_close);
-  lua_setfield(L, -2, "__gc");
-  lua_pushcfunction(L, l_close);
-  lua_setfield(L, -2, "__close");
-  lua_pop(L, 1);
-  lua_pushcfunction(L, l_dir_open);
-  lua_setfield(L, -2, "dir_open");
-  lua_pushcfunction(L, l_utf8_nfc);
-  lua_setfield(L, -2, "utf8_nfc");
+  static const luaL_Reg funcs[] = {{"dir_open", l_dir_open}, {"utf8_nfc", l_utf8_nfc}, {NULL, NULL}};
+  sbx__class_closable(L, DIR_HANDLE_MT, methods, l_close);
+  luaL_setfuncs(L, funcs, 0);
 }

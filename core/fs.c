@@ -266,10 +266,6 @@ void sbx__open_fs(lua_State *L) {
     {"fs_mkdir_p", l_mkdir_p}, {"realpath", l_realpath}, {"fs_mkdtemp", l_mkdtemp},
     {"fs_rmtree", l_rmtree}, {"fs_readdir", l_readdir}, {"lock_dir", l_lock_dir},
     {NULL, NULL}};
-  sbx__class(L, LOCK_MT, lock_methods, lock_release);
-  luaL_getmetatable(L, LOCK_MT);
-  lua_pushcfunction(L, lock_release);
-  lua_setfield(L, -2, "__close");
-  lua_pop(L, 1);
+  sbx__class_closable(L, LOCK_MT, lock_methods, lock_release);
   luaL_setfuncs(L, fns, 0);
 }
