@@ -15,6 +15,13 @@
 --                     from ANTHROPIC_OAUTH_TOKEN
 --   logDriver         a Docker log driver instead of journald (e.g. "local"
 --                     on hosts without systemd-journald)
+--
+-- Host tools: clock (public), note (the speaker's private note: its result
+-- carries privateTo, so only that principal's turns see it; on the
+-- claude-bridge model another speaker's next turn is refused, spec/rich-mode.md
+-- 14) and draw (an image, which the worker saves as the reply file
+-- image.png, 16.5). The worker learns of them from its content module
+-- (examples/rich-content.ts, baked into a derived image by rich-host.ts).
 local sandbox = require "sandbox"
 local rich = sandbox.rich
 
@@ -54,9 +61,19 @@ return rich {
     promptBlock = function(channel) return "This is the " .. channel .. " channel's table." end,
   },
   tools = {
-    names = { "clock" },
+    names = { "clock", "note", "draw" },
     call = function(name, input, ctx)
       if ctx.signal.aborted then return { ok = false, error = "cancelled" } end
+      if name == "note" then
+        -- A private result: stored with details.privateTo in the session and
+        -- hidden from every other reader.
+        return { ok = true, text = ctx.speaker.name .. "'s note: the locker code is 7314",
+          privateTo = ctx.speaker.principalId }
+      elseif name == "draw" then
+        -- A 1x1 PNG; the worker turns a tool image into a reply file.
+        return { ok = true, text = "drawn", image = { mimeType = "image/png",
+          data = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==" } }
+      end
       return { ok = true, text = os.date("!%Y-%m-%dT%H:%M:%SZ") }
     end,
   },
