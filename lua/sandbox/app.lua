@@ -120,6 +120,7 @@ local claim = require "sandbox.channels.claim"
 local commands = require "sandbox.channels.commands"
 local errors = require "sandbox.errors"
 local json = require "sandbox.json"
+local reply_text = require "sandbox.channels._reply_text"
 local runtime = require "sandbox.runtime"
 local turn_queue = require "sandbox.channels._queue"
 
@@ -131,9 +132,10 @@ M.DEFAULT_TIME_ZONE = "UTC"
 M.E_API_KEY = errors.API_KEY_REQUIRED
 M.E_NOT_STARTED = errors.NOT_STARTED
 M.LOG_STATE = "routing state could not be opened"
+M.LOG_REFUSED = "turn refused"
 
 -- Options of `sandbox{}` that the runtime does not take (2.1).
-local APP_ONLY = { stateFile = true, initialChannels = true, provider = true }
+local APP_ONLY = { stateFile = true, initialChannels = true, provider = true, maxQueuedTurns = true }
 
 local App = {}
 M.App = App
@@ -225,7 +227,7 @@ function App:start(host)
   end
   self.host, self.rt, self.store = host, rt, store
   self.root = host.rootCommand or commands.DEFAULT_ROOT
-  self.queue = turn_queue.new()
+  self.queue = turn_queue.new { max = o.maxQueuedTurns }
   self.services = {                                                   -- step 8
     SANDBOX = { id = M.SERVICE_ID, channels = store, runtime = rt },
     lifecycle = {                                                     -- step 9
@@ -268,20 +270,37 @@ function App:_answer(key, event, speaker)
     self:_log("error", runtime.LOG_TURN_FAILED, { channel = key })
     text = runtime.GUEST_FAILED_OR_STOPPED
   end
-  local split = self.host.split or claim.split                        -- step 5
-  local sok, pieces = pcall(split, text)
-  if not sok or type(pieces) ~= "table" then pieces = claim.split(text) end
-  return { replies = pieces }
+  return self:_replies(text)                                          -- step 5
 end
 
--- Runs the decided action. Inside a task.
+-- The reply pieces of a guest-visible text (the host's splitter, §9.3 step
+-- 5) and, with mentions = "neutral", the allowedMentions the chat adapter
+-- passes on (shared/spec/hardening.md 6).
+function App:_replies(text)
+  local split = self.host.split or claim.split
+  local sok, pieces = pcall(split, text)
+  if not sok or type(pieces) ~= "table" then pieces = claim.split(text) end
+  local out = { replies = pieces }
+  if self.rt.options.mentions == "neutral" then out.allowedMentions = reply_text.ALLOWED_MENTIONS() end
+  return out
+end
+
+-- Runs the decided action. Inside a task. A mention beyond the channel's
+-- queue bound (maxQueuedTurns, 2 per speaker; shared/spec/hardening.md 4)
+-- is not queued: the guest gets the busy text and the operator the audit
+-- line `turn refused reason=queue_full`.
 function App:handle(event, admission)
   local d = self:claim(event, admission)
   if d.action == "command" then return self:command(event, admission) end
   if d.action ~= "answer" then return nil end
   local key = claim.key(event)
   local speaker = claim.admit(event, admission)
-  return self.queue:run(key, self._answer, self, key, event, speaker)
+  local res, full = self.queue:run_turn(key, speaker.id, self._answer, self, key, event, speaker)
+  if full then
+    self:_log("warn", M.LOG_REFUSED, { channel = key, reason = errors.entry(errors.QUEUE_FULL).reason })
+    return self:_replies(runtime.GUEST_BUSY)
+  end
+  return res
 end
 
 function App:_is_owner(event, admission)

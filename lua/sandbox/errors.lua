@@ -71,6 +71,19 @@ M.catalogue = {
     fix = "stop the other process that uses this runRoot (a bot or another sbx), "
       .. "or give this one its own runRoot and workspaceRoot" },
   { name = "HOST_TABLE", message = "sandbox host must be a table" },
+
+  -- Hardening options (shared/spec/hardening.md 1-6)
+  { name = "SECCOMP_MISSING", message = "seccomp profile missing: ", prefix = true,
+    fix = "restore worker/seccomp.json from the project (it ships with the image's build context), "
+      .. "or set seccompProfile to the absolute path of a readable profile" },
+  { name = "SECCOMP_INVALID", message = "seccomp profile invalid: ", prefix = true,
+    fix = "the file must be a Docker seccomp profile (a JSON object with defaultAction and syscalls); "
+      .. "restore worker/seccomp.json from the project" },
+  { name = "WORKSPACE_QUOTA_OPTION", message = "workspaceQuotaMb must be 1 to 1048576" },
+  { name = "DISK_RESERVE_OPTION", message = "diskReserveMb must be 0 to 1048576" },
+  { name = "MAX_QUEUED_OPTION", message = "maxQueuedTurns must be 1 to 1000" },
+  { name = "MENTIONS_OPTION", message = 'mentions must be "neutral" or "allow"' },
+  { name = "MAX_REPLY_OPTION", message = "maxReplyChars must be 1 to 100000" },
   { name = "NOT_STARTED", message = "sandbox is not started" },
 
   -- The container's arguments (spec/runtime.md 4.2, 4.4)
@@ -115,6 +128,27 @@ M.catalogue = {
     reason = "cleanup_failed",
     fix = function(ctx) return string.format("run `sbx cleanup %s --force`", config_of(ctx)) end },
 
+  -- A hostile guest's channel (shared/spec/hardening.md 2-4, 8)
+  { name = "WORKSPACE_QUOTA", message = "sandbox workspace is over its quota", reason = "workspace_quota",
+    fix = function(ctx)
+      return string.format("an operator must free space in this channel's workspace%s (or raise workspaceQuotaMb); "
+        .. "the channel's turns are refused until it is under the quota",
+        ctx.workspace and (" " .. ctx.workspace) or (ctx.workspaceRoot and (" under " .. ctx.workspaceRoot) or ""))
+    end },
+  { name = "DISK_LOW", message = "sandbox disk space is below diskReserveMb", reason = "disk_low",
+    fix = "an operator must free space on the filesystem of workspaceRoot/runRoot (every channel's turns are "
+      .. "refused until free space is above diskReserveMb), and should give each workspace a filesystem quota" },
+  { name = "QUEUE_FULL", message = "sandbox channel queue is full", reason = "queue_full",
+    fix = "a guest is flooding the channel; raise maxQueuedTurns only if the channel is really this busy" },
+  { name = "HOST_DESCRIPTORS", message = "sandbox host is out of file descriptors", reason = "host_descriptors",
+    fix = "raise the service's hard descriptor limit (LimitNOFILE= / ulimit -Hn) or run fewer channels at once" },
+  { name = "MEMORY_STORE_REPAIRED", message = "the worker moved an invalid memory.json aside", reason = "memory_store",
+    fix = "the channel's memory.json was invalid (a compromised turn, or hand editing); the worker kept it as "
+      .. "memory.json.invalid-<time> in the workspace and started an empty store" },
+  { name = "HISTORY_REPAIRED", message = "the worker moved an invalid history.json aside", reason = "history",
+    fix = "the channel's history.json was invalid; the worker kept it as history.json.invalid-<time> in the "
+      .. "workspace and started an empty history" },
+
   -- The precheck script runner (spec/precheck.md 2.1, 2.2, 4); it also
   -- raises LINUX, ROOT_PATH, ROOT_PRIVATE, USER, SOCKET_TOO_LONG, NAME_IMAGE,
   -- ENTRYPOINT, LIMITS, MOUNT_PATH, BODY_TOO_LARGE, WORKER and CLEANUP.
@@ -154,7 +188,8 @@ M.catalogue = {
   { name = "STATE_INVALID", message = "invalid sandbox channel state",
     fix = "the file must be a JSON array of channel keys such as "
       .. '["discord:123456789"]; restore it from a backup or remove it to start from initialChannels' },
-  { name = "STATE_SAVE", message = "routing state could not be saved" },
+  { name = "STATE_SAVE", message = "routing state could not be saved", reason = "state_write_failed",
+    fix = "the state file was left as it was; free space on (or fix) the state directory's filesystem and retry" },
   { name = "STATE_DIR", message = "routing state directory must be private and service-owned",
     fix = "chown the directory to the service user and chmod it 0700" },
   { name = "STATE_FILE", message = "routing state must be a service-owned regular file",

@@ -10,6 +10,7 @@ local broker = require "sandbox.broker"
 local broker_config = require "sandbox.broker._config"
 local errors = require "sandbox.errors"
 local options = require "sandbox.runtime._options"
+local turn_queue = require "sandbox.channels._queue"
 
 local M = {}
 
@@ -17,7 +18,8 @@ M.OPTIONS = {
   image = true, runRoot = true, workspaceRoot = true, stateFile = true, initialChannels = true,
   provider = true, model = true, modelUrl = true, apiKey = true, prompt = true, tools = true,
   mcp = true, uid = true, gid = true, limits = true, turnTimeoutMs = true, driver = true,
-  allowHttp = true,
+  allowHttp = true, seccompProfile = true, workspaceQuotaMb = true, diskReserveMb = true,
+  mentions = true, maxReplyChars = true, maxQueuedTurns = true,
 }
 
 M.DEFAULT_TURN_TIMEOUT_MS = options.DEFAULT_TURN_TIMEOUT_MS
@@ -38,11 +40,14 @@ function M.new(opts)
   if opts.apiKey ~= nil and type(opts.apiKey) ~= "function" then fail(errors.API_KEY_TYPE) end
   options.check_prompt(opts.prompt)
   local timeout = options.check_turn_timeout(opts.turnTimeoutMs)
+  options.check_hardening(opts)
+  local max_queued = turn_queue.check_max(opts.maxQueuedTurns)
   -- The throw-away broker check of spec/runtime.md 3.1 step 14: no socket.
   local cfg = broker_config.check(opts)
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
   o.turnTimeoutMs = timeout
+  o.maxQueuedTurns = max_queued
   o.provider = o.provider or "openai"
   return app.wrap({ options = o, broker_config = cfg }, Config)
 end

@@ -3,6 +3,8 @@
 -- objects keep member order, and JSON null is json.null, never nil.
 --
 --   json.decode(s) / json.encode(v[, max]) / json.utf8_valid(s)   the core's
+--   json.decode_shape(s, shape[, max_values])   one flat object of known
+--                     scalar members, refused before building anything else
 --   json.object(names, values) / json.array(list)   values that encode in order
 --   json.kind(v) / json.is_object(v) / json.is_array(v) / json.keys(o) / json.count(v)
 --   json.plain(v)     decoded JSON -> plain Lua tables (null members left out)
@@ -14,6 +16,7 @@ local core = require "sandbox.core"
 local M = {
   null = core.json_null,
   decode = core.json_decode,
+  decode_shape = core.json_decode_shape,
   encode = core.json_encode,
   utf8_valid = core.utf8_valid,
 }

@@ -2,14 +2,17 @@
 -- the bounded tool loop over the broker socket, one reply object on stdout.
 --
 --   worker.main()                     the binary's entry: stdin -> stdout + exit status
---   worker.run_turn(bytes, seams)     -> reply {ok, text}, exit status, internal error
+--   worker.run_turn(bytes, seams)     -> reply {ok, text [, reason]}, exit status, internal error
+--     reply.reason is "memory_store" or "history" when the turn went on after
+--     moving an invalid store aside (shared/spec/hardening.md 8; the first
+--     of the two when both were)
 --     seams.workspace  directory (default "/workspace")
 --     seams.broker     function(route, body_bytes) -> 200, decoded body
 --                        | status, {error="broker refused"} | nil, message
 --                      (default: broker_client.request over sbxw.broker_request);
 --                      it may yield, so run_turn may run inside a coroutine
 --     seams.clock      function() -> epoch seconds (default sbxw.now)
---   worker.encode_reply(reply)        -> the compact {"ok":..,"text":..} bytes
+--   worker.encode_reply(reply)        -> the compact {"ok":..,"text":..[,"reason":..]} bytes
 --
 -- Internal error strings (third result) exist for the specs; the reply on
 -- any failure is the one generic failed text.
@@ -57,9 +60,13 @@ local function run(bytes, seams)
   local call = broker_client.caller(seams.broker or broker_client.request)
 
   local turn = must(turn_mod.parse(bytes, clock()))
-  -- 5.1: memory before history, so a corrupt store fails every turn.
-  local store = must(memory.open(workspace))
-  local loaded = must(history.load(workspace, turn.reset))
+  -- 5.1: memory before history; an invalid store is moved aside and the
+  -- turn goes on with an empty one (hardening.md 8).
+  local store, memory_repaired = memory.open(workspace)
+  must(store, memory_repaired)
+  local loaded, history_repaired = history.load(workspace, turn.reset)
+  must(loaded, history_repaired)
+  local repaired = memory_repaired or history_repaired
   local speaker_id = turn.speaker.id
 
   local function refuse() return nil, "refused" end
@@ -95,9 +102,9 @@ local function run(bytes, seams)
   local outcome, final = agent.run {
     model = turn.model, messages = messages, user_msg = user_msg, registry = registry, call = call,
   }
-  if outcome == "limit" then return { ok = false, text = M.LIMIT_TEXT }, 0 end
+  if outcome == "limit" then return { ok = false, text = M.LIMIT_TEXT, reason = repaired }, 0 end
   must(history.save(workspace, loaded, wrapper, final))
-  return { ok = true, text = final }, 0
+  return { ok = true, text = final, reason = repaired }, 0
 end
 
 function M.run_turn(bytes, seams)
@@ -107,7 +114,7 @@ function M.run_turn(bytes, seams)
 end
 
 function M.encode_reply(reply)
-  return codec.encode(codec.object({ "ok", "text" }, { ok = reply.ok, text = reply.text }))
+  return codec.encode(codec.object({ "ok", "text", "reason" }, { ok = reply.ok, text = reply.text, reason = reply.reason }))
 end
 
 function M.main()

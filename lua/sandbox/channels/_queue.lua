@@ -5,19 +5,49 @@
 -- parallel; there is no global limit. A job that fails does not stop the
 -- jobs queued behind it.
 --
---   local q = require("sandbox.channels._queue").new()
+-- Guest turns are bounded (shared/spec/hardening.md 4): a channel holds at
+-- most `max` turns (maxQueuedTurns, default 8) and one speaker at most
+-- PER_SPEAKER (2), the running turn included, so a flooding guest cannot
+-- hold a channel and an owner's `off` waits for at most that much work.
+-- Owner commands are never refused and do not count.
+--
+--   local q = require("sandbox.channels._queue").new { max = 8 }
 --   local task = q:enqueue(channel, fn, ...)   -- starts when its turn comes
 --   q:run(channel, fn, ...)                    -- inside a task: wait, return fn's results
+--   q:run_turn(channel, speaker_id, fn, ...)   -- the same for a guest turn, or
+--                                              -- nil, "queue_full" when over a bound
 --   q:size(channel)                            -- jobs queued or running there
+--   q:turns(channel [, speaker_id])            -- guest turns queued or running
 local async = require "sandbox.async"
+local errors = require "sandbox.errors"
 
 local M = {}
+
+M.DEFAULT_MAX = 8
+M.MAX_MAX = 1000
+M.PER_SPEAKER = 2
+M.QUEUE_FULL = "queue_full"
+
+-- maxQueuedTurns (sandbox{}): absent -> the default; else an integer 1-1000.
+function M.check_max(value)
+  if value == nil then return M.DEFAULT_MAX end
+  local n = math.type(value) == "integer" and value
+    or (math.type(value) == "float" and value == math.floor(value) and math.tointeger(value)) or nil
+  if not n or n < 1 or n > M.MAX_MAX then error(errors.MAX_QUEUED_OPTION, 0) end
+  return n
+end
 
 local Queue = {}
 Queue.__index = Queue
 
-function M.new()
-  return setmetatable({ last = {}, counts = {} }, Queue)
+-- opts = {max = maxQueuedTurns} (optional).
+function M.new(opts)
+  opts = opts or {}
+  return setmetatable({
+    last = {}, counts = {}, max = opts.max or M.DEFAULT_MAX,
+    turn_counts = {},      -- channel -> guest turns queued or running
+    speaker_counts = {},   -- channel -> speaker id -> the same, per speaker
+  }, Queue)
 end
 
 -- Queues fn(...) behind every job already queued on `channel`; returns its
@@ -43,6 +73,33 @@ end
 function Queue:run(channel, fn, ...)
   local task = self:enqueue(channel, fn, ...)
   local res = table.pack(async.wait(task))
+  if not res[1] then error(res[2], 0) end
+  return table.unpack(res, 2, res.n)
+end
+
+function Queue:turns(channel, speaker_id)
+  if speaker_id == nil then return self.turn_counts[channel] or 0 end
+  local per = self.speaker_counts[channel]
+  return per and per[speaker_id] or 0
+end
+
+-- Inside a task: a guest turn of `speaker_id`, counted against the bounds
+-- until it settles; nil, "queue_full" (nothing queued) when the channel or
+-- the speaker is at its bound.
+function Queue:run_turn(channel, speaker_id, fn, ...)
+  if self:turns(channel) >= self.max or self:turns(channel, speaker_id) >= M.PER_SPEAKER then
+    return nil, M.QUEUE_FULL
+  end
+  local per = self.speaker_counts[channel] or {}
+  self.speaker_counts[channel] = per
+  self.turn_counts[channel] = self:turns(channel) + 1
+  per[speaker_id] = (per[speaker_id] or 0) + 1
+  local res = table.pack(pcall(self.run, self, channel, fn, ...))
+  local n = self.turn_counts[channel] - 1
+  self.turn_counts[channel] = n > 0 and n or nil
+  per[speaker_id] = per[speaker_id] - 1
+  if per[speaker_id] == 0 then per[speaker_id] = nil end
+  if next(per) == nil and self.speaker_counts[channel] == per then self.speaker_counts[channel] = nil end
   if not res[1] then error(res[2], 0) end
   return table.unpack(res, 2, res.n)
 end

@@ -4,11 +4,13 @@
 local async = require "sandbox.async"
 local common = require "sandbox.cli._common"
 local core = require "sandbox.core"
+local json = require "sandbox.json"
+local reply_text = require "sandbox.channels._reply_text"
 
 local M = {}
 
 M.help = [==[
-usage: sbx run CONFIG.lua --channel KEY --speaker ID[:NAME[:PRINCIPAL]] [--] TEXT
+usage: sbx run CONFIG.lua --channel KEY --speaker ID[:NAME[:PRINCIPAL]] [--json] [--] TEXT
 
 Runs one sealed turn: TEXT is the guest's message, answered by a fresh
 container for channel KEY with the memory and history of that channel's
@@ -22,6 +24,10 @@ errors (config, directories, docker) exit 2 (usage) or 1 and name the fix.
                     default to ID (PRINCIPAL never reaches the container)
   --timeout MS      turn deadline in ms (1000 to 600000; default: the
                     config's turnTimeoutMs, 120000)
+  --json            print {"ok":...,"text":...} with the exact reply text,
+                    JSON-escaped (otherwise control characters other than
+                    newline and tab are printed as U+FFFD: a reply is model
+                    output and must not drive your terminal)
   TEXT              the message; several words are joined with spaces;
                     "-" reads it from stdin
 
@@ -31,7 +37,7 @@ Run `sbx doctor CONFIG.lua` first if a turn fails for no visible reason.
 ]==]
 
 function M.run(args)
-  local parsed, speaker = common.parse_turn_args(args)
+  local parsed, speaker = common.parse_turn_args(args, { json = "bool" })
   if not parsed then
     io.stderr:write("sbx run: ", speaker, "\n\n", M.help)
     return 2
@@ -55,7 +61,11 @@ function M.run(args)
     local reply, settled, res = rt:guest_turn(channel, speaker, text)
     sig:stop()
     term:stop()
-    io.stdout:write(reply, "\n")
+    if parsed.flags.json then
+      io.stdout:write(json.encode(json.object({ "ok", "text" }, { ok = settled and res.ok, text = reply })), "\n")
+    else
+      io.stdout:write(reply_text.terminal(reply), "\n")
+    end
     local code = 0
     if not settled then
       common.report("run", res, cfg, path)

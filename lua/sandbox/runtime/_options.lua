@@ -13,6 +13,7 @@ local cli = require "sandbox.drivers.cli"
 local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
+local seccomp = require "sandbox.runtime._seccomp"
 
 local M = {}
 
@@ -47,12 +48,21 @@ M.SOCKET_SUFFIX_BYTES = #"/turn-XXXXXX/broker.sock"     -- 24
 M.MAX_RUN_ROOT_BYTES = broker.MAX_SOCKET_PATH - M.SOCKET_SUFFIX_BYTES  -- 76
 M.PREFLIGHT_NAME = "sandbox-preflight"
 M.PREFLIGHT_CHANNEL = "sandbox:preflight"
+-- shared/spec/hardening.md 3, 6: the defaults of the hardening options.
+M.DEFAULT_WORKSPACE_QUOTA_MB = 256
+M.MAX_WORKSPACE_QUOTA_MB = 1048576
+M.DEFAULT_DISK_RESERVE_MB = 1024
+M.MAX_DISK_RESERVE_MB = 1048576
+M.DEFAULT_MENTIONS = "neutral"
+M.MAX_REPLY_CHARS = 100000
 
 -- The option names of `sandbox.runtime{}` (spec/runtime.md 2.1-2.2).
 M.OPTIONS = {
   image = true, runRoot = true, workspaceRoot = true, model = true, modelUrl = true,
   apiKey = true, prompt = true, timeZone = true, tools = true, mcp = true, uid = true,
   gid = true, limits = true, turnTimeoutMs = true, driver = true, allowHttp = true,
+  seccompProfile = true, workspaceQuotaMb = true, diskReserveMb = true, mentions = true,
+  maxReplyChars = true,
 }
 
 local function fail(msg) error(msg, 0) end
@@ -84,6 +94,35 @@ function M.check_turn_timeout(value)
   local ms = as_integer(value)
   if not M.turn_timeout_ok(ms) then fail(M.E_TIMEOUT) end
   return ms
+end
+
+local function integer_in(value, default, lo, hi, msg)
+  if value == nil then return default end
+  local n = as_integer(value)
+  if not n or n < lo or n > hi then fail(msg) end
+  return n
+end
+
+-- The value checks of the hardening options (shared/spec/hardening.md 1,
+-- 3, 6), shared with sandbox{}: no side effect (the profile is read in
+-- step 12). Returns {workspaceQuotaMb, diskReserveMb, mentions,
+-- maxReplyChars, seccompProfile (absolute path)}.
+function M.check_hardening(opts)
+  local quota = integer_in(opts.workspaceQuotaMb, M.DEFAULT_WORKSPACE_QUOTA_MB, 1, M.MAX_WORKSPACE_QUOTA_MB,
+    errors.WORKSPACE_QUOTA_OPTION)
+  local reserve = integer_in(opts.diskReserveMb, M.DEFAULT_DISK_RESERVE_MB, 0, M.MAX_DISK_RESERVE_MB,
+    errors.DISK_RESERVE_OPTION)
+  local mentions = opts.mentions
+  if mentions == nil then mentions = M.DEFAULT_MENTIONS end
+  if mentions ~= "neutral" and mentions ~= "allow" then fail(errors.MENTIONS_OPTION) end
+  local max_reply = integer_in(opts.maxReplyChars, M.MAX_REPLY_CHARS, 1, M.MAX_REPLY_CHARS, errors.MAX_REPLY_OPTION)
+  local profile = opts.seccompProfile
+  if profile == nil then profile = seccomp.default_path() end
+  if type(profile) ~= "string" or profile:sub(1, 1) ~= "/" then
+    fail(errors.SECCOMP_MISSING .. tostring(profile))
+  end
+  return { workspaceQuotaMb = quota, diskReserveMb = reserve, mentions = mentions, maxReplyChars = max_reply,
+    seccompProfile = profile }
 end
 
 -- Step 2. A native Linux kernel (no driver was supplied).
@@ -169,8 +208,10 @@ end
 -- {image, runRoot, workspaceRoot (canonical), model, modelUrl, allowHttp,
 -- apiKey, prompt, timeZone, tools, mcp, uid, gid, limits = {memoryMb, cpus,
 -- pids}, turnTimeoutMs, driver, builtin_driver = boolean, broker_config =
--- the checked broker configuration}. `checked`, when given, is that
--- configuration as sandbox{} already checked it for these options.
+-- the checked broker configuration, seccompProfile (absolute path),
+-- seccompCount, workspaceQuotaMb, diskReserveMb, mentions, maxReplyChars}.
+-- `checked`, when given, is that configuration as sandbox{} already
+-- checked it for these options.
 function M.resolve(opts, checked)
   if type(opts) ~= "table" then fail(errors.OPTIONS_TABLE) end
   -- 1
@@ -186,8 +227,9 @@ function M.resolve(opts, checked)
   -- 6
   local zone = opts.timeZone == nil and M.DEFAULT_TIME_ZONE or opts.timeZone
   if not M.time_zone_ok(zone) then fail(M.E_TIME_ZONE) end
-  -- 7
+  -- 7, and the hardening options' values (shared/spec/hardening.md)
   local timeout = M.check_turn_timeout(opts.turnTimeoutMs)
+  local hard = M.check_hardening(opts)
   -- 8
   local puid, pgid = core.getuid()
   M.check_root(opts.runRoot, puid)
@@ -203,13 +245,15 @@ function M.resolve(opts, checked)
   if not uid or not gid or uid <= 0 or gid <= 0 or uid ~= puid or gid ~= pgid then fail(M.E_USER) end
   -- 11
   if #run_root > M.MAX_RUN_ROOT_BYTES then fail(M.E_SOCKET) end
-  -- 12
+  -- 12: the container settings, the seccomp profile among them (read once
+  -- here: a missing profile fails startup, shared/spec/hardening.md 1)
   local limits = M.resolve_limits(opts.limits)
   local shown = limits or M.DEFAULT_LIMITS
+  local profile = seccomp.load(hard.seccompProfile)
   dry_run({
     name = M.PREFLIGHT_NAME, image = opts.image, runDir = run_root, workspaceDir = ws_root,
     uid = uid, gid = gid, memoryMb = shown.memoryMb, cpus = shown.cpus, pids = shown.pids,
-    labels = {},
+    labels = {}, seccompProfile = profile.path,
   }, limits ~= nil)
   -- 13: the built-in CLI driver, whose daemon endpoint must be local
   local driver, builtin = opts.driver, false
@@ -228,6 +272,9 @@ function M.resolve(opts, checked)
     prompt = opts.prompt or M.DEFAULT_PROMPT, timeZone = zone, tools = opts.tools,
     mcp = opts.mcp, uid = uid, gid = gid, limits = limits, turnTimeoutMs = timeout,
     driver = driver, builtin_driver = builtin, broker_config = cfg,
+    seccompProfile = profile.path, seccompCount = profile.count,
+    workspaceQuotaMb = hard.workspaceQuotaMb, diskReserveMb = hard.diskReserveMb,
+    mentions = hard.mentions, maxReplyChars = hard.maxReplyChars,
   }
 end
 

@@ -25,6 +25,7 @@ local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local installation = require "sandbox.runtime._installation"
 local options = require "sandbox.runtime._options"
+local reply_text = require "sandbox.channels._reply_text"
 local signal = require "sandbox.signal"
 
 local M = {}
@@ -47,6 +48,8 @@ M.SETTLED = "sandbox turn settled"
 M.LOG_TURN_FAILED = "sandbox turn failed; inspect container cleanup and broker configuration"
 M.GUEST_FAILED_OR_STOPPED = "The sandbox turn failed or was stopped."
 M.GUEST_FAILED = "The sandbox turn failed."
+M.GUEST_BUSY = "The sandbox is busy; try again shortly."
+M.LOG_REPAIRED = "worker repaired a store"
 
 M.MAX_TEXT_CHARS = 32000
 M.MAX_SPEAKER_CHARS = 256
@@ -197,14 +200,26 @@ function Runtime:_container_spec(turn, run_dir, workspace_dir)
     image = o.image, runDir = run_dir, workspaceDir = workspace_dir, uid = o.uid, gid = o.gid,
     memoryMb = o.limits.memoryMb, cpus = o.limits.cpus, pids = o.limits.pids,
     labels = container.labels(self.installation, self.owner),
+    seccompProfile = o.seccompProfile,
   }
 end
 
-local function check_reply(reply)
+-- The reply a turn returns: {ok, text} within maxReplyChars, mentions
+-- neutralised unless mentions = "allow" (shared/spec/hardening.md 6). A
+-- store the worker moved aside (hardening.md 8) is logged at warn.
+function Runtime:_reply(turn, reply)
+  local o = self.options
   if type(reply) ~= "table" or type(reply.ok) ~= "boolean" or type(reply.text) ~= "string" then
     fail(M.E_REPLY)
   end
-  return { ok = reply.ok, text = reply.text }
+  local n = utf8.len(reply.text)
+  if not n or n > o.maxReplyChars then fail(M.E_REPLY) end
+  if reply.reason ~= nil then
+    M.log("warn", M.LOG_REPAIRED, { channel = turn.channel, reason = tostring(reply.reason) })
+  end
+  local text = reply.text
+  if o.mentions == "neutral" then text = reply_text.neutral_mentions(text) end
+  return { ok = reply.ok, text = text }
 end
 
 -- Steps 4-10 of spec/runtime.md 5.3 once the workspace is known.
@@ -229,7 +244,7 @@ function Runtime:_in_run_dir(turn, text, workspace_dir)
     }
     if #input > M.MAX_TURN_BYTES then fail(M.E_TOO_LARGE) end
     if sig.aborted then fail(sig.reason) end
-    local reply = check_reply(self.driver:run(self:_container_spec(turn, run_dir, workspace_dir), turn_obj, sig))
+    local reply = self:_reply(turn, self.driver:run(self:_container_spec(turn, run_dir, workspace_dir), turn_obj, sig))
     -- §7.4: settle the reset before cleanup.
     if reply.ok and (self.resets[turn.channel] or 0) == turn.snapshot then
       self.resets[turn.channel] = nil
