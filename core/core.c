@@ -16,6 +16,7 @@ static const struct {
   {"crypto", sbx__open_crypto},
   {"json", sbx__open_json},
   {"reflect", sbx__open_reflect},
+  {"fdbudget", sbx__open_fdbudget},
   {"listener", sbx__open_listener},
   {"upstream", sbx__open_upstream},
   {"fetch_lua", sbx__open_fetch_lua},
@@ -24,6 +25,7 @@ static const struct {
   {"process", sbx__open_process},
   {"unix_stream", sbx__open_unix_stream},
   {"fs", sbx__open_fs},
+  {"fs_usage", sbx__open_fs_usage},
   {"atomic_file", sbx__open_atomic_file},
   {"scrub", sbx__open_scrub},
 };

@@ -176,16 +176,20 @@ describe("/<root> sandbox on|off|status (7.3, 9.5)", function()
     assert.is_true(app:owns("discord:123456789"))
   end)
 
-  it("a failed save becomes the generic panel, logs `owner command failed`, and changes nothing", function()
+  it("a failed save becomes the generic panel, logs state_write_failed with the errno and `owner command failed`, and changes nothing", function()
     if not service_account() then return end
     local root = tmproot()
     local lines = {}
-    local app = start_app(root, nil, { log = function(level, msg) lines[#lines + 1] = level .. " " .. msg end })
+    local app = start_app(root, nil, { log = function(level, msg, fields)
+      lines[#lines + 1] = level .. " " .. msg .. (fields and fields.reason and (" reason=" .. fields.reason
+        .. " errno=" .. fields.errno) or "")
+    end })
     assert(core.fs_mkdir(root .. "/state/channels.json.tmp"))
     run(function()
       assert.same(panel(commands.FAILED), app:command(cmd("on"), OWNER))
     end)
-    assert.same({ "error owner command failed" }, lines)
+    assert.same({ "error routing state could not be saved reason=state_write_failed errno=EISDIR",
+      "error owner command failed" }, lines)
     assert.is_false(app:owns("discord:123456789"))
     assert.equal("[]", read(root .. "/state/channels.json"))
   end)

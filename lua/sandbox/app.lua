@@ -213,6 +213,7 @@ function App:start(host)
       rt.options.workspaceRoot)
     return channels.open {                                            -- step 7
       stateFile = store_path, initialChannels = o.initialChannels,
+      log = function(level, msg, fields) self:_log(level, msg, fields) end,
     }
   end)
   if not ok then

@@ -15,6 +15,7 @@ local sandbox = require "sandbox"
 local spec_fs = require "spec_fs"
 
 local ENABLED = os.getenv("SANDBOX_DOCKER_TEST") == "1"
+local IMAGE = os.getenv("SBX_TEST_IMAGE") or "pi-roundtable-sandbox:local"
 local KEY = "sealed-spec-key"
 local TAG = core.random_hex(4)
 local MODES = { "net", "write", "fork", "oom" }
@@ -68,7 +69,7 @@ describe("sealed turn guarantees on real Docker", function()
     assert.is_not.equal(0, (core.getuid()), "run the Docker specs as the non-root sbx account")
     local out, rc = sh("docker info")
     assert.equal(0, rc, "the Docker daemon does not answer (make deps starts it)")
-    out, rc = sh("docker image inspect pi-roundtable-sandbox:local")
+    out, rc = sh("docker image inspect " .. IMAGE)
     assert.equal(0, rc, "make image first")
     root = spec_fs.tmpdir("sb-sealed")
     os.execute("mkdir -p " .. q(root .. "/ctx"))
@@ -108,7 +109,7 @@ describe("sealed turn guarantees on real Docker", function()
       remove = function(_, ...) return cli:remove(...) end,
     }
     rt = sandbox.runtime {
-      image = "pi-roundtable-sandbox:local", runRoot = root .. "/run", workspaceRoot = root .. "/work",
+      image = IMAGE, runRoot = root .. "/run", workspaceRoot = root .. "/work",
       model = "fake-model", modelUrl = server:url("/v1/chat/completions"),
       apiKey = function() return KEY end, allowHttp = true, driver = driver,
     }

@@ -5,11 +5,12 @@
 -- parallel; there is no global limit. A job that fails does not stop the
 -- jobs queued behind it.
 --
--- Guest turns are bounded (shared/spec/hardening.md 4): a channel holds at
--- most `max` turns (maxQueuedTurns, default 8) and one speaker at most
--- PER_SPEAKER (2), the running turn included, so a flooding guest cannot
--- hold a channel and an owner's `off` waits for at most that much work.
--- Owner commands are never refused and do not count.
+-- Guest turns are bounded (shared/spec/hardening.md 4): at most `max`
+-- turns (maxQueuedTurns, default 8) wait in a channel's queue, and at most
+-- PER_SPEAKER (2) of one speaker; the turn running is no longer queued and
+-- does not count. So a flooding guest cannot hold a channel, and an owner's
+-- `off` waits for at most that much work. Owner commands are never refused
+-- and do not count.
 --
 --   local q = require("sandbox.channels._queue").new { max = 8 }
 --   local task = q:enqueue(channel, fn, ...)   -- starts when its turn comes
@@ -17,7 +18,7 @@
 --   q:run_turn(channel, speaker_id, fn, ...)   -- the same for a guest turn, or
 --                                              -- nil, "queue_full" when over a bound
 --   q:size(channel)                            -- jobs queued or running there
---   q:turns(channel [, speaker_id])            -- guest turns queued or running
+--   q:waiting(channel [, speaker_id])          -- guest turns queued, not yet started
 local async = require "sandbox.async"
 local errors = require "sandbox.errors"
 
@@ -45,7 +46,7 @@ function M.new(opts)
   opts = opts or {}
   return setmetatable({
     last = {}, counts = {}, max = opts.max or M.DEFAULT_MAX,
-    turn_counts = {},      -- channel -> guest turns queued or running
+    turn_counts = {},      -- channel -> guest turns waiting (not started)
     speaker_counts = {},   -- channel -> speaker id -> the same, per speaker
   }, Queue)
 end
@@ -77,29 +78,40 @@ function Queue:run(channel, fn, ...)
   return table.unpack(res, 2, res.n)
 end
 
-function Queue:turns(channel, speaker_id)
+function Queue:waiting(channel, speaker_id)
   if speaker_id == nil then return self.turn_counts[channel] or 0 end
   local per = self.speaker_counts[channel]
   return per and per[speaker_id] or 0
 end
 
+-- One turn of `speaker_id` stops waiting (it started, or it never will).
+function Queue:_unwait(channel, speaker_id)
+  local n = self.turn_counts[channel] - 1
+  self.turn_counts[channel] = n > 0 and n or nil
+  local per = self.speaker_counts[channel]
+  per[speaker_id] = per[speaker_id] - 1
+  if per[speaker_id] == 0 then per[speaker_id] = nil end
+  if next(per) == nil then self.speaker_counts[channel] = nil end
+end
+
 -- Inside a task: a guest turn of `speaker_id`, counted against the bounds
--- until it settles; nil, "queue_full" (nothing queued) when the channel or
--- the speaker is at its bound.
+-- while it waits; nil, "queue_full" (nothing queued) when the channel or
+-- the speaker already has its bound of turns waiting.
 function Queue:run_turn(channel, speaker_id, fn, ...)
-  if self:turns(channel) >= self.max or self:turns(channel, speaker_id) >= M.PER_SPEAKER then
+  if self:waiting(channel) >= self.max or self:waiting(channel, speaker_id) >= M.PER_SPEAKER then
     return nil, M.QUEUE_FULL
   end
   local per = self.speaker_counts[channel] or {}
   self.speaker_counts[channel] = per
-  self.turn_counts[channel] = self:turns(channel) + 1
+  self.turn_counts[channel] = self:waiting(channel) + 1
   per[speaker_id] = (per[speaker_id] or 0) + 1
-  local res = table.pack(pcall(self.run, self, channel, fn, ...))
-  local n = self.turn_counts[channel] - 1
-  self.turn_counts[channel] = n > 0 and n or nil
-  per[speaker_id] = per[speaker_id] - 1
-  if per[speaker_id] == 0 then per[speaker_id] = nil end
-  if next(per) == nil and self.speaker_counts[channel] == per then self.speaker_counts[channel] = nil end
+  local waiting = true
+  local res = table.pack(pcall(self.run, self, channel, function(...)
+    waiting = false
+    self:_unwait(channel, speaker_id)
+    return fn(...)
+  end, ...))
+  if waiting then self:_unwait(channel, speaker_id) end
   if not res[1] then error(res[2], 0) end
   return table.unpack(res, 2, res.n)
 end

@@ -12,8 +12,10 @@
 -- `["discord:123456789","fake:guests"]`. Every enable/disable rewrites it
 -- atomically (core.write_file_atomic: <stateFile>.tmp 0600 no-follow, write,
 -- fsync, rename, fsync of the directory), even when nothing changed; a failed
--- write rolls the in-memory change back and raises `routing state could not
--- be saved`. A corrupt or unreadable file stops startup: the state is never
+-- write (a full filesystem: shared/spec/hardening.md 3) loses nothing: the
+-- old file stays valid, the in-memory change is rolled back, `routing state
+-- could not be saved` is raised and the operator log gets the line
+-- `routing state could not be saved reason=state_write_failed errno=<E...>`. A corrupt or unreadable file stops startup: the state is never
 -- treated as empty. Turning a channel off touches no workspace file: its
 -- memory stays for when it is turned on again.
 local channel_key = require "sandbox.channels._key"
@@ -24,6 +26,7 @@ local json = require "sandbox.json"
 local M = {}
 
 M.MAX_FILE_BYTES = 1048576
+M.LOG_SAVE = errors.STATE_SAVE
 M.MAX_DEPTH = 64
 
 M.E_INVALID_STATE = errors.STATE_INVALID
@@ -107,12 +110,17 @@ M.Store = Store
 function Store:_save()
   local bytes = json.encode(json.array(table.move(self.keys, 1, #self.keys, 1, {})))
   if not bytes then return false end
-  local ok = self.write(self.path, bytes)
-  return ok == true
+  local ok, _, code = self.write(self.path, bytes)
+  if ok == true then return true end
+  if self.log then
+    pcall(self.log, "error", M.LOG_SAVE, { reason = errors.entry(M.E_SAVE).reason, errno = code or "EIO" })
+  end
+  return false
 end
 
 -- §3.3, exact order. opts = {stateFile = canonical path (state_path),
--- initialChannels = list|nil, write = seam|nil}. Raises the spec's strings.
+-- initialChannels = list|nil, write = seam|nil, log = function(level, msg,
+-- fields) | nil (the operator log)}. Raises the spec's strings.
 function M.open(opts)
   local path = opts.stateFile
   if type(path) ~= "string" or path:sub(1, 1) ~= "/" then fail(M.E_ABSOLUTE) end
@@ -145,7 +153,7 @@ function M.open(opts)
   end
   local keys, set = parse_list(list)                              -- step 5
   local self = setmetatable({
-    path = path, keys = keys, set = set, write = opts.write or core.write_file_atomic,
+    path = path, keys = keys, set = set, write = opts.write or core.write_file_atomic, log = opts.log,
   }, Store)
   if not existed and not self:_save() then fail(M.E_SAVE) end     -- step 6
   return self

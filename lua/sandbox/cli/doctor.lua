@@ -10,11 +10,15 @@ local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local installation = require "sandbox.runtime._installation"
 local layout = require "sandbox.layout"
+local channel_key = require "sandbox.channels._key"
+local disk = require "sandbox.runtime._disk"
+local options = require "sandbox.runtime._options"
+local seccomp = require "sandbox.runtime._seccomp"
 
 local M = {}
 
 M.help = [==[
-usage: sbx doctor CONFIG.lua [--no-docker]
+usage: sbx doctor CONFIG.lua [--no-docker] [--channel KEY]
 
 Checks, one line each, and names the fix for every failure:
   config        the file loads and returns a valid sandbox { ... }
@@ -28,12 +32,19 @@ Checks, one line each, and names the fix for every failure:
                 (a missing one is created 0700 at startup)
   roots         runRoot and workspaceRoot are separate; stateFile outside both
   socket path   the canonical runRoot is at most 76 bytes
+  seccomp       the sealed containers' seccomp profile is readable, and how
+                many system calls it allows
+  descriptors   the descriptor limit the host raises itself to (the hard
+                RLIMIT_NOFILE)
+  disk          free space on the roots' filesystems against diskReserveMb
   docker data   both roots outside the daemon's data directory
   stale         no leftover containers of this installation (`sbx cleanup`)
 Exits 0 when every check passed, 1 otherwise (2 for usage errors).
 
   --no-docker   skip the checks that ask the daemon (docker, image,
                 docker data, stale)
+  --channel KEY also measure that channel's workspace against
+                workspaceQuotaMb (its turns are refused above it)
 ]==]
 
 local OCT_077 = tonumber("077", 8)
@@ -183,6 +194,8 @@ function M.check(cfg, opts, out)
     end
   end
 
+  M.check_hardening(r, o, rr, wr, opts.channel)
+
   if opts.no_docker then
     r.skip("docker", "--no-docker")
     return r
@@ -255,8 +268,66 @@ function M.check(cfg, opts, out)
   return r
 end
 
+local function mib(bytes) return string.format("%.1f MiB", bytes / 1048576) end
+
+-- shared/spec/hardening.md 1-3: the seccomp profile, the descriptor limit,
+-- free disk against the reserve and, with --channel, that workspace's size.
+function M.check_hardening(r, o, run_root, ws_root, channel)
+  local ok, hard = pcall(options.check_hardening, o)
+  if not ok then
+    r.fail("options", tostring(hard), errors.fix(hard))
+    return
+  end
+  local loaded, profile = pcall(seccomp.load, hard.seccompProfile)
+  if loaded then
+    r.ok("seccomp", string.format("%s (allows %d system calls; everything else fails with EPERM)",
+      profile.path, profile.count))
+  else
+    r.fail("seccomp", tostring(profile), errors.fix(profile))
+  end
+  local budget = core.fd_budget()
+  local _, hard_limit = core.fd_raise()
+  r.ok("descriptors", string.format("nofile %d (the hard limit; raised at startup)", hard_limit or budget.limit))
+  local reserve = hard.diskReserveMb * 1048576
+  for _, root in ipairs { run_root, ws_root } do
+    local st = root and core.fs_statfs(root)
+    if st then
+      if st.free < reserve then
+        r.fail("disk", string.format("%s: %s free, below diskReserveMb (%d MiB): every turn is refused (disk_low)",
+          root, mib(st.free), hard.diskReserveMb), errors.fix(errors.DISK_LOW))
+      else
+        r.ok("disk", string.format("%s: %s free (diskReserveMb %d)", root, mib(st.free), hard.diskReserveMb))
+      end
+    end
+  end
+  if channel == nil then return end
+  if not channel_key.valid(channel) then
+    r.fail("workspace", "--channel " .. channel .. " is not a channel key", errors.fix(errors.CHANNEL))
+    return
+  end
+  if not ws_root then return end
+  local dir = ws_root .. "/" .. channel_key.segment(channel)
+  local st = core.fs_lstat(dir)
+  if not st then
+    r.ok("workspace", dir .. " (not used yet)")
+    return
+  end
+  local u = core.fs_usage(dir, disk.MAX_ENTRIES)
+  local quota = hard.workspaceQuotaMb * 1048576
+  if u.error or not u.complete then
+    r.fail("workspace", string.format("%s could not be measured within %d entries (counts as over the quota)",
+      dir, disk.MAX_ENTRIES), errors.fix(errors.WORKSPACE_QUOTA, { workspace = dir }))
+  elseif u.bytes > quota then
+    r.fail("workspace", string.format("%s holds %s, over workspaceQuotaMb (%d MiB): its turns are refused",
+      dir, mib(u.bytes), hard.workspaceQuotaMb), errors.fix(errors.WORKSPACE_QUOTA, { workspace = dir }))
+  else
+    r.ok("workspace", string.format("%s holds %s of workspaceQuotaMb %d (%d entries)", dir, mib(u.bytes),
+      hard.workspaceQuotaMb, u.entries))
+  end
+end
+
 function M.run(args)
-  local parsed, err = args_lib.parse(args, { interleave = true, flags = { ["no-docker"] = "bool" } })
+  local parsed, err = args_lib.parse(args, { interleave = true, flags = { ["no-docker"] = "bool", channel = "value" } })
   if not parsed then
     io.stderr:write("sbx doctor: ", err, "\n\n", M.help)
     return 2
@@ -274,7 +345,8 @@ function M.run(args)
     return 1
   end
   io.stdout:write(string.format("ok    %-16s %s\n", "config", path))
-  local r = async.run(M.check, cfg, { config = path, no_docker = parsed.flags["no-docker"] }, io.stdout)
+  local r = async.run(M.check, cfg, { config = path, no_docker = parsed.flags["no-docker"],
+    channel = parsed.flags.channel }, io.stdout)
   if r.fails > 0 then
     io.stdout:write(string.format("\n%d check(s) failed; apply the fixes above and run sbx doctor again\n", r.fails))
     return 1

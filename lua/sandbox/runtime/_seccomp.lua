@@ -7,8 +7,8 @@
 -- CLI itself sends for that flag). There is never a fallback to Docker's
 -- default profile: a missing, unreadable or malformed profile fails startup.
 --
---   seccomp.default_path()  -> the shipped profile beside this Lua tree
---                              (<checkout>/worker/seccomp.json), or nil
+--   seccomp.default_path()  -> the shipped profile of this Lua tree's layout
+--                              (<checkout>/worker/seccomp.json, ...), or nil
 --   seccomp.load(path)      -> {path=, json= (compact text), count=} (raises
 --                              `seccomp profile missing: <path>` /
 --                              `seccomp profile invalid: <path>`); cached per path
@@ -16,6 +16,7 @@
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local json = require "sandbox.json"
+local layout = require "sandbox.layout"
 
 local M = {}
 
@@ -26,34 +27,16 @@ local cache = {}
 
 local function fail(msg) error(msg, 0) end
 
--- The directory holding sandbox/ (this file is sandbox/runtime/_seccomp.lua).
-local function tree()
-  local src = debug.getinfo(1, "S").source
-  local dir = src:match("^@(.*)/sandbox/runtime/_seccomp%.lua$")
-  if dir == nil then return nil end
-  if dir == "" then dir = "." end
-  return core.realpath(dir) or dir
-end
-
-local function exists(path)
-  local st = core.fs_stat(path)
-  return st ~= nil and st.type == "file"
-end
-
--- A checkout keeps the profile in <root>/worker/; an installed tree
--- (<prefix>/share/lua/5.4) beside the image context in
--- <prefix>/share/pi-roundtable-sandbox/; the Bun package in <pkg>/worker/.
+-- The shipped profile: in the worker image's build context of this Lua
+-- tree's layout (sandbox.layout: <checkout>/worker/, an installed
+-- <prefix>/share/pi-roundtable-sandbox/, the Bun package's worker/), or, for
+-- a luarocks tree (no build context), beside the modules in sandbox/.
 function M.default_path()
-  local t = tree()
-  if not t then return nil end
-  local parent = t:match("^(.*)/[^/]+$") or "."
-  local candidates = { parent .. "/worker/" .. M.FILE }
-  local share = t:match("^(.*)/lua/5%.4$")
-  if share then candidates[#candidates + 1] = share .. "/pi-roundtable-sandbox/" .. M.FILE end
-  for _, p in ipairs(candidates) do
-    if exists(p) then return p end
-  end
-  return candidates[1]
+  local b = layout.image_build()
+  if b.kind == "checkout" then return b.dir .. "/worker/" .. M.FILE end
+  if b.dir then return b.dir .. "/" .. M.FILE end
+  local t = layout.tree()
+  return t and (t .. "/sandbox/" .. M.FILE) or nil
 end
 
 -- The distinct system call names the profile allows (any allow rule).

@@ -16,12 +16,22 @@
 -- worker started outlives its turn. The runtime never queues: a second turn
 -- on a busy channel is refused (the claim's channel queue orders them).
 --
+-- A hostile channel must not hurt the others (shared/spec/hardening.md):
+-- a turn first takes its share of the host's descriptors (waiting in its
+-- channel's queue while there is none: runtime/_descriptors.lua), then its
+-- workspace must be within workspaceQuotaMb and the disk above diskReserveMb
+-- (runtime/_disk.lua), whose watchdog stops a turn that fills the disk
+-- meanwhile; a turn directory that cannot be removed for lack of
+-- descriptors is retried by the next turn and by dispose.
+--
 -- Nothing here logs a payload, a credential, a URL or an exception text.
 local async = require "sandbox.async"
 local broker = require "sandbox.broker"
 local channel_key = require "sandbox.channels._key"
 local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
+local descriptors = require "sandbox.runtime._descriptors"
+local disk = require "sandbox.runtime._disk"
 local errors = require "sandbox.errors"
 local installation = require "sandbox.runtime._installation"
 local options = require "sandbox.runtime._options"
@@ -51,7 +61,13 @@ M.GUEST_FAILED = "The sandbox turn failed."
 M.GUEST_BUSY = "The sandbox is busy; try again shortly."
 M.LOG_REPAIRED = "worker repaired a store"
 
+M.E_WORKSPACE_QUOTA = errors.WORKSPACE_QUOTA
+M.E_DISK_LOW = errors.DISK_LOW
+M.E_HOST_DESCRIPTORS = errors.HOST_DESCRIPTORS
+
 M.MAX_TEXT_CHARS = 32000
+M.CLEANUP_RETRIES = 5
+M.CLEANUP_RETRY_MS = 100
 M.MAX_SPEAKER_CHARS = 256
 M.MAX_TURN_BYTES = 262144
 
@@ -92,8 +108,11 @@ function M.new(opts, checked)
     active = {},        -- channel -> turn
     run_dirs = {},      -- turn dir name -> true while its turn runs
     resets = {},        -- channel -> pending start-fresh generation
+    leftovers = {},     -- turn dirs a descriptor shortage kept; retried later
     disposed = false,
   }, Runtime)
+  self.watchdog = disk.watchdog(o)
+  descriptors.raise(M.log)
   self.lock = installation.lock(o.runRoot)                          -- step 15
   local ok, err = pcall(function()                                  -- step 16
     self.installation = installation.id(o.workspaceRoot, o.runRoot)
@@ -252,18 +271,42 @@ function Runtime:_in_run_dir(turn, text, workspace_dir)
     return reply
   end)
   if b then b:stop() end
-  if not core.fs_rmtree(run_dir) then
-    M.log("error", "a sandbox turn directory could not be removed; the next sweep retries")
-  end
+  self:_remove_run_dir(run_dir)
   self.run_dirs[dir_name] = nil
   if not ok then error(res, 0) end
   return res
 end
 
+-- §5.3 step 10's removal of the run directory. A failure (a descriptor
+-- shortage: the walk needs descriptors) is retried a few times, then left
+-- to the next turn and to dispose (hardening.md 2).
+function Runtime:_remove_run_dir(run_dir)
+  if core.fs_rmtree(run_dir) then return true end
+  for _ = 1, M.CLEANUP_RETRIES do
+    async.sleep(M.CLEANUP_RETRY_MS)
+    if core.fs_rmtree(run_dir) then return true end
+  end
+  self.leftovers[run_dir] = true
+  M.log("error", "a sandbox turn directory could not be removed; the next turn retries")
+  return false
+end
+
+function Runtime:_retry_leftovers()
+  for dir in pairs(self.leftovers) do
+    if core.fs_rmtree(dir) then self.leftovers[dir] = nil end
+  end
+end
+
 function Runtime:_turn(turn, text)
   self:_await_sweep(turn.signal)
   if turn.signal.aborted then fail(turn.signal.reason) end
+  self:_retry_leftovers()
+  descriptors.acquire(turn.signal, M.TIMED_OUT)
+  turn.charged = true
   local workspace_dir = self:_workspace(turn.channel)
+  local start = disk.before_turn(self.options, workspace_dir)
+  if turn.signal.aborted then fail(turn.signal.reason) end
+  self.watchdog:add(turn, workspace_dir, start)
   return self:_in_run_dir(turn, text, workspace_dir)
 end
 
@@ -279,6 +322,8 @@ function Runtime:run_turn(channel, speaker, text)
   self.active[channel] = turn                                       -- 9
   local ok, res = pcall(self._turn, self, turn, text)
   if not ok and res == signal.AbortError then res = turn.signal.reason or M.STOPPED end
+  self.watchdog:remove(turn)
+  if turn.charged then descriptors.release() end
   turn.signal:abort(M.SETTLED)                                      -- 5.3 step 11
   turn.timer:stop()
   self.active[channel] = nil
@@ -344,6 +389,8 @@ function Runtime:dispose()
       end
       local sweep = self.sweep_task
       if sweep and not sweep.done then async.wait(sweep) end
+      self:_retry_leftovers()
+      self.watchdog:stop()
       self.lock:release()
       self.lock = nil
     end)
