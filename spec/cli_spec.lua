@@ -66,6 +66,9 @@ function driver:run(spec, turn, signal)
   local text = turn.text
   if text == "raise" then error("driver exploded", 0) end
   if text == "not ok" then return { ok = false, text = "The sandbox turn reached its model-call limit." } end
+  if text == "controls" then
+    return { ok = true, text = "\27]0;title\7\27]52;c;AAAA\7 a\tb\nc\r\194\133\127 @everyone" }
+  end
   local ms = text == "slow" and 3000 or 50
   local why = async.await(function(resume)
     local t = core.timer(ms, function() resume("done") end)
@@ -334,6 +337,22 @@ describe("sbx run and sbx chat with a fake driver", function()
     -- the turn left nothing in runRoot; the workspace exists
     assert.same({}, core.fs_readdir(dir .. "/run"))
     assert.equal(1, #core.fs_readdir(dir .. "/ws"))
+  end)
+
+  it("run prints control characters other than \\n and \\t as U+FFFD, mentions neutralised; --json prints the exact text (hardening.md 6)", function()
+    if not non_root() then return end
+    local F, Z = "\239\191\189", "\226\128\139"
+    local r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "controls" })
+    assert.equal(0, r.code, r.err)
+    assert.equal(F .. "]0;title" .. F .. F .. "]52;c;AAAA" .. F .. " a\tb\nc" .. F .. F .. F .. " @" .. Z .. "everyone\n", r.out)
+    r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "--json", "controls" })
+    assert.equal(0, r.code, r.err)
+    assert.equal('{"ok":true,"text":"\\u001b]0;title\\u0007\\u001b]52;c;AAAA\\u0007 a\\tb\\nc\\r\194\133\127 @'
+      .. Z .. 'everyone"}\n', r.out)
+    r = sbx({ "chat", path, "--channel", "demo:1", "--speaker", "a" }, "controls\n")
+    assert.equal(0, r.code, r.err)
+    assert.equal("sandbox: " .. F .. "]0;title" .. F .. F .. "]52;c;AAAA" .. F .. " a\tb\nc" .. F .. F .. F .. " @" .. Z
+      .. "everyone\n", r.out)
   end)
 
   it("run reads TEXT from stdin with -", function()

@@ -14,9 +14,9 @@
 --       running turn's workspace (a turn may write ~1.4 GB/s): a turn whose
 --       workspace filesystem grew by more than workspaceQuotaMb since it
 --       started, or by more than GROWTH_SLACK while free space is below the
---       reserve, is stopped with `sandbox workspace is over its quota`. When
---       several turns share that filesystem, each one's workspace is
---       measured again to find which of them grew.
+--       reserve, has every running turn's workspace measured again, and a
+--       turn whose own workspace grew past that rule is stopped with
+--       `sandbox workspace is over its quota`.
 --     wd:add(turn, workspace, start)   wd:remove(turn)   wd:stop()
 -- Neither replaces an operator's filesystem quota (README: an XFS project
 -- quota or a loop image per workspace).
@@ -98,25 +98,23 @@ function Watchdog:_attribute(low, quota)
   end)
 end
 
+-- One look at the disk: a turn whose workspace filesystem grew past the
+-- rule makes every running turn's workspace be measured again, and those
+-- that grew past it themselves are stopped (another writer on the same
+-- filesystem never stops a turn).
 function Watchdog:tick()
   if self.count == 0 then return end
   local o = self.o
   local quota = o.workspaceQuotaMb * M.MIB
   local low = below_reserve(o)
-  local on_fs, suspects = {}, {}
-  for turn, w in pairs(self.turns) do
+  for _, w in pairs(self.turns) do
     local s = core.fs_statfs(w.workspace)
-    if s then
-      on_fs[s.fsid] = (on_fs[s.fsid] or 0) + 1
-      local grew = s.used - w.start.used
-      if grew > quota or (low and grew > M.GROWTH_SLACK) then suspects[#suspects + 1] = { turn, s.fsid } end
+    local grew = s and (s.used - w.start.used) or 0
+    if grew > quota or (low and grew > M.GROWTH_SLACK) then
+      self:_attribute(low, quota)
+      return
     end
   end
-  local shared = false
-  for _, e in ipairs(suspects) do
-    if on_fs[e[2]] == 1 then over_quota(e[1]) else shared = true end
-  end
-  if shared then self:_attribute(low, quota) end
 end
 
 function Watchdog:_arm()
