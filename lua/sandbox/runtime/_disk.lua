@@ -85,7 +85,8 @@ function Watchdog:_attribute(low, quota)
   if self.measuring then return end
   local list = {}
   for turn, w in pairs(self.turns) do list[#list + 1] = { turn, w } end
-  self.measuring = async.spawn(function()
+  self.measuring = true          -- cleared by the task, even when it never yields
+  async.spawn(function()
     for _, e in ipairs(list) do
       local turn, w = e[1], e[2]
       if self.turns[turn] and not turn.signal.aborted then
