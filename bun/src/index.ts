@@ -126,6 +126,12 @@ const SANDBOX_KEYS = [
   "uid",
   "gid",
   "allowHttp",
+  "seccompProfile",
+  "workspaceQuotaMb",
+  "diskReserveMb",
+  "maxQueuedTurns",
+  "mentions",
+  "maxReplyChars",
 ] as const;
 
 /** Options of this bridge itself (everything else is refused like sandbox{} does). */
