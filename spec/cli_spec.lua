@@ -66,6 +66,7 @@ function driver:run(spec, turn, signal)
   local text = turn.text
   if text == "raise" then error("driver exploded", 0) end
   if text == "not ok" then return { ok = false, text = "The sandbox turn reached its model-call limit." } end
+  if text == "big" then error("body too large", 0) end
   if text == "controls" then
     return { ok = true, text = "\27]0;title\7\27]52;c;AAAA\7 a\tb\nc\r\194\133\127 @everyone" }
   end
@@ -382,6 +383,15 @@ describe("sbx run and sbx chat with a fake driver", function()
     assert.equal(0, r.code, r.err)
     assert.equal("sandbox: " .. F .. "]0;title" .. F .. F .. "]52;c;AAAA" .. F .. " a\tb\nc" .. F .. F .. F .. " @" .. Z
       .. "everyone\n", r.out)
+  end)
+
+  it("run reports a worker outcome by its reason, never as an unexpected error (hardening.md 9)", function()
+    if not non_root() then return end
+    local r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "big" })
+    assert.equal(1, r.code)
+    assert.equal("The sandbox turn failed or was stopped.\n", r.out)
+    assert.matches("sbx run: body too large", r.err, 1, true)
+    assert.is_nil(r.err:find("unexpected error", 1, true))
   end)
 
   it("run reads TEXT from stdin with -", function()

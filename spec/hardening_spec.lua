@@ -596,6 +596,40 @@ end)
   end)
 end)
 
+describe("turn directories a cleanup could not remove (hardening.md 2)", function()
+  it("are retried by the next turn and by dispose, never left once removable again", function()
+    if not service_account() then return end
+    local root = tmproot()
+    local stuck
+    local d = fake.new(function(spec, turn)
+      if turn.text == "stick" then
+        -- something under the turn directory the walk cannot open (as a
+        -- descriptor shortage would): its removal fails for now
+        stuck = spec.runDir .. "/stuck"
+        os.execute("mkdir -p '" .. stuck .. "/x' && chmod 000 '" .. stuck .. "'")
+      end
+      return { ok = true, text = "done" }
+    end)
+    local rt = runtime.new(options_for(root, { driver = d }))
+    local lines = logged(function()
+      run(function()
+        assert.is_true(rt:run_turn("fake:a", GUEST, "stick").ok)
+      end)
+    end)
+    assert.equal(1, #core.fs_readdir(root .. "/run"))      -- kept, and said so
+    assert.equal("error", lines[#lines].level)
+    os.execute("chmod 700 '" .. stuck .. "'")
+    run(function() assert.is_true(rt:run_turn("fake:b", GUEST, "hi").ok) end)
+    assert.same({}, core.fs_readdir(root .. "/run"))       -- the next turn removed it
+    -- and dispose, when no turn comes
+    run(function() assert.is_true(rt:run_turn("fake:a", GUEST, "stick").ok) end)
+    assert.equal(1, #core.fs_readdir(root .. "/run"))
+    os.execute("chmod 700 '" .. stuck .. "'")
+    run(function() rt:dispose() end)
+    assert.same({}, core.fs_readdir(root .. "/run"))
+  end)
+end)
+
 describe("the reply decoder's host memory (hardening.md 7; behaviour 7)", function()
   local function status_kib(field)
     local f = assert(io.open("/proc/self/status"))
