@@ -14,6 +14,7 @@ local seccomp = require "sandbox.runtime._seccomp"
 local reply_text = require "sandbox.channels._reply_text"
 local sandbox = require "sandbox"
 local fake = require "fake_driver"
+local probe_images = require "probe_images"
 local spec_fs = require "spec_fs"
 
 local run = async.run
@@ -425,6 +426,16 @@ describe("disk (hardening.md 3; behaviour 3)", function()
   end)
 end)
 
+-- What every child script starts with: fake_runtime(root, driver, over).
+local CHILD_PRELUDE = [[
+local function fake_runtime(root, driver, over)
+  local o = { image = "x:y", runRoot = root .. "/run", workspaceRoot = root .. "/work", model = "m",
+    modelUrl = "https://models.example/v1", apiKey = function() return "k" end, driver = driver }
+  for k, v in pairs(over or {}) do o[k] = v end
+  return require("sandbox.runtime").new(o)
+end
+]]
+
 -- A Lua script run in a child process whose RLIMIT_NOFILE is `nofile`
 -- (soft, and hard when `hard` is true); returns its stdout lines, exit status.
 local function child(nofile, hard, body, dir)
@@ -432,7 +443,7 @@ local function child(nofile, hard, body, dir)
   local script = dir .. "/child.lua"
   spec_fs.write(script, 'package.path = "lua/?.lua;lua/?/init.lua;spec/support/?.lua;" .. package.path\n'
     .. 'package.cpath = "' .. (package.cpath:match("(build[^;]*/%?%.so)") or "build/lua/?.so") .. ';" .. package.cpath\n'
-    .. body)
+    .. CHILD_PRELUDE .. body)
   local out = sh(string.format("sh -c 'ulimit -S -n %d%s; exec lua5.4 %s %s' 2>&1; echo \"exit=$?\"", nofile,
     hard and (" ; ulimit -H -n " .. nofile) or "", script, dir))
   return out
@@ -447,8 +458,7 @@ local fake = require "fake_driver"
 local root = arg[1]
 local lines = {}
 runtime.log = function(level, msg, fields) lines[#lines + 1] = level .. " " .. msg .. " " .. tostring(fields and fields.nofile) end
-local rt = runtime.new { image = "x:y", runRoot = root .. "/run", workspaceRoot = root .. "/work", model = "m",
-  modelUrl = "https://models.example/v1", apiKey = function() return "k" end, driver = fake.new(fake.reply(true, "d")) }
+local rt = fake_runtime(root, fake.new(fake.reply(true, "d")))
 local soft, hard = require("sandbox.core").fd_raise()
 print(lines[1], soft == hard)
 require("sandbox.async").run(function() rt:dispose() end)
@@ -584,8 +594,7 @@ local fake = require "fake_driver"
 local root = arg[1]
 runtime.log = function() end
 local d = fake.new(fake.reply(true, "done"))
-local rt = runtime.new { image = "x:y", runRoot = root .. "/run", workspaceRoot = root .. "/work", model = "m",
-  modelUrl = "https://models.example/v1", apiKey = function() return "k" end, driver = d, turnTimeoutMs = 1000 }
+local rt = fake_runtime(root, d, { turnTimeoutMs = 1000 })
 async.run(function()
   local ok, err = pcall(rt.run_turn, rt, "fake:a", { id = "g", name = "G", principalId = "p" }, "hi")
   print(ok, err, #d.calls)
@@ -631,13 +640,6 @@ describe("turn directories a cleanup could not remove (hardening.md 2)", functio
 end)
 
 describe("the reply decoder's host memory (hardening.md 7; behaviour 7)", function()
-  local function status_kib(field)
-    local f = assert(io.open("/proc/self/status"))
-    local s = f:read("a")
-    f:close()
-    return tonumber(s:match(field .. ":%s+(%d+) kB"))
-  end
-
   it("refuses a 2 MiB [{},{},…] stdout before building, with peak RSS within 4x the 2 MiB cap", function()
     if not service_account() then return end
     local root = tmproot()
@@ -652,18 +654,11 @@ describe("the reply decoder's host memory (hardening.md 7; behaviour 7)", functi
     local cli = require "sandbox.drivers.cli"
     local rt = runtime.new(options_for(root, { driver = cli { binary = root .. "/docker" } }))
     local before = collectgarbage("count")
-    collectgarbage()
-    collectgarbage()
-    -- reset the peak (VmHWM) to the current resident size, then run the turn
-    local f = io.open("/proc/self/clear_refs", "w")
-    local reset = f and f:write("5") and f:close()
-    assert.truthy(reset, "cannot reset VmHWM")
-    local rss0 = status_kib("VmRSS")
-    local ok, err = run(function() return pcall(rt.run_turn, rt, "fake:amp", GUEST, "hi") end)
-    local peak = status_kib("VmHWM")
+    local grew, ok, err = probe_images.peak_growth(function()
+      return run(function() return pcall(rt.run_turn, rt, "fake:amp", GUEST, "hi") end)
+    end)
     assert.is_false(ok)
     assert.equal("invalid sandbox reply", err)
-    local grew = (peak - rss0) * 1024
     assert.is_true(grew <= 4 * 2097152, string.format("peak grew by %.1f MiB", grew / MIB))
     assert.is_true(collectgarbage("count") - before < 16 * 1024)
     run(function() rt:dispose() end)

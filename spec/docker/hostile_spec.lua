@@ -21,6 +21,7 @@ local json = require "sandbox.json"
 local runtime = require "sandbox.runtime"
 local sandbox = require "sandbox"
 local seccomp = require "sandbox.runtime._seccomp"
+local probe_images = require "probe_images"
 local spec_fs = require "spec_fs"
 
 local ENABLED = os.getenv("SANDBOX_DOCKER_TEST") == "1"
@@ -99,24 +100,10 @@ describe("hostile guests on real Docker", function()
   end
 
   setup(function()
-    assert.equal("Linux", sh("uname -s"))
-    assert.is_not.equal(0, (core.getuid()), "run the Docker specs as the non-root sbx account")
-    local out, rc = sh("docker info")
-    assert.equal(0, rc, "the Docker daemon does not answer (make deps starts it)")
-    out, rc = sh("docker image inspect " .. IMAGE)
-    assert.equal(0, rc, "make image first (" .. IMAGE .. ")")
+    probe_images.require_docker(IMAGE)
     root = spec_fs.tmpdir("sb-hostile", roots, spec_fs.short_tmp())
-    os.execute("mkdir -p " .. q(root .. "/ctx"))
-    out, rc = sh("cc -static -O2 -o " .. q(root .. "/ctx/attack") .. " spec/fixtures/hostile/attack.c")
-    assert.equal(0, rc, out)
-    for _, mode in ipairs(MODES) do
-      local f = assert(io.open(root .. "/ctx/Dockerfile", "w"))
-      f:write("FROM scratch\nCOPY attack /attack\nUSER 1000:1000\nENTRYPOINT [\"/attack\", \"" .. mode .. "\"]\n")
-      f:close()
-      images[mode] = "pi-roundtable-sandbox-test/harden-" .. mode .. ":" .. TAG
-      out, rc = sh("docker build -q -t " .. images[mode] .. " " .. q(root .. "/ctx"))
-      assert.equal(0, rc, out)
-    end
+    images = probe_images.build(root, "spec/fixtures/hostile/attack.c", MODES,
+      function(mode) return "pi-roundtable-sandbox-test/harden-" .. mode .. ":" .. TAG end)
     server = assert(core.http_server {
       on_request = function(req)
         local body = json.decode(req.body or "")
@@ -136,10 +123,7 @@ describe("hostile guests on real Docker", function()
   teardown(function()
     if rt then async.run(function() rt:dispose() end) end
     if server then server:close() end
-    for _, image in pairs(images) do
-      sh("docker ps -aq --filter ancestor=" .. image .. " | xargs -r docker rm -f")
-      sh("docker image rm " .. image)
-    end
+    probe_images.remove(images)
     for _, r in ipairs(roots) do os.execute("rm -rf " .. q(r)) end
   end)
 
@@ -248,20 +232,7 @@ describe("hostile guests on real Docker", function()
   end)
 
   it("refuses the amplifying 2 MiB [{},...] stdout before building it, host memory within 4x the cap (behaviour 7)", function()
-    local function kib(field)
-      local f = assert(io.open("/proc/self/status"))
-      local s = f:read("a")
-      f:close()
-      return tonumber(s:match(field .. ":%s+(%d+) kB"))
-    end
-    collectgarbage()
-    collectgarbage()
-    local f = assert(io.open("/proc/self/clear_refs", "w"))
-    f:write("5")
-    f:close()
-    local rss0 = kib("VmRSS")
-    local res = turn(rt, "fake:amplify", "ATTACK:amplify")
-    local grew = (kib("VmHWM") - rss0) * 1024
+    local grew, res = probe_images.peak_growth(function() return turn(rt, "fake:amplify", "ATTACK:amplify") end)
     assert.equal(errors.REPLY, res.raised)
     assert.is_true(grew <= 4 * 2097152, string.format("peak grew by %.1f MiB", grew / MIB))
     -- and again with a bystander at the same time

@@ -11,6 +11,7 @@
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
+local probe_images = require "probe_images"
 local sandbox = require "sandbox"
 local spec_fs = require "spec_fs"
 
@@ -65,24 +66,10 @@ describe("sealed turn guarantees on real Docker", function()
   end
 
   setup(function()
-    assert.equal("Linux", sh("uname -s"))
-    assert.is_not.equal(0, (core.getuid()), "run the Docker specs as the non-root sbx account")
-    local out, rc = sh("docker info")
-    assert.equal(0, rc, "the Docker daemon does not answer (make deps starts it)")
-    out, rc = sh("docker image inspect " .. IMAGE)
-    assert.equal(0, rc, "make image first")
+    probe_images.require_docker(IMAGE)
     root = spec_fs.tmpdir("sb-sealed")
-    os.execute("mkdir -p " .. q(root .. "/ctx"))
-    out, rc = sh("cc -static -O2 -o " .. q(root .. "/ctx/probe") .. " spec/fixtures/hostile/probe.c")
-    assert.equal(0, rc, out)
-    for _, mode in ipairs(MODES) do
-      local f = assert(io.open(root .. "/ctx/Dockerfile", "w"))
-      f:write("FROM scratch\nCOPY probe /probe\nUSER 1000:1000\nENTRYPOINT [\"/probe\", \"" .. mode .. "\"]\n")
-      f:close()
-      images[mode] = "sbx-sealed-spec-" .. mode .. ":" .. TAG
-      out, rc = sh("docker build -q -t " .. images[mode] .. " " .. q(root .. "/ctx"))
-      assert.equal(0, rc, out)
-    end
+    images = probe_images.build(root, "spec/fixtures/hostile/probe.c", MODES,
+      function(mode) return "sbx-sealed-spec-" .. mode .. ":" .. TAG end)
     server = assert(core.http_server {
       on_request = function(req)
         in_flight = in_flight + 1
@@ -118,10 +105,7 @@ describe("sealed turn guarantees on real Docker", function()
   teardown(function()
     if rt then async.run(function() local t = rt:dispose(); if t then async.wait(t) end end) end
     if server then server:close() end
-    for _, image in pairs(images) do
-      sh("docker ps -aq --filter ancestor=" .. image .. " | xargs -r docker rm -f")
-      sh("docker image rm " .. image)
-    end
+    probe_images.remove(images)
     if root then spec_fs.rmdir(root, "sb-sealed") end
   end)
 
