@@ -642,6 +642,12 @@ end)
 describe("the reply decoder's host memory (hardening.md 7; behaviour 7)", function()
   it("refuses a 2 MiB [{},{},…] stdout before building, with peak RSS within 4x the 2 MiB cap", function()
     if not service_account() then return end
+    if package.cpath:match("build%-asan/") then
+      -- ASan keeps freed blocks in quarantine and pads every one: a peak
+      -- there measures the sanitizer; the normal build's run measures this
+      pending("peak RSS is measured against the normal build, not the sanitizer's")
+      return
+    end
     local root = tmproot()
     -- a fake docker CLI whose `run` prints the amplifying reply (just under 2 MiB)
     local doc = '{"ok":true,"text":"x","pad":[' .. string.rep("{},", 699000) .. '{}]}'
