@@ -14,7 +14,8 @@
  *
  * Design. Descriptors are budgeted, not first come: the limit is split into
  *   base       what was open when the process last had no turn running
- *              (measured at the first turn after such a moment),
+ *              (measured at the first turn after such a moment; while turns
+ *              run, whatever is open beyond every charge raises it),
  *   reserve    SBX_FD_HOST_RESERVE for the host's own work,
  *   turns      SBX_FD_TURN_COST + SBX_FD_GUARANTEED_CONNS per running turn,
  *   headroom   SBX_FD_TURN_HEADROOM turns' worth, so the next turn can start,
@@ -169,9 +170,13 @@ static int l_fd_turn_acquire(lua_State *L) {
   long need;
   init();
   B.limit = soft_limit();
-  if (B.turns == 0 && B.pool_used == 0) {          /* idle: measure again */
+  {
+    /* Idle: measure the host's own again. Busy: what is open beyond every
+     * charge is the host's own too, so the base only grows then (a host that
+     * is never idle does not drift below its real use). */
     long n = count_open();
-    if (n >= 0) B.base = n;
+    if (n >= 0 && B.turns == 0 && B.pool_used == 0) B.base = n;
+    else if (n >= 0 && n - B.turns * PER_TURN - B.pool_used > B.base) B.base = n - B.turns * PER_TURN - B.pool_used;
   }
   need = committed(B.turns + 1) + B.pool_used - B.limit;
   if (need > 0) {

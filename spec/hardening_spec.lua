@@ -469,39 +469,66 @@ require("sandbox.async").run(function() rt:dispose() end)
 
   it("budgets connections: 2 guaranteed per listener, the rest from the pool, over-share closed at once", function()
     if not service_account() then return end
-    -- 54 descriptors: the base (~12), the host reserve (24) and one turn's
-    -- headroom (8) leave a pool of about 10 pooled connections
-    local out = child(54, true, [[
+    local dir = tmproot()
+    -- the guests' side, another process (as the containers are): 16
+    -- connections to a.sock, then 6 to b.sock, held until told to stop
+    spec_fs.write(dir .. "/guests.lua", [[
+package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+package.cpath = "build/lua/?.so;" .. package.cpath
 local core = require "sandbox.core"
 local async = require "sandbox.async"
 local dir = arg[1]
+local function flag(name) local f = io.open(dir .. "/" .. name) if f then f:close() return true end end
+local function touch(name) local f = io.open(dir .. "/" .. name, "w") f:close() end
+local held = {}
+async.run(function()
+  while not flag("listening") do async.sleep(10) end
+  for _ = 1, 16 do held[#held + 1] = core.unix_stream(dir .. "/a.sock", function() end) end
+  async.sleep(100)
+  touch("a.done")
+  for _ = 1, 6 do held[#held + 1] = core.unix_stream(dir .. "/b.sock", function() end) end
+  async.sleep(100)
+  touch("b.done")
+  while not flag("stop") do async.sleep(10) end
+end)
+]])
+    -- 70 descriptors: the base (~12), the host reserve (24), the two turns
+    -- the listeners belong to (2 x 8) and one turn's headroom (8) leave a
+    -- pool of about 10 pooled connections
+    local out = child(70, true, [[
+local core = require "sandbox.core"
+local async = require "sandbox.async"
+local dir = arg[1]
+local function flag(name) local f = io.open(dir .. "/" .. name) if f then f:close() return true end end
+local function touch(name) local f = io.open(dir .. "/" .. name, "w") f:close() end
 local function listen(name)
   return assert(core.broker_listen { path = dir .. "/" .. name .. ".sock", routes = { "/model" },
     on_call = function(call) call:reply(200, "{}") end })
 end
 core.fd_budget()                           -- measured before any connection
+assert(core.fd_turn_acquire() and core.fd_turn_acquire(), "the listeners' two turns")
 local l1, l2 = listen("a"), listen("b")
-local conns = {}
+os.execute("lua5.4 " .. dir .. "/guests.lua " .. dir .. " &")
+touch("listening")
 async.run(function()
-  for _ = 1, 16 do conns[#conns + 1] = core.unix_stream(dir .. "/a.sock", function() end) end
-  async.sleep(100)
+  while not flag("a.done") do async.sleep(10) end
   local pool = core.fd_budget().pool
   local a = l1:stats().connections
-  for _ = 1, 6 do conns[#conns + 1] = core.unix_stream(dir .. "/b.sock", function() end) end
-  async.sleep(100)
+  while not flag("b.done") do async.sleep(10) end
   print("pool", pool, "used", core.fd_budget().pool_used, "a", a, "b", l2:stats().connections)
-  -- the first turn takes the headroom; the second's charge does not fit
-  -- beside the pooled connections until idle ones are reclaimed
+  -- a third turn takes the headroom; a fourth's charge does not fit beside
+  -- the pooled connections until idle ones are reclaimed
   print("first", core.fd_turn_acquire())
   local ok, short = core.fd_turn_acquire()
   print("second", ok, short)
   local closed = core.broker_reclaim(short)
   async.sleep(20)
   print("reclaimed", closed, core.fd_turn_acquire(), l1:stats().connections)
+  touch("stop")
   l1:stop()
   l2:stop()
 end)
-]])
+]], dir)
     local pool, used, a, b = out:match("pool\t(%d+)\tused\t(%d+)\ta\t(%d+)\tb\t(%d+)")
     assert.truthy(pool, out)
     pool, used, a, b = tonumber(pool), tonumber(used), tonumber(a), tonumber(b)
