@@ -7,7 +7,10 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 
 #include "aux.h"
 
@@ -173,13 +176,67 @@ int sbx__push_failure(lua_State *L, int err, const char *msg) {
 
 /* ---- process ------------------------------------------------------------------------ */
 
+/* The operator log's format for the core's own lines (spec/operations.md
+   2): Lua's logger (lua/sandbox/log.lua) sets it, so the few lines written
+   from C look like the others. Process-wide, like stderr. */
+static int log_json;
+
+void sbx__log_set_json(int json) { log_json = json; }
+
+int sbx__log_journal(void) {
+  const char *js = getenv("JOURNAL_STREAM");
+  unsigned long long dev, ino;
+  struct stat st;
+  if (js == NULL || sscanf(js, "%llu:%llu", &dev, &ino) != 2) return 0;
+  if (fstat(2, &st) != 0) return 0;
+  return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
+size_t sbx__log_time(char *buf, size_t n) {
+  struct timespec ts;
+  struct tm tm;
+  size_t k;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  gmtime_r(&ts.tv_sec, &tm);
+  k = strftime(buf, n, "%Y-%m-%dT%H:%M:%S", &tm);
+  if (k == 0 || k + 6 > n) { if (n > 0) buf[0] = '\0'; return 0; }
+  k += (size_t)snprintf(buf + k, n - k, ".%03ldZ", ts.tv_nsec / 1000000);
+  return k;
+}
+
+static int syslog_priority(const char *level) {
+  if (strcmp(level, "error") == 0) return 3;
+  if (strcmp(level, "warn") == 0) return 4;
+  if (strcmp(level, "debug") == 0) return 7;
+  return 6;
+}
+
 void sbx__log(const char *level, const char *fmt, ...) {
-  char msg[512];
+  char msg[512], esc[1100], when[40];
+  size_t i, k = 0;
+  int journal = sbx__log_journal();
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "sbx: %s: %s\n", level, msg);
+  when[0] = '\0';
+  if (!journal) sbx__log_time(when, sizeof when);
+  if (!log_json) {
+    if (journal) fprintf(stderr, "<%d>%s %s\n", syslog_priority(level), level, msg);
+    else fprintf(stderr, "%s %s %s\n", when, level, msg);
+    return;
+  }
+  for (i = 0; msg[i] != '\0' && k + 7 < sizeof esc; i++) {
+    unsigned char c = (unsigned char)msg[i];
+    if (c == '"' || c == '\\') { esc[k++] = '\\'; esc[k++] = (char)c; }
+    else if (c < 0x20) k += (size_t)snprintf(esc + k, sizeof esc - k, "\\u%04x", c);
+    else esc[k++] = (char)c;
+  }
+  esc[k] = '\0';
+  if (journal)
+    fprintf(stderr, "<%d>{\"level\":\"%s\",\"msg\":\"%s\"}\n", syslog_priority(level), level, esc);
+  else
+    fprintf(stderr, "{\"time\":\"%s\",\"level\":\"%s\",\"msg\":\"%s\"}\n", when, level, esc);
 }
 
 void sbx__ignore_sigpipe(void) {

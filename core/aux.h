@@ -107,8 +107,16 @@ int sbx__errno_from_name(const char *name);
 
 /* ---- process ---------------------------------------------------------------- */
 
-/* Operator log line on stderr: "sbx: <level>: <msg>". Never pass payloads. */
+/* Operator log line on stderr in the operator log's format (spec/operations.md
+ * 2): "<time> <level> <msg>", or one JSON object when sbx__log_set_json(1),
+ * and with a syslog priority prefix instead of the time when stderr is the
+ * journal (JOURNAL_STREAM). Never pass payloads. */
 void sbx__log(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sbx__log_set_json(int json);
+/* 1 when JOURNAL_STREAM names the device and inode of stderr. */
+int sbx__log_journal(void);
+/* The current UTC time as 2026-12-01T19:43:22.104Z into buf; its length. */
+size_t sbx__log_time(char *buf, size_t n);
 
 /* A write to a peer that left must fail with EPIPE, not kill the process:
  * SIGPIPE is ignored process-wide (when it was at its default) as soon as

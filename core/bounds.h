@@ -15,6 +15,7 @@
 #define SBX_MAX_BODY_BYTES         262144
 #define SBX_MAX_UPSTREAM_BYTES     1048576
 #define SBX_MAX_REPLY_BYTES        1048576
+#define SBX_MAX_ERROR_BODY_BYTES   4096    /* a non-2xx body read for the log (providers.md 4) */
 #define SBX_MAX_JSON_DEPTH         64
 #define SBX_MAX_SOCKET_PATH        100
 #define SBX_DEFAULT_MAX_CALLS      48

@@ -58,6 +58,8 @@ typedef struct {
   int in_value;
   int bad;                  /* step 0: framing error */
   int refused;              /* step 3: forbidden, unknown or repeated name */
+  const char *refused_name; /* the first such name (in the original bytes) */
+  size_t refused_len;
   unsigned seen;            /* bit per permitted name seen */
   int te;                   /* a Transfer-Encoding header was present */
   int has_cl;
@@ -124,6 +126,16 @@ static int eq(const char *s, size_t n, const char *w) {
   return strlen(w) == n && memcmp(s, w, n) == 0;
 }
 
+/* Step 3 for the header being collected; the first refused name is kept
+   for the audit line. */
+static void refuse_name(scan_t *sc) {
+  if (!sc->refused) {
+    sc->refused_name = sc->name;
+    sc->refused_len = sc->nlen;
+  }
+  sc->refused = 1;
+}
+
 static void finish_header(scan_t *sc) {
   const char *v = sc->val ? sc->val : "";
   size_t vn = sc->val ? sc->vlen : 0;
@@ -138,7 +150,7 @@ static void finish_header(scan_t *sc) {
   for (i = 0; i < H_NPERMITTED; i++)
     if (name_is(sc->name, sc->nlen, permitted[i])) { idx = i; break; }
   if (name_is(sc->name, sc->nlen, "transfer-encoding")) sc->te = 1;
-  if (idx < 0) { sc->refused = 1; return; }
+  if (idx < 0) { refuse_name(sc); return; }
 
   if (idx == H_CONTENT_LENGTH) {
     size_t k;
@@ -156,7 +168,7 @@ static void finish_header(scan_t *sc) {
     if (!eq(v, vn, SBX_DUMMY_AUTHORIZATION)) sc->auth_bad = 1;
     if (sc->auth == NULL) sc->auth = v;
   }
-  if (sc->seen & (1u << idx)) { sc->refused = 1; return; }
+  if (sc->seen & (1u << idx)) { refuse_name(sc); return; }
   sc->seen |= 1u << idx;
   if (idx == H_HOST) { sc->host = v; sc->host_len = vn; }
 }
@@ -224,7 +236,9 @@ void sbx__head_accept(sbx__head_result_t *out, int step, size_t route, const sbx
   out->status = 0;
   out->step = step;
   out->body = NULL;
+  out->reason = NULL;
   out->route = route;
+  out->routed = 1;
   out->has_length = f->has_length;
   out->length = f->length;
 }
@@ -280,10 +294,14 @@ int sbx__head_scan(const char *head, size_t len, sbx__head_facts_t *f) {
 
   memset(f, 0, sizeof *f);
   if (head == NULL || len == 0 || len > SBX_MAX_HEAD_BYTES) return -1;
-  if (sbx__head_end(head, len, 0) != len || !lines_ok(head, len)) return -1;
+  if (sbx__head_end(head, len, 0) != len) return -1;
 
-  /* Request line: method SP target SP version CRLF. */
+  /* Request line: method SP target SP version CRLF (its own line ending
+     first, so a framing error is known to be the request line's or the
+     header lines': the audit line says which). */
   eol = memchr(head, '\n', len);
+  if (eol == NULL || eol == head || eol[-1] != '\r' ||
+      memchr(head, '\r', (size_t)(eol - head) - 1) != NULL) return -1;
   line_len = (size_t)(eol - head) - 1;          /* without CRLF; lines_ok: CR */
   sp1 = memchr(head, ' ', line_len);
   if (sp1 == NULL || !is_token(head, (size_t)(sp1 - head))) return -1;
@@ -299,6 +317,8 @@ int sbx__head_scan(const char *head, size_t len, sbx__head_facts_t *f) {
     if (c >= 0x80 || c == '\t' || c == '\f') bad_url = 1;
     else if (c < 0x21 || c == 0x7f) return -1;
   }
+  f->line_ok = 1;
+  if (!lines_ok(head, len)) return -1;
 
   /* Headers: http_parser over `POST / <version>` + the rest of the head. */
   inlen = sizeof prefix - 1 + (len - (size_t)(ver - head));
@@ -327,6 +347,8 @@ int sbx__head_scan(const char *head, size_t len, sbx__head_facts_t *f) {
   f->bad_url = bad_url;
   f->is_post = eq(head, (size_t)(sp1 - head), "POST");
   f->header_refused = sc.refused;
+  f->refused_name = sc.refused_name;
+  f->refused_len = sc.refused_len;
   f->auth_present = sc.auth != NULL;
   f->auth_bad = sc.auth_bad;
   f->host = sc.host;
@@ -344,30 +366,54 @@ size_t sbx__route_find(const sbx__route_t *routes, size_t nroutes, const char *t
   return nroutes;
 }
 
+/* A refusal with its audit reason (spec/operations.md 3). */
+static void refuse(sbx__head_result_t *out, int step, int status, const char *body,
+                   const char *reason) {
+  sbx__head_refuse(out, step, status, body);
+  out->reason = reason;
+}
+
 void sbx__head_decide(const char *head, size_t len, const sbx__head_ctx_t *ctx,
                       sbx__head_result_t *out) {
   sbx__head_facts_t f;
   size_t i;
 
   memset(out, 0, sizeof *out);
-  sbx__head_refuse(out, 0, 400, SBX_BODY_BAD_REQUEST);
-  if (sbx__head_scan(head, len, &f) != 0) return;
-  if (f.bad_url) { sbx__head_refuse(out, 1, 400, SBX_BODY_INVALID_URL); return; }
-  if (!f.is_post || memchr(f.target, '?', f.target_len) != NULL ||
-      memchr(f.target, '#', f.target_len) != NULL) {
-    sbx__head_refuse(out, 2, 404, SBX_BODY_NOT_FOUND);
+  if (sbx__head_scan(head, len, &f) != 0) {
+    /* step 0's audit reason: "method" while the request line is at fault,
+       "header" from the header lines on (the head as a whole included) */
+    refuse(out, 0, 400, SBX_BODY_BAD_REQUEST, f.line_ok || head == NULL || len > SBX_MAX_HEAD_BYTES
+           ? "header" : "method");
     return;
   }
-  if (f.header_refused) { sbx__head_refuse(out, 3, 403, SBX_BODY_FORBIDDEN_HDR); return; }
-  if (f.auth_bad) { sbx__head_refuse(out, 4, 403, SBX_BODY_FORBIDDEN_CRED); return; }
-  if (!sbx__head_host_ok(&f)) { sbx__head_refuse(out, 5, 403, SBX_BODY_FORBIDDEN_HOST); return; }
+  if (f.bad_url) { refuse(out, 1, 400, SBX_BODY_INVALID_URL, "unknown_route"); return; }
+  if (!f.is_post) { refuse(out, 2, 404, SBX_BODY_NOT_FOUND, "method"); return; }
+  if (memchr(f.target, '?', f.target_len) != NULL || memchr(f.target, '#', f.target_len) != NULL) {
+    refuse(out, 2, 404, SBX_BODY_NOT_FOUND, "query");
+    return;
+  }
+  if (f.header_refused) {
+    refuse(out, 3, 403, SBX_BODY_FORBIDDEN_HDR, "header");
+    out->header = f.refused_name;
+    out->header_len = f.refused_len;
+    return;
+  }
+  if (f.auth_bad) { refuse(out, 4, 403, SBX_BODY_FORBIDDEN_CRED, "credential_header"); return; }
+  if (!sbx__head_host_ok(&f)) {
+    refuse(out, 5, 403, SBX_BODY_FORBIDDEN_HOST, "header");
+    out->header = "host";
+    out->header_len = 4;
+    return;
+  }
   i = ctx != NULL ? sbx__route_find(ctx->routes, ctx->nroutes, f.target, f.target_len) : 0;
   if (ctx == NULL || i == ctx->nroutes) {
-    sbx__head_refuse(out, 6, 404, SBX_BODY_NOT_FOUND);
+    refuse(out, 6, 404, SBX_BODY_NOT_FOUND, "unknown_route");
     return;
   }
-  if (ctx->turn_ended) { sbx__head_refuse(out, 7, 410, SBX_BODY_TURN_ENDED); return; }
-  if (ctx->busy) { sbx__head_refuse(out, 8, 429, SBX_BODY_BUSY); return; }
+  out->route = i;            /* steps 7 and 8 refuse a known route */
+  out->routed = 1;
+  if (ctx->turn_ended) { refuse(out, 7, 410, SBX_BODY_TURN_ENDED, "after_turn"); return; }
+  if (ctx->busy) { refuse(out, 8, 429, SBX_BODY_BUSY, ctx->no_budget ? "budget" : "busy"); return; }
 
   sbx__head_accept(out, 9, i, &f);
 }

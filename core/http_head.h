@@ -23,12 +23,23 @@ typedef struct sbx__head_ctx {
   size_t nroutes;
   int turn_ended;     /* step 7: the turn signal has aborted */
   int busy;           /* step 8: a call is in flight or no budget remains */
+  int no_budget;      /* step 8's audit reason: set when the budget is spent
+                         (then "budget"), else a busy refusal is "busy" */
 } sbx__head_ctx_t;
 
 typedef struct sbx__head_result {
   int status;         /* 0: accepted (step 9 may run); else 400/403/404/410/429 */
   int step;           /* the step that decided: 0..8, or 9 when accepted */
   const char *body;   /* the fixed refusal body (NUL-terminated), NULL if accepted */
+  const char *reason; /* the audit reason of a refusal (spec/operations.md 3):
+                         "header", "method", "query", "credential_header",
+                         "unknown_route", "after_turn", "budget", "busy";
+                         NULL if accepted. A static string. */
+  const char *header; /* step 3 and 5: the refused header's name as sent
+                         (points into the head), or NULL; header_len bytes */
+  size_t header_len;
+  int routed;         /* the target matched a route: accepted, or refused at
+                         step 7 or 8 (route is then its index) */
   size_t route;       /* accepted: index into ctx->routes */
   int has_length;     /* accepted: a Content-Length header was present */
   uint64_t length;    /* accepted: its value, saturated at UINT64_MAX */
@@ -54,6 +65,10 @@ typedef struct sbx__head_facts {
   int bad_url;          /* a target byte >= 0x80, HT or FF (step 1) */
   int is_post;          /* method exactly POST */
   int header_refused;   /* a name outside the permitted list, or one twice */
+  const char *refused_name; /* the first such name (for the audit line) */
+  size_t refused_len;
+  int line_ok;          /* scan: the request line passed (a framing error
+                           after it is in the header lines) */
   int auth_present;     /* an Authorization header was seen */
   int auth_bad;         /* some Authorization value is not exactly the dummy */
   const char *host;     /* first Host value, or NULL */

@@ -47,6 +47,15 @@
  * bodies at opts.max_body and hands any strict-JSON body to on_call; the
  * framing, deadlines, connection cap and reply format are the same.
  *
+ * Every request that does not reach on_call (a refusal at steps 0-12, a
+ * connection over the cap, an expired head or request deadline before the
+ * call) is reported to opts.on_refused once its reply is written, as data:
+ * {reason, status, accepted (the budget was spent), route (the index step 2
+ * matched, when one did), header (step 3/5's refused name, when it is a
+ * token of at most 64 bytes)}; the
+ * reason is the audit vocabulary of spec/operations.md 3. A call handed to
+ * Lua learns why its connection closed from call:on_close(fn(why)).
+ *
  * Lua is only called from libuv callbacks through sbx__loop(L)->L (the thread
  * running core.run), or from the caller's own thread inside a method, and
  * never once the listener userdata has been collected (state closing).
@@ -100,6 +109,7 @@ struct lst {
   uint64_t head_ms;
   uint64_t request_ms;
   int on_call_ref;
+  int on_refused_ref;      /* opts.on_refused, or LUA_NOREF */
   int self_ref;            /* the userdata, anchored until stop() */
   sbx__route_t *routes;
   size_t nroutes;
@@ -132,6 +142,7 @@ struct conn {
   size_t route;
   size_t drained;          /* bytes discarded after the request */
   char *reply;
+  const char *why;         /* why it closes without a reply (on_close's argument) */
   call_t *call;            /* the pending call, until reply or close */
   int call_ref;            /* registry ref keeping that userdata alive */
 };
@@ -155,6 +166,71 @@ static void lst_release(lst_t *lst) {
   free(lst);
 }
 
+
+/* ---- refusals as data (spec/operations.md 3) ----------------------------- */
+
+typedef struct {
+  const char *reason;
+  int status;              /* the status written, 0 when nothing was */
+  long route;              /* index into lst->routes, or -1 */
+  int accepted;            /* step 9 passed: the budget was spent */
+  const char *header;
+  size_t header_len;
+} refusal_t;
+
+/* Protected: (fn, refusal) -> fn({reason=, status=, route=, header=}). */
+static int push_refusal(lua_State *L) {
+  const refusal_t *r = lua_touserdata(L, 2);
+  size_t i;
+  lua_settop(L, 1);
+  lua_createtable(L, 0, 4);
+  lua_pushstring(L, r->reason);
+  lua_setfield(L, -2, "reason");
+  lua_pushinteger(L, r->status);
+  lua_setfield(L, -2, "status");
+  lua_pushboolean(L, r->accepted);
+  lua_setfield(L, -2, "accepted");
+  if (r->route >= 0) {
+    lua_pushinteger(L, (lua_Integer)r->route + 1);
+    lua_setfield(L, -2, "route");
+  }
+  if (r->header != NULL && r->header_len > 0 && r->header_len <= 64) {
+    char name[64];
+    for (i = 0; i < r->header_len; i++) {
+      unsigned char c = (unsigned char)r->header[i];
+      if (!sbx__http_is_tchar(c)) break;
+      name[i] = (char)(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    }
+    if (i == r->header_len) {
+      lua_pushlstring(L, name, r->header_len);
+      lua_setfield(L, -2, "header");
+    }
+  }
+  lua_call(L, 1, 0);
+  return 0;
+}
+
+/* Hands one refusal to opts.on_refused. Call it last on a path: the handler
+   may stop the listener (lst stays valid: a reference is held meanwhile). */
+static void report(lst_t *lst, const char *reason, int status, long route, int accepted,
+                   const char *header, size_t header_len) {
+  lua_State *L;
+  refusal_t r;
+  if (lst->on_refused_ref == LUA_NOREF || lst->lua_gone || reason == NULL) return;
+  L = lst->lp->L;
+  r.reason = reason;
+  r.status = status;
+  r.route = route;
+  r.accepted = accepted;
+  r.header = header;
+  r.header_len = header_len;
+  lst->refs++;
+  lua_pushcfunction(L, push_refusal);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lst->on_refused_ref);
+  lua_pushlightuserdata(L, &r);
+  sbx__pcall(L, 2);
+  lst_release(lst);
+}
 
 /* ---- connection teardown ------------------------------------------------ */
 
@@ -203,7 +279,7 @@ static call_t *conn_close(conn_t *c, int *ref) {
  * was not replied to, then drops the ref. Touches no connection: the handler
  * may run the loop, and so free connections.
  */
-static void call_closed(lua_State *L, call_t *call, int ref, int fire) {
+static void call_closed(lua_State *L, call_t *call, int ref, int fire, const char *why) {
   if (call == NULL) return;
   if (L == NULL) return;   /* state closing: one registry slot stays, harmless */
   if (fire && !call->replied && !call->close_fired) {
@@ -211,7 +287,8 @@ static void call_closed(lua_State *L, call_t *call, int ref, int fire) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
     if (lua_getiuservalue(L, -1, UV_ON_CLOSE) == LUA_TFUNCTION) {
       lua_remove(L, -2);             /* the registry ref keeps the call alive */
-      sbx__pcall(L, 0);
+      lua_pushstring(L, why != NULL ? why : "client_closed");
+      sbx__pcall(L, 1);
     } else {
       lua_pop(L, 2);
     }
@@ -223,9 +300,10 @@ static void call_closed(lua_State *L, call_t *call, int ref, int fire) {
    touch c afterwards. */
 static void conn_destroy(conn_t *c, lua_State *L, int fire) {
   int ref;
+  const char *why = c->why;
   call_t *call = conn_close(c, &ref);
   if (c->lst->lua_gone) L = NULL;
-  call_closed(L, call, ref, fire);
+  call_closed(L, call, ref, fire, why);
 }
 
 static lua_State *loop_L(conn_t *c) {
@@ -310,13 +388,17 @@ static void reply_text(conn_t *c, int status, const char *body) {
   conn_reply(c, status, CT_TEXT, body, strlen(body));
 }
 
-/* A refusal from C after step 9: the slot goes back, the budget stays spent. */
-static void fail_accepted(conn_t *c, int status, const char *body) {
+/* A refusal from C after step 9: the slot goes back, the budget stays spent;
+   reported last (with the route step 2 matched). */
+static void fail_accepted(conn_t *c, int status, const char *body, const char *reason) {
+  lst_t *lst = c->lst;
+  long route = (long)c->route;
   if (c->holds_slot) {
     c->holds_slot = 0;
-    c->lst->in_flight = 0;
+    lst->in_flight = 0;
   }
   reply_text(c, status, body);
+  report(lst, reason, status, route, 1, NULL, 0);
 }
 
 /* ---- timers ------------------------------------------------------------- */
@@ -337,12 +419,29 @@ static void on_timer(uv_timer_t *t) {
   conn_t *c = t->data;
   if (c->state == C_CLOSING) return;
   if (c->polling) {
-    if (uv_now(t->loop) < c->deadline && !peer_hung_up(c)) return;
+    if (uv_now(t->loop) < c->deadline) {
+      if (!peer_hung_up(c)) return;
+      c->polling = 0;
+      uv_timer_stop(t);
+      c->why = "client_closed";
+      conn_destroy(c, loop_L(c), 1);
+      return;
+    }
     c->polling = 0;
     uv_timer_stop(t);
   }
-  /* Head deadline, request deadline or end of linger: close, no reply. */
-  conn_destroy(c, loop_L(c), 1);
+  /* Head deadline, request deadline or end of linger: close, no reply. A
+     request that never reached Lua is reported; a call's on_close hears
+     why. */
+  {
+    lst_t *lst = c->lst;
+    int state = c->state;
+    long route = (long)c->route;
+    c->why = state == C_HEAD ? "header_deadline" : "request_deadline";
+    conn_destroy(c, loop_L(c), 1);
+    if (state == C_HEAD) report(lst, "header_deadline", 0, -1, 0, NULL, 0);
+    else if (state == C_BODY) report(lst, "request_deadline", 0, route, 1, NULL, 0);
+  }
 }
 
 static void arm_timer(conn_t *c, uint64_t ms) {
@@ -364,6 +463,11 @@ static void start_polling(conn_t *c) {
 
 /* ---- the pipeline: steps 9-12 and the handoff to Lua ---------------------- */
 
+/* The audit reasons of a refusal at steps 10-12, by prep_call's code. */
+enum { R_MALFORMED, R_PAYLOAD, R_AFTER_TURN, R_CLIENT_CLOSED, R_COUNT };
+static const char *const body_reasons[R_COUNT] = {
+  "malformed_json", "payload", "after_turn", "client_closed"};
+
 /*
  * Protected (lua_pcall) part of steps 10-12 so that a Lua memory error never
  * unwinds through libuv. Argument: the connection (light userdata). Returns
@@ -377,15 +481,18 @@ static int prep_call(lua_State *L) {
   call_t *call;
   if (sbx__json_decode(L, c->buf, c->body_len, NULL) != 0) {          /* 10 */
     lua_pushinteger(L, 502);
-    return 1;
+    lua_pushinteger(L, R_MALFORMED);
+    return 2;
   }
   if (!lst->precheck && !sbx__json_is_object(L, -1)) {               /* 11 */
     lua_pushinteger(L, 400);
-    return 1;
+    lua_pushinteger(L, R_PAYLOAD);
+    return 2;
   }
   if (lst->turn_ended || c->peer_eof) {                               /* 12 */
     lua_pushinteger(L, 502);
-    return 1;
+    lua_pushinteger(L, lst->turn_ended ? R_AFTER_TURN : R_CLIENT_CLOSED);
+    return 2;
   }
   if (lst->test_echo) { lua_pushinteger(L, 200); return 1; }
   call = lua_newuserdatauv(L, sizeof *call, 3);
@@ -419,17 +526,19 @@ static void body_complete(conn_t *c) {
   if (lua_pcall(L, 1, 3, 0) != LUA_OK) {
     lua_pop(L, 1);
     if (c->call_ref != LUA_NOREF && c->call == NULL) sbx__unref(L, &c->call_ref);
-    fail_accepted(c, 502, SBX_BODY_CALL_FAILED);
+    fail_accepted(c, 502, SBX_BODY_CALL_FAILED, "malformed_json");
     return;
   }
   status = (int)lua_tointeger(L, -3);
   if (status != 0) {
+    lua_Integer k = lua_tointeger(L, -2);
+    const char *reason = body_reasons[k >= 0 && k < R_COUNT ? k : R_MALFORMED];
     lua_pop(L, 3);
     if (status == 200) {
       if (c->holds_slot) { c->holds_slot = 0; lst->in_flight = 0; }
       conn_reply(c, 200, CT_JSON, c->buf, c->body_len);
     } else {
-      fail_accepted(c, status, status == 400 ? SBX_BODY_INVALID_INPUT : SBX_BODY_CALL_FAILED);
+      fail_accepted(c, status, status == 400 ? SBX_BODY_INVALID_INPUT : SBX_BODY_CALL_FAILED, reason);
     }
     return;
   }
@@ -445,7 +554,8 @@ static void body_complete(conn_t *c) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, lst->on_call_ref);
   lua_rawgeti(L, LUA_REGISTRYINDEX, pin);
   lua_pushinteger(L, (lua_Integer)c->route + 1);   /* the route matched in step 2 */
-  if (sbx__pcall(L, 2) != 0 && !call->replied) {
+  lua_pushinteger(L, (lua_Integer)c->body_len);    /* bytes_in of the audit line */
+  if (sbx__pcall(L, 3) != 0 && !call->replied) {
     /* A handler error is step 13's 502; the slot is released by the reply. */
     call->replied = 1;
     lst->in_flight = 0;
@@ -473,12 +583,13 @@ static void accept_call(conn_t *c, size_t head_len, const sbx__head_result_t *r)
   c->holds_slot = 1;
   c->route = r->route;
   if (!r->has_length || r->length == 0 || r->length > lst->max_body) {
-    fail_accepted(c, 502, SBX_BODY_CALL_FAILED);                 /* 10 */
+    fail_accepted(c, 502, SBX_BODY_CALL_FAILED,                  /* 10 */
+                  r->has_length && r->length > lst->max_body ? "body_too_large" : "malformed_json");
     return;
   }
   c->body_len = (size_t)r->length;
   body = malloc(c->body_len);
-  if (body == NULL) { fail_accepted(c, 502, SBX_BODY_CALL_FAILED); return; }
+  if (body == NULL) { fail_accepted(c, 502, SBX_BODY_CALL_FAILED, "malformed_json"); return; }
   if (have > c->body_len) have = c->body_len;     /* bytes after it: ignored */
   memcpy(body, c->buf + head_len, have);
   free(c->buf);
@@ -507,9 +618,14 @@ static void head_complete(conn_t *c, size_t head_len) {
     ctx.nroutes = lst->nroutes;
     ctx.turn_ended = lst->turn_ended;
     ctx.busy = lst->in_flight || lst->budget <= 0;
+    ctx.no_budget = lst->budget <= 0;
     sbx__head_decide(c->buf, head_len, &ctx, &r);
   }
-  if (r.status != 0) { reply_text(c, r.status, r.body); return; }
+  if (r.status != 0) {
+    reply_text(c, r.status, r.body);
+    report(lst, r.reason, r.status, r.routed ? (long)r.route : -1, 0, r.header, r.header_len);
+    return;
+  }
   accept_call(c, head_len, &r);
 }
 
@@ -535,11 +651,15 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b) {
     c->reading = 0;
     c->peer_eof = 1;
     if (nread != UV_EOF) {                      /* reset: the peer is gone */
+      lst_t *lst = c->lst;
+      int state = c->state;
+      long route = (long)c->route;
       conn_destroy(c, loop_L(c), 1);
+      if (state == C_BODY) report(lst, "malformed_json", 0, route, 1, NULL, 0);   /* 10 */
       return;
     }
     switch (c->state) {
-    case C_BODY: fail_accepted(c, 502, SBX_BODY_CALL_FAILED); return;  /* 10 */
+    case C_BODY: fail_accepted(c, 502, SBX_BODY_CALL_FAILED, "malformed_json"); return;  /* 10 */
     case C_CALL:
       if (peer_hung_up(c)) conn_destroy(c, loop_L(c), 1);
       else start_polling(c);
@@ -554,7 +674,9 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b) {
     end = sbx__head_end(c->buf, c->len, from);
     if (end == 0 && c->len <= SBX_MAX_HEAD_BYTES) return;
     if (end == 0 || end > SBX_MAX_HEAD_BYTES) {           /* step 0: too big */
+      lst_t *lst = c->lst;
       reply_text(c, 400, SBX_BODY_BAD_REQUEST);
+      report(lst, "header", 400, -1, 0, NULL, 0);
       return;
     }
     head_complete(c, end);
@@ -598,7 +720,9 @@ static void on_connection(uv_stream_t *server, int status) {
   if (status == UV_EMFILE || status == UV_ENFILE) {
     /* libuv's own reserve was not enough: ours, then keep listening. */
     uv_os_fd_t fd;
-    if (!lst->stopped && uv_fileno((uv_handle_t *)server, &fd) == 0) (void)sbx__fd_emfile_drain(fd);
+    int n = 0;
+    if (!lst->stopped && uv_fileno((uv_handle_t *)server, &fd) == 0) n = sbx__fd_emfile_drain(fd);
+    while (n-- > 0) report(lst, "connections", 0, -1, 0, NULL, 0);
     return;
   }
   if (status < 0 || lst->stopped) return;
@@ -606,12 +730,14 @@ static void on_connection(uv_stream_t *server, int status) {
     pooled = sbx__fd_pool_take();
   }
   if (lst->nconns >= SBX_MAX_CONNECTIONS || (lst->nconns >= SBX_FD_GUARANTEED_CONNS && !pooled)) {
-    /* Over the cap: accept and close at once, writing nothing. */
+    /* Over the cap, or over the turn's share with the pool empty: accept
+       and close at once, writing nothing. */
     uv_pipe_t *p = malloc(sizeof *p);
     if (p == NULL) return;
     uv_pipe_init(server->loop, p, 0);
     uv_accept(server, (uv_stream_t *)p);
     uv_close((uv_handle_t *)p, reject_closed);
+    report(lst, "connections", 0, -1, 0, NULL, 0);
     return;
   }
   c = calloc(1, sizeof *c);
@@ -621,6 +747,7 @@ static void on_connection(uv_stream_t *server, int status) {
   c->lst = lst;
   c->pooled = pooled;
   c->call_ref = LUA_NOREF;
+  c->why = "client_closed";
   c->state = C_HEAD;
   uv_pipe_init(server->loop, &c->pipe, 0);
   uv_timer_init(server->loop, &c->timer);
@@ -680,9 +807,10 @@ static void lst_stop(lst_t *lst, lua_State *L) {
     if (call != NULL && n < SBX_MAX_CONNECTIONS) calls[n++] = call;
   }
   if (lst->lua_gone) L = NULL;
-  for (i = 0; i < n; i++) call_closed(L, calls[i], refs[i], 1);
+  for (i = 0; i < n; i++) call_closed(L, calls[i], refs[i], 1, "stopped");
   if (L != NULL) {
     sbx__unref(L, &lst->on_call_ref);
+    sbx__unref(L, &lst->on_refused_ref);
     sbx__unref(L, &lst->self_ref);
   }
 }
@@ -760,6 +888,7 @@ static int l_broker_listen(lua_State *L) {
   *guard = lst;
   lst->lp = lp;
   lst->on_call_ref = LUA_NOREF;
+  lst->on_refused_ref = LUA_NOREF;
   lst->self_ref = LUA_NOREF;
 
   if (lua_getfield(L, 1, "path") != LUA_TSTRING)
@@ -804,6 +933,8 @@ static int l_broker_listen(lua_State *L) {
     return sbx__push_failure(L, -rc, msg);
   }
   if (lua_type(L, -2) == LUA_TFUNCTION) lst->on_call_ref = sbx__ref(L, -2);
+  if (lua_getfield(L, 1, "on_refused") == LUA_TFUNCTION) lst->on_refused_ref = sbx__ref(L, -1);
+  lua_pop(L, 1);                                /* the box is the result again */
   all_add(lst);
   sbx__box_bind(box, lst, NULL);                /* the listener outlives its box */
   lst->refs++;                                  /* the userdata's */
@@ -898,8 +1029,9 @@ static int l_call_is_open(lua_State *L) {
   return 1;
 }
 
-/* call:on_close(fn): fn() once if the connection closes before the reply
-   (at once when it already has). Replaces an earlier handler. */
+/* call:on_close(fn): fn(why) once if the connection closes before the reply
+   (at once when it already has), why = "client_closed", "request_deadline"
+   or "stopped". Replaces an earlier handler. */
 static int l_call_on_close(lua_State *L) {
   call_t *call = check_call(L);
   luaL_checktype(L, 2, LUA_TFUNCTION);
@@ -908,7 +1040,8 @@ static int l_call_on_close(lua_State *L) {
   if (call->conn == NULL && !call->replied) {
     call->close_fired = 1;
     lua_getiuservalue(L, 1, UV_ON_CLOSE);
-    lua_call(L, 0, 0);
+    lua_pushstring(L, "client_closed");
+    lua_call(L, 1, 0);
   }
   return 0;
 }

@@ -257,6 +257,41 @@ static int l_log(lua_State *L) {
   return 0;
 }
 
+/* core.log_time() -> the current UTC time as 2026-12-01T19:43:22.104Z. */
+static int l_log_time(lua_State *L) {
+  char buf[40];
+  size_t n = sbx__log_time(buf, sizeof buf);
+  lua_pushlstring(L, buf, n);
+  return 1;
+}
+
+/* core.log_journal() -> true when stderr is the journal (JOURNAL_STREAM). */
+static int l_log_journal(lua_State *L) {
+  lua_pushboolean(L, sbx__log_journal());
+  return 1;
+}
+
+/* core.log_set_format("text"|"json"): the format of core.log's lines. */
+static int l_log_set_format(lua_State *L) {
+  static const char *const formats[] = {"text", "json", NULL};
+  sbx__log_set_json(luaL_checkoption(L, 1, NULL, formats) == 1);
+  return 0;
+}
+
+/* core.log_write(line): one whole line (a newline is added) on stderr. */
+static int l_log_write(lua_State *L) {
+  size_t n;
+  const char *s = luaL_checklstring(L, 1, &n);
+  char *buf = malloc(n + 1);
+  if (buf == NULL) return luaL_error(L, "out of memory");
+  memcpy(buf, s, n);
+  buf[n] = '\n';
+  fwrite(buf, 1, n + 1, stderr);    /* one write: lines of engines do not interleave */
+  fflush(stderr);
+  free(buf);
+  return 0;
+}
+
 static int l_getuid(lua_State *L) {
   lua_pushinteger(L, (lua_Integer)getuid());
   lua_pushinteger(L, (lua_Integer)getgid());
@@ -273,6 +308,8 @@ void sbx__open_loop(lua_State *L) {
   static const luaL_Reg fns[] = {
     {"run", l_run}, {"stop", l_stop}, {"now", l_now}, {"hrtime", l_hrtime},
     {"timer", l_timer}, {"on_signal", l_on_signal}, {"log", l_log},
+    {"log_time", l_log_time}, {"log_journal", l_log_journal},
+    {"log_set_format", l_log_set_format}, {"log_write", l_log_write},
     {"getuid", l_getuid}, {"getpid", l_getpid}, {NULL, NULL}};
   sbx__loop(L)->uv.data = sbx__loop(L);
   sbx__class(L, TIMER_MT, watch_methods, sbx__box_gc);

@@ -136,7 +136,12 @@
  *       app.services.SANDBOX (section 10): OP has|list|enable|disable
  *       (channels, args [key]) or runTurn|startFresh|stop|busy|dispose|sweep
  *       (runtime; runTurn args [channel,{"id","name","principalId"},text]);
- *       value: the method's return
+ *       value: the method's return. runTurn's is the turn result of
+ *       spec/operations.md 1: {"ok":true,"text":..,"reason":"ok","turn":ID}
+ *       or {"ok":false,"reason":REASON,"text":..,"guest":..,"turn":ID,
+ *       "fix":..?,"error":..?,"route":..?,"status":N?,"code":..?,"type":..?,
+ *       "param":..?} (reason: the closed set of lua/sandbox/errors.lua;
+ *       never shown to guests)
  *   {"type":"apiKey.result","id":K,"key":"..."|null}
  *       value: true if K was waiting
  *   {"type":"callback.result","id":K,...}   value: true if K was waiting
@@ -182,6 +187,10 @@
  *                config's); "config" (default): the config's own
  *   "hostLogin": true: with no apiKey option, the app's host login reader
  *                asks the host (apiKey.request with "provider", scope null)
+ *   "logger":    true: the engine's operator log lines (spec/operations.md 2)
+ *                go to the host instead of stderr, as one-way
+ *                {"type":"callback.request","id":0,"owner":"logger",
+ *                 "fn":"debug"|"info"|"warn"|"error","args":[message,{fields}]}
  *   "host":      the app:start(host) fields expressible in JSON:
  *                "timeZone", "rootCommand", "slashCommands" (lua/sandbox/app.lua)
  *   "sandbox":   sandbox{} option overrides (JSON values, e.g.

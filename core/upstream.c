@@ -31,6 +31,11 @@
  * non-2xx stops the transfer before any body byte is read, 1xx interim
  * responses are skipped. A Content-Encoding other than identity stops it
  * too. The body is read up to max_body bytes; one more stops it.
+ * Exception, for the operator log only (spec/providers.md 4): with
+ * opts.error_body_max (at most SBX_MAX_ERROR_BODY_BYTES) a non-2xx body is
+ * read up to that many bytes (an encoded one not at all) and handed to
+ * on_done as res.error_body; the outcome stays "status". The caller extracts
+ * its whitelisted tokens and drops it; nothing of it reaches a guest.
  *
  * Nothing here logs a URL, header, body or curl error text.
  */
@@ -91,6 +96,8 @@ struct up_req {
   int last_was_ce;       /* previous header line was Content-Encoding */
   char ctype[UP_MAX_CONTENT_TYPE];  /* final response's Content-Type value */
   size_t ctype_len;
+  int status_fail;       /* final status outside 2xx whose body is read for the log */
+  size_t err_max;        /* opts.error_body_max: 0 = never read a non-2xx body */
   int err;               /* UP_* decided by a curl callback, else 0 */
   int done_ref;          /* on_done in the registry */
   int want_ctype;        /* opts.content_type: report the Content-Type */
@@ -165,6 +172,10 @@ static int deliver(lua_State *L) {
   } else {
     lua_pushstring(L, names[o->kind]);
     lua_setfield(L, -2, "error");
+    if (o->kind == UP_STATUS && o->body != NULL && o->len > 0) {
+      lua_pushlstring(L, o->body, o->len);
+      lua_setfield(L, -2, "error_body");
+    }
   }
   lua_call(L, 1, 0);
   return 0;
@@ -179,7 +190,9 @@ static void finish(up_multi_t *m, up_req_t *r, CURLcode rc) {
   int ref;
   memset(&o, 0, sizeof o);
   curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &code);
-  if (r->err != 0) {
+  if (r->status_fail) {
+    o.kind = UP_STATUS;              /* however the read of its body ended */
+  } else if (r->err != 0) {
     o.kind = r->err;
   } else if (rc == CURLE_OK) {
     if (!r->final_seen || code < 100) o.kind = UP_NETWORK;
@@ -284,15 +297,18 @@ static size_t on_header(char *p, size_t size, size_t nitems, void *ud) {
     r->status = code;
     if (code < 200) return n;              /* interim: wait for the final one */
     r->final_seen = 1;
-    if (code > 299) { r->err = UP_STATUS; return 0; }   /* body never read */
+    if (code > 299) {
+      if (r->err_max == 0) { r->err = UP_STATUS; return 0; }   /* body never read */
+      r->status_fail = 1;                  /* its body is read for the log */
+    }
     return n;
   }
   if (!r->final_seen) return n;            /* a 1xx response's own headers */
   if (n > 0 && is_ows(p[0])) {             /* obs-fold continuation */
-    if (r->last_was_ce) { r->err = UP_ENCODING; return 0; }
+    if (r->last_was_ce) { r->err = r->status_fail ? UP_STATUS : UP_ENCODING; return 0; }
     return n;
   }
-  if (bad_encoding(p, n, &is_ce)) { r->err = UP_ENCODING; return 0; }
+  if (bad_encoding(p, n, &is_ce)) { r->err = r->status_fail ? UP_STATUS : UP_ENCODING; return 0; }
   r->last_was_ce = is_ce;
   keep_content_type(r, p, n);
   return n;                                /* every other header: discarded */
@@ -304,6 +320,19 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
   size_t n = size * nmemb;
   if (r->err != 0 || !r->final_seen) { if (r->err == 0) r->err = UP_NETWORK; return 0; }
   if (n == 0) return 0;
+  if (r->status_fail) {
+    /* A non-2xx body, kept up to err_max bytes, then the transfer stops. */
+    size_t keep = n < r->err_max - r->len ? n : r->err_max - r->len;
+    if (r->buf == NULL) {
+      r->buf = malloc(r->err_max);
+      if (r->buf == NULL) { r->err = UP_STATUS; return 0; }
+      r->cap = r->err_max;
+    }
+    memcpy(r->buf + r->len, p, keep);
+    r->len += keep;
+    if (r->len >= r->err_max) { r->err = UP_STATUS; return 0; }
+    return n;
+  }
   if (n > r->max_body - r->len) { r->err = UP_TOO_LARGE; return 0; }
   if (r->len + n > r->cap) {
     size_t cap = r->cap > 0 ? r->cap : UP_BUF_START;
@@ -513,7 +542,7 @@ static int fail(lua_State *L, up_req_t *r, const char *msg) {
 static int l_http_post(lua_State *L) {
   const char *url, *body, *cainfo;
   size_t url_len = 0, body_len = 0;
-  lua_Integer timeout_ms, max_body;
+  lua_Integer timeout_ms, max_body, err_max;
   int allow_http, want_ctype, ref;
   up_multi_t *m;
   up_req_t *r;
@@ -526,6 +555,7 @@ static int l_http_post(lua_State *L) {
   cainfo = sbx__opt_string_field(L, 1, WHO, "cainfo", UP_MAX_SEAM_STRING, NULL, 0);
   timeout_ms = sbx__check_integer_field(L, 1, WHO, "timeout_ms", 1, UP_MAX_TIMEOUT_MS);
   max_body = sbx__opt_integer_field(L, 1, WHO, "max_body", SBX_MAX_UPSTREAM_BYTES, 0, UP_MAX_BODY_LIMIT);
+  err_max = sbx__opt_integer_field(L, 1, WHO, "error_body_max", 0, 0, SBX_MAX_ERROR_BODY_BYTES);
   allow_http = sbx__opt_boolean_field(L, 1, WHO, "allow_http", 0);
   want_ctype = sbx__opt_boolean_field(L, 1, WHO, "content_type", 0);
   if (lua_getfield(L, 1, "on_done") != LUA_TFUNCTION)
@@ -548,6 +578,7 @@ static int l_http_post(lua_State *L) {
   r->m = m;
   r->max_body = (size_t)max_body;
   r->want_ctype = want_ctype;
+  r->err_max = (size_t)err_max;
   if (build_lists(L, r) != 0) return fail(L, r, "out of memory");
   r->body = malloc(body_len > 0 ? body_len : 1);
   if (r->body == NULL) return fail(L, r, "out of memory");

@@ -347,31 +347,30 @@ describe("claim and routing through the app (9)", function()
     assert.is_nil(driver.calls[1].encoded:find("a.png", 1, true))
   end)
 
-  it("R58: a failing turn replies the generic text and logs the fixed line; ok=false sends its text, no log", function()
+  it("R58: a failing turn replies the generic text, ok=false its text; the turn line says why (operations.md 2)", function()
     if not service_account() then return end
     local lines = {}
-    local saved = runtime.log
-    runtime.log = function(level, msg, fields) lines[#lines + 1] = { level, msg, fields } end
-    local ok, err = pcall(function()
-      local fail_app = start_app(tmproot(), {
-        initialChannels = { "fake:guests" },
-        driver = fake.new(function() error("secret detail /var/run/docker.sock", 0) end),
-      })
-      local reply = run(function() return fail_app:handle(message(), MEMBER) end)
-      assert.same(guest("The sandbox turn failed or was stopped."), reply)
-      assert.equal(1, #lines)
-      assert.same({ "error", "sandbox turn failed; inspect container cleanup and broker configuration",
-        { channel = "fake:guests" } }, lines[1])
-      lines = {}
-      local no_app = start_app(tmproot(), {
-        initialChannels = { "fake:guests" }, driver = fake.new(fake.reply(false, "model limit reached")),
-      })
-      reply = run(function() return no_app:handle(message(), MEMBER) end)
-      assert.same(guest("The sandbox turn failed."), reply)
-      assert.same({}, lines)
-    end)
-    runtime.log = saved
-    assert(ok, err)
+    local function keep(level) return function(msg, f) lines[#lines + 1] = { level, msg, f } end end
+    local logger = { info = keep("info"), warn = keep("warn"), error = keep("error") }
+    local fail_app = start_app(tmproot(), {
+      initialChannels = { "fake:guests" }, logger = logger,
+      driver = fake.new(function() error("secret detail /var/run/docker.sock", 0) end),
+    })
+    local reply = run(function() return fail_app:handle(message(), MEMBER) end)
+    assert.same(guest("The sandbox turn failed or was stopped."), reply)
+    assert.equal(1, #lines)
+    assert.same({ "warn", "turn finished", "fake:guests", "worker_failed" },
+      { lines[1][1], lines[1][2], lines[1][3].channel, lines[1][3].reason })
+    for _, v in pairs(lines[1][3]) do assert.falsy(tostring(v):find("docker.sock", 1, true)) end
+    lines = {}
+    local no_app = start_app(tmproot(), {
+      initialChannels = { "fake:guests" }, logger = logger,
+      driver = fake.new(fake.reply(false, "model limit reached")),
+    })
+    reply = run(function() return no_app:handle(message(), MEMBER) end)
+    assert.same(guest("The sandbox turn failed."), reply)
+    assert.equal(1, #lines)
+    assert.same({ "warn", "turn finished", "budget_exhausted" }, { lines[1][1], lines[1][2], lines[1][3].reason })
   end)
 
   it("starts the typing indicator and stops it whatever happens", function()
@@ -386,10 +385,7 @@ describe("claim and routing through the app (9)", function()
         return function() events[#events + 1] = "stop" end
       end,
     })
-    local saved = runtime.log
-    runtime.log = function() end
     run(function() app:handle(message(), MEMBER) end)
-    runtime.log = saved
     assert.same({ "typing guests", "turn", "stop" }, events)
   end)
 
@@ -524,8 +520,6 @@ describe("services, status and disposal (5.6, 10)", function()
     if not service_account() then return end
     local root = tmproot()
     local app = start_app(root, { initialChannels = { "fake:guests" }, driver = fake.new(fake.until_abort("stopped")) })
-    local saved = runtime.log
-    runtime.log = function() end
     local ok, err = pcall(run, function()
       local task = async.spawn(app.handle, app, message(), MEMBER)
       wait_for(function() return #app:status().busy == 1 end, "the turn")
@@ -536,7 +530,6 @@ describe("services, status and disposal (5.6, 10)", function()
       app:dispose()
       assert.is_true(app:status().disposed)
     end)
-    runtime.log = saved
     assert(ok, err)
     -- the lock is free again
     start_app(root)

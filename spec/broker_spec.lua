@@ -77,12 +77,14 @@ describe("startup configuration", function()
     end
   end)
 
-  it("refuses budgets out of range (item 5)", function()
-    for _, over in ipairs { { maxCalls = 0 }, { maxCalls = 1001 }, { maxOutputTokens = 0 },
-                            { maxOutputTokens = 32769 }, { maxCalls = 1.5 } } do
+  it("refuses budgets out of range (item 5; providers.md 1 moves maxOutputTokens to 1-200,000)", function()
+    for _, over in ipairs { { maxCalls = 0 }, { maxCalls = 1001 }, { maxCalls = 1.5 } } do
       assert.equal("invalid broker call or output-token budget", build(over))
     end
-    assert.equal("ok", build { maxCalls = 1000, maxOutputTokens = 32768 })
+    for _, over in ipairs { { maxOutputTokens = 0 }, { maxOutputTokens = 200001 }, { maxOutputTokens = 1.5 } } do
+      assert.equal("maxOutputTokens must be 1 to 200000", build(over))
+    end
+    assert.equal("ok", build { maxCalls = 1000, maxOutputTokens = 200000 })
   end)
 
   local function tool(name, extra)

@@ -194,14 +194,14 @@ describe("sbx run and sbx chat argument errors", function()
     end)
   end
 
-  it("a config that does not load is an operator error (exit 1) naming the file", function()
+  it("a config that does not load is a configuration error (exit 3) naming the file", function()
     local dir = tmpdir()
     local r = sbx({ "run", dir .. "/missing.lua", "--channel", "demo:1", "--speaker", "a", "hi" })
-    assert.equal(1, r.code)
+    assert.equal(3, r.code)
     assert.matches("cannot load config", r.err, 1, true)
     write(dir .. "/bad.lua", "return require('sandbox') { model = 'm', modelUrl = 'https://x.example/', apiKey = 'literal' }")
     r = sbx({ "run", dir .. "/bad.lua", "--channel", "demo:1", "--speaker", "a", "hi" })
-    assert.equal(1, r.code)
+    assert.equal(3, r.code)
     assert.matches("apiKey must be a function", r.err, 1, true)
     assert.matches("fix: make apiKey a function", r.err, 1, true)
     rmtree(dir)
@@ -233,7 +233,8 @@ describe("sbx doctor", function()
     os.execute("chmod 755 " .. shq(dir .. "/run"))
     local r = sbx({ "doctor", config(dir), "--no-docker" })
     assert.equal(1, r.code)
-    assert.matches("FAIL  runRoot          " .. dir .. "/run has mode 0755 (group/other bits set)", r.out, 1, true)
+    assert.matches("FAIL  runRoot          sandbox roots must be private directories owned by the service user: "
+      .. dir .. "/run has mode 0755 (group/other bits set)", r.out, 1, true)
     assert.matches("\n      fix: chmod 700 " .. dir .. "/run\n", r.out, 1, true)
     assert.matches("ok    workspaceRoot    " .. dir .. "/ws (0700, ", r.out, 1, true)
     assert.matches("1 check(s) failed", r.out, 1, true)
@@ -248,7 +249,7 @@ describe("sbx doctor", function()
     assert.matches("ok    apiKey", r.out, 1, true)
     assert.matches("ok    user", r.out, 1, true)
     assert.matches("ok    runRoot          " .. dir .. "/run (missing; created 0700 at startup)", r.out, 1, true)
-    assert.matches("ok    state directory  " .. dir .. "/state (0700, ", r.out, 1, true)
+    assert.matches("ok    stateFile        " .. dir .. "/state/channels.json (created at startup, 0 channel(s))", r.out, 1, true)
     assert.matches("ok    roots", r.out, 1, true)
     assert.matches("ok    socket path", r.out, 1, true)
     assert.matches("skip  docker", r.out, 1, true)
@@ -270,7 +271,8 @@ describe("sbx doctor", function()
     os.execute("mkdir -p -m 0700 " .. shq(ws) .. " && head -c 2097152 /dev/zero > " .. shq(ws .. "/big"))
     r = sbx({ "doctor", path, "--no-docker", "--channel", "demo:1" })
     assert.equal(1, r.code, r.out)
-    assert.matches("FAIL  workspace        " .. ws .. " holds 2.0 MiB, over workspaceQuotaMb (1 MiB)", r.out, 1, true)
+    assert.matches("FAIL  workspace        sandbox workspace is over its quota: " .. ws
+      .. " holds 2.0 MiB, over workspaceQuotaMb (1 MiB)", r.out, 1, true)
     assert.matches("fix: an operator must free space in this channel's workspace " .. ws, r.out, 1, true)
     os.remove(ws .. "/big")
     r = sbx({ "doctor", path, "--no-docker", "--channel", "demo:1" })
@@ -317,8 +319,8 @@ describe("sbx doctor", function()
       dir .. "/ws/run", dir .. "/ws", dir .. "/state/c.json", uid + 1))
     local r = sbx({ "doctor", path, "--no-docker" })
     assert.equal(1, r.code)
-    assert.matches("FAIL  roots            runRoot and workspaceRoot overlap", r.out, 1, true)
-    assert.matches("fix: set uid = " .. uid, r.out, 1, true)
+    assert.matches("FAIL  roots            sandbox roots must be separate", r.out, 1, true)
+    assert.matches("fix: remove uid/gid from the config or set uid = " .. uid, r.out, 1, true)
     assert.matches("FAIL  apiKey", r.out, 1, true)
     assert.matches("fix: add apiKey = function()", r.out, 1, true)
   end)
@@ -338,6 +340,8 @@ describe("sbx doctor", function()
     end
     local r = sbx({ "doctor", config(dir), "--no-docker" })
     assert.matches("runuser -u sbx -- sbx doctor", r.out, 1, true)
+    -- never a fix that hands the directories to root
+    assert.is_nil(r.out:find("chown root", 1, true))
   end)
 
   it("asks the daemon when docker is usable: a docker line, and the image line or its fix", function()
@@ -378,7 +382,7 @@ describe("sbx run and sbx chat with a fake driver", function()
     r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "--json", "controls" })
     assert.equal(0, r.code, r.err)
     assert.equal('{"ok":true,"text":"\\u001b]0;title\\u0007\\u001b]52;c;AAAA\\u0007 a\\tb\\nc\\r\194\133\127 @'
-      .. Z .. 'everyone"}\n', r.out)
+      .. Z .. 'everyone","reason":"ok"}\n', r.out)
     r = sbx({ "chat", path, "--channel", "demo:1", "--speaker", "a" }, "controls\n")
     assert.equal(0, r.code, r.err)
     assert.equal("sandbox: " .. F .. "]0;title" .. F .. F .. "]52;c;AAAA" .. F .. " a\tb\nc" .. F .. F .. F .. " @" .. Z
@@ -390,7 +394,8 @@ describe("sbx run and sbx chat with a fake driver", function()
     local r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "big" })
     assert.equal(1, r.code)
     assert.equal("The sandbox turn failed or was stopped.\n", r.out)
-    assert.matches("sbx run: body too large", r.err, 1, true)
+    assert.matches("sbx run: turn failed: invalid_reply\n  fix: the image is not this engine's worker, or it was "
+      .. "tampered with\n", r.err, 1, true)
     assert.is_nil(r.err:find("unexpected error", 1, true))
   end)
 
@@ -406,6 +411,8 @@ describe("sbx run and sbx chat with a fake driver", function()
     local r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "not ok" })
     assert.equal(1, r.code)
     assert.equal("The sandbox turn failed.\n", r.out)
+    assert.matches("sbx run: turn failed: budget_exhausted\n  fix: a guest or model loop spent the turn's broker calls",
+      r.err, 1, true)
   end)
 
   it("run: a failed turn prints the guest text, and no driver detail without SBX_DEBUG", function()
@@ -414,6 +421,8 @@ describe("sbx run and sbx chat with a fake driver", function()
     assert.equal(1, r.code)
     assert.equal("The sandbox turn failed or was stopped.\n", r.out)
     assert.is_nil(r.err:find("driver exploded", 1, true))
+    assert.matches("sbx run: turn failed: worker_failed\n  fix: check the image with `sbx doctor " .. path .. "`",
+      r.err, 1, true)
   end)
 
   it("run: a turn over --timeout fails with the deadline and its fix", function()
@@ -421,15 +430,16 @@ describe("sbx run and sbx chat with a fake driver", function()
     local r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "--timeout", "1000", "slow" })
     assert.equal(1, r.code)
     assert.equal("The sandbox turn failed or was stopped.\n", r.out)
-    assert.matches("sandbox turn timed out", r.err, 1, true)
+    assert.matches("sbx run: turn failed: deadline", r.err, 1, true)
     assert.matches("fix: raise turnTimeoutMs", r.err, 1, true)
+    assert.matches(" warn turn finished channel=demo:1 turn=%x+ reason=deadline", r.err)
   end)
 
   it("run as the wrong user names the fix", function()
     if not non_root() then return end
     local p2 = config(dir, "driver = driver, uid = " .. (core.getuid() + 1) .. ",", FAKE_DRIVER)
     local r = sbx({ "run", p2, "--channel", "demo:1", "--speaker", "a", "hi" })
-    assert.equal(1, r.code)
+    assert.equal(3, r.code)
     assert.matches("run the host as a non-root user; worker uid/gid must match it", r.err, 1, true)
     assert.matches("fix: remove uid/gid from the config or set uid = " .. core.getuid(), r.err, 1, true)
   end)
@@ -439,7 +449,7 @@ describe("sbx run and sbx chat with a fake driver", function()
     core.fs_mkdir(dir .. "/run")
     os.execute("chmod 755 " .. shq(dir .. "/run"))
     local r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "hi" })
-    assert.equal(1, r.code)
+    assert.equal(3, r.code)
     assert.matches("sandbox roots must be private directories owned by the service user", r.err, 1, true)
     assert.matches("chmod 700", r.err, 1, true)
   end)
@@ -529,6 +539,187 @@ return require("sandbox") {
     assert.matches("ok    image            pi-roundtable-sandbox:local present", r.out, 1, true)
     assert.matches("ok    stale            no containers of this installation", r.out, 1, true)
     assert.same({}, core.fs_readdir(dir .. "/run"))
+    rmtree(dir)
+  end)
+end)
+
+describe("sbx doctor (spec/operations.md 5)", function()
+  local fake_upstream = require "fake_upstream"
+  local async = require "sandbox.async"
+  local json = require "sandbox.json"
+  local dir, up
+
+  setup(function() up = fake_upstream.start() end)
+  teardown(function() if up then up:stop() end end)
+  before_each(function()
+    dir = tmpdir()
+    async.run(function() up:reset() end)
+  end)
+  after_each(function() rmtree(dir) end)
+
+  local function conf(extra)
+    return config(dir, string.format("modelUrl = %q, allowHttp = true, %s",
+      up:url("/v1/chat/completions"), extra or ""))
+  end
+
+  it("--probe sends one minimal request and names the outputTokensField fix for a 400 unsupported_parameter", function()
+    if not non_root() then return end
+    async.run(function() up:script { { status = 400, body = '{"error":{"message":"Unsupported parameter: '
+      .. "'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.\","
+      .. '"type":"invalid_request_error","param":"max_tokens","code":"unsupported_parameter"}}' } } end)
+    local r = sbx({ "doctor", conf(), "--no-docker", "--probe" })
+    assert.equal(1, r.code, r.out)
+    assert.matches("FAIL  probe            model call refused upstream: status=400 code=unsupported_parameter "
+      .. "type=invalid_request_error param=max_tokens (127.0.0.1 auth=bearer max_tokens=1)", r.out, 1, true)
+    assert.matches('\n      fix: set outputTokensField = "max_completion_tokens"\n', r.out, 1, true)
+    assert.is_nil(r.out:find("Unsupported parameter", 1, true))
+    assert.is_nil(r.out:find("spec-key", 1, true))
+    local log = async.run(function() return up:log() end)
+    assert.equal(1, #log)
+    assert.equal('{"model":"spec-model","messages":[{"role":"user","content":"ping"}],"stream":false,"max_tokens":1}',
+      log[1].body)
+    assert.equal("Bearer spec-key", (function()
+      for _, h in ipairs(log[1].headers) do if h[1] == "authorization" then return h[2] end end
+    end)())
+  end)
+
+  it("--probe with the configured field passes and never prints the reply", function()
+    if not non_root() then return end
+    local r = sbx({ "doctor", conf('outputTokensField = "max_completion_tokens",'), "--no-docker", "--probe" })
+    assert.equal(0, r.code, r.out)
+    assert.matches("ok    probe            status=200 127.0.0.1 auth=bearer max_completion_tokens=1", r.out, 1, true)
+    assert.is_nil(r.out:find('"ok"', 1, true))
+    local log = async.run(function() return up:log() end)
+    assert.truthy(log[1].body:find('"max_completion_tokens":1}', 1, true))
+  end)
+
+  it("prints the model route it will use, never the key", function()
+    if not non_root() then return end
+    local r = sbx({ "doctor", conf('modelAuth = "api-key", maxOutputTokens = 8000,'), "--no-docker" })
+    assert.matches("ok    broker           model route 127.0.0.1 auth=api-key output=max_tokens limit=8000", r.out, 1, true)
+    assert.is_nil(r.out:find("spec-key", 1, true))
+  end)
+
+  it("--channel calls apiKey once with that scope and reports a nil-returning hook", function()
+    if not non_root() then return end
+    local marks = dir .. "/calls"
+    local p = config(dir, string.format([[apiKey = function(scope)
+      local f = io.open(%q, "a") f:write(scope.channel, " ", scope.speaker.id, "\n") f:close()
+      return nil
+    end,]], marks))
+    -- the config's own apiKey line comes first in the table; this one wins
+    local r = sbx({ "doctor", p, "--no-docker", "--channel", "discord:42", "--speaker", "bob" })
+    assert.equal(1, r.code)
+    assert.matches("FAIL  apiKey call      credential_missing: returned nil for channel discord:42", r.out, 1, true)
+    assert.matches("fix: apiKey returned no credential for this channel/speaker", r.out, 1, true)
+    assert.equal("discord:42 bob\n", spec_fs.read(marks))
+    r = sbx({ "doctor", conf(), "--no-docker" })
+    assert.matches("skip  apiKey call      not called (use --channel KEY to call it once)", r.out, 1, true)
+  end)
+
+  it("--channel: a hook that returns a key says only that", function()
+    if not non_root() then return end
+    local r = sbx({ "doctor", conf(), "--no-docker", "--channel", "discord:42" })
+    assert.matches("ok    apiKey call      returned a credential for channel discord:42", r.out, 1, true)
+    assert.is_nil(r.out:find("spec-key", 1, true))
+  end)
+
+  it("--json prints the checks as one JSON array", function()
+    if not non_root() then return end
+    local r = sbx({ "doctor", conf(), "--no-docker", "--json" })
+    assert.equal(0, r.code, r.out)
+    local list = assert(json.decode(r.out))
+    assert.equal("array", json.kind(list))
+    local by = {}
+    for _, c in ipairs(list) do by[c.name] = c end
+    assert.equal("ok", by.config.status)
+    assert.equal("ok", by.runRoot.status)
+    assert.equal("skip", by.docker.status)
+    os.execute("chmod 755 " .. shq(dir .. "/ws") .. " 2>/dev/null; mkdir -p " .. shq(dir .. "/ws") .. " && chmod 755 " .. shq(dir .. "/ws"))
+    r = sbx({ "doctor", conf(), "--no-docker", "--json" })
+    assert.equal(1, r.code)
+    for _, c in ipairs(assert(json.decode(r.out))) do
+      if c.name == "workspaceRoot" then
+        assert.equal("fail", c.status)
+        assert.equal("sandbox roots must be private directories owned by the service user", c.message)
+        assert.equal("chmod 700 " .. dir .. "/ws", c.fix)
+      end
+    end
+  end)
+
+  it("checks what sbx run refuses, in its words: the time zone, the state file, apiKey against modelAuth", function()
+    if not non_root() then return end
+    local r = spec_fs.run("env TZ=Not/AZone " .. BIN .. " doctor " .. shq(conf()) .. " --no-docker")
+    assert.matches("FAIL  time zone        invalid time zone: Not/AZone", r, 1, true)
+    assert.matches("fix: set TZ to an IANA zone name", r, 1, true)
+    os.execute("mkdir -m 700 " .. shq(dir .. "/state"))
+    write(dir .. "/state/channels.json", "{not json")
+    local out = sbx({ "doctor", conf(), "--no-docker" }).out
+    assert.matches("FAIL  stateFile        invalid sandbox channel state", out, 1, true)
+    local p = dir .. "/none.conf.lua"
+    write(p, string.format([[return require("sandbox") { image = "i", runRoot = %q, workspaceRoot = %q,
+      stateFile = %q, model = "m", modelUrl = "http://127.0.0.1:1/v1", allowHttp = true, modelAuth = "none",
+      apiKey = function() return "ollama" end }]], dir .. "/run", dir .. "/ws", dir .. "/state/c.json"))
+    out = sbx({ "doctor", p, "--no-docker" }).out
+    assert.matches("FAIL  config", out, 1, true)
+    assert.matches('apiKey is unused when modelAuth is "none"', out, 1, true)
+    assert.matches("fix: remove apiKey from the config", out, 1, true)
+  end)
+
+  it("an unreadable config says so and how to fix it; a missing one names the path", function()
+    if not non_root() then return end
+    local p = conf()
+    os.execute("chmod 000 " .. shq(p))
+    local r = sbx({ "doctor", p })
+    assert.equal(1, r.code)
+    assert.matches("FAIL  config", r.out, 1, true)
+    assert.matches("Permission denied", r.out, 1, true)
+    assert.matches("fix: make " .. p .. " readable by ", r.out, 1, true)
+    assert.is_nil(r.out:find("correct the config script", 1, true))
+    r = sbx({ "doctor", dir .. "/missing.lua" })
+    assert.matches("fix: check the path: " .. dir .. "/missing.lua does not exist", r.out, 1, true)
+  end)
+
+  it("an unreachable DOCKER_HOST names that variable; a missing image names make image", function()
+    if not non_root() then return end
+    local sock = dir .. "/none.sock"
+    local out = spec_fs.run("env DOCKER_HOST=unix://" .. sock .. " " .. BIN .. " doctor " .. shq(conf()))
+    assert.matches("FAIL  docker           the Docker daemon did not answer: DOCKER_HOST=unix://" .. sock, out, 1, true)
+    assert.matches("fix: DOCKER_HOST=unix://" .. sock .. " does not answer: start the daemon on that socket or fix DOCKER_HOST",
+      out, 1, true)
+    assert.is_nil(out:find("dockerd &", 1, true))
+    local ok_docker = spec_fs.run("docker info >/dev/null 2>&1 && echo yes") == "yes"
+    if not ok_docker then return end
+    local missing = "sbx-cli-spec-missing:" .. core.random_hex(4)
+    local p = config(dir, string.format("image = %q,", missing))
+    out = sbx({ "doctor", p }).out
+    assert.matches("FAIL  image            sandbox image is missing: " .. missing, out, 1, true)
+    assert.matches("fix: build it: make -C ", out, 1, true)
+    assert.matches(" image SBX_IMAGE=" .. missing, out, 1, true)
+  end)
+end)
+
+describe("sbx run: cleanup_failed through the CLI driver (a docker binary whose rm fails)", function()
+  it("reports cleanup_failed with its fix and exit 1, naming sbx cleanup", function()
+    if not non_root() then return end
+    local dir = tmpdir()
+    local fake = dir .. "/docker"
+    write(fake, [[#!/bin/sh
+case "$1" in
+  run) cat >/dev/null; printf '{"ok":true,"text":"done"}'; exit 0 ;;
+  rm) echo "Error response from daemon: driver failed to remove the container" >&2; exit 1 ;;
+  info) echo "24.0|/var/lib/docker"; exit 0 ;;
+  ps) exit 0 ;;
+  *) exit 1 ;;
+esac
+]])
+    os.execute("chmod 755 " .. shq(fake))
+    local p = config(dir, string.format('driver = require("sandbox.drivers.cli").new { binary = %q },', fake))
+    local r = sbx({ "run", p, "--channel", "demo:1", "--speaker", "a", "hi" })
+    assert.equal(1, r.code, r.err)
+    assert.equal("The sandbox turn failed or was stopped.\n", r.out)
+    assert.matches("sbx run: turn failed: cleanup_failed\n  fix: inspect this installation's containers; `sbx cleanup "
+      .. p .. " --force`", r.err, 1, true)
     rmtree(dir)
   end)
 end)

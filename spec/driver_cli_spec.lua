@@ -371,7 +371,7 @@ describe("reply parsing (25, 8.3-8.4)", function()
 
   it("accepts 100,000 multi-byte characters and the known members only (hardening.md 7)", function()
     local text = string.rep("\u{4e2d}", 100000)
-    assert.same({ ok = true, text = text }, parse('{"ok":true,"text":"' .. text .. '","truncated":true}'))
+    assert.same({ ok = true, text = text, truncated = true }, parse('{"ok":true,"text":"' .. text .. '","truncated":true}'))
     assert.same({ ok = false, text = "" }, parse(' {"ok":false,"text":""}\n'))
     assert.same({ ok = true, text = "t", reason = "memory_store" }, parse('{"ok":true,"text":"t","reason":"memory_store"}'))
     -- a reason outside the repairs the worker may report is not passed on

@@ -116,12 +116,23 @@ describe("Engine API driver (fake daemon)", function()
     assert.equal(5, #l)
   end)
 
-  it("a missing image (create 404) is sandbox worker failed, with two removals", function()
+  it("a missing image (create 404) is the image_missing error, with two removals", function()
     reset { create = 404, deletes = { { status = 404, body = "{}" } } }
     local ok, err = run()
     assert.is_false(ok)
-    assert.equal("sandbox worker failed", err)
+    assert.equal("sandbox image is missing", err)
     assert.equal(2, count("DELETE"))
+  end)
+
+  it("exit 137 with the daemon's oom event is the worker_oom error; without it, a failed worker", function()
+    reset { exit = 137, oom = true }
+    local ok, err = run()
+    assert.is_false(ok)
+    assert.equal("sandbox worker was killed for memory", err)
+    reset { exit = 137 }
+    ok, err = run()
+    assert.is_false(ok)
+    assert.equal("sandbox worker failed", err)
   end)
 
   it("a non-zero wait status is sandbox worker failed even with a valid reply", function()
@@ -214,10 +225,10 @@ describe("Engine API driver (fake daemon)", function()
     assert.same({}, log())
   end)
 
-  it("an unreachable daemon is sandbox worker failed, then the cleanup error", function()
+  it("an unreachable daemon fails the run with the daemon error (its removal could not be tried)", function()
     local ok, err = run(nil, nil, { socket = dir .. "/nothing.sock" })
     assert.is_false(ok)
-    assert.equal(CLEANUP, err)
+    assert.equal("the Docker daemon did not answer", err)
   end)
 
   it("lists by the installation label filter", function()

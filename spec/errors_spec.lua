@@ -81,8 +81,9 @@ describe("errors.entry / fix / safe_to_show", function()
   end)
 
   it("renders a fix with the operator's config path and roots, with placeholders when unknown", function()
-    assert.equal("run `sbx cleanup /etc/sbx.lua --force`", errors.fix(errors.CLEANUP, { config = "/etc/sbx.lua" }))
-    assert.equal("run `sbx cleanup CONFIG.lua --force`", errors.fix(errors.CLEANUP))
+    assert.equal("inspect this installation's containers; `sbx cleanup /etc/sbx.lua --force`",
+      errors.fix(errors.CLEANUP, { config = "/etc/sbx.lua" }))
+    assert.equal("inspect this installation's containers; `sbx cleanup CONFIG.lua --force`", errors.fix(errors.CLEANUP))
     assert.equal("chown sbx: /r /w && chmod 700 /r /w (run `sbx doctor c.lua` to see which)",
       errors.fix(errors.ROOT_PRIVATE, { user = "sbx", runRoot = "/r", workspaceRoot = "/w", config = "c.lua" }))
     assert.equal("remove uid/gid from the config or set uid = 1000, gid = 1001",

@@ -26,8 +26,12 @@ local function tmproot() return spec_fs.tmpdir("hd", roots, spec_fs.short_tmp())
 local function service_account() return spec_fs.service_account(pending) end
 local sh = spec_fs.sh
 
+local function quiet() end
+local QUIET = { debug = quiet, info = quiet, warn = quiet, error = quiet }
+
 local function options_for(root, over)
   local o = {
+    logger = QUIET,
     image = "pi-roundtable-sandbox:test", runRoot = root .. "/run", workspaceRoot = root .. "/work",
     model = "fake", modelUrl = "https://models.example/v1/chat/completions",
     apiKey = function() return "k" end, driver = fake.new(fake.reply(true, "done")),
@@ -42,14 +46,22 @@ local function refusal(fn, opts)
   return err
 end
 
--- Captures the runtime's operator lines while fn runs.
-local function logged(fn)
-  local lines, saved = {}, runtime.log
-  runtime.log = function(level, msg, fields) lines[#lines + 1] = { level = level, msg = msg, fields = fields or {} } end
-  local ok, err = pcall(fn)
-  runtime.log = saved
-  assert(ok, err)
-  return lines
+-- A `logger` option capturing the operator lines: the logger and its list
+-- of {level, msg, fields}.
+local function capture()
+  local lines, logger = {}, {}
+  for level in pairs { debug = 1, info = 1, warn = 1, error = 1 } do
+    logger[level] = function(msg, fields) lines[#lines + 1] = { level = level, msg = msg, fields = fields or {} } end
+  end
+  return logger, lines
+end
+
+-- A turn that settled failed with `reason` and the catalogue's `message`.
+local function failed(r, reason, message)
+  assert.is_table(r)
+  assert.is_false(r.ok)
+  assert.equal(reason, r.reason)
+  if message then assert.equal(message, r.error) end
 end
 
 teardown(function()
@@ -178,9 +190,7 @@ describe("the reply surface (hardening.md 6; behaviour 6)", function()
       driver = fake.new(function(_, turn) return { ok = true, text = turn.text } end) }))
     run(function()
       assert.equal("0123456789", rt:run_turn("fake:a", GUEST, "0123456789").text)
-      local ok, err = pcall(rt.run_turn, rt, "fake:a", GUEST, "0123456789a")
-      assert.is_false(ok)
-      assert.equal("invalid sandbox reply", err)
+      failed(rt:run_turn("fake:a", GUEST, "0123456789a"), "invalid_reply", "invalid sandbox reply")
       rt:dispose()
     end)
   end)
@@ -197,18 +207,20 @@ end)
 describe("the worker's repaired stores (hardening.md 8)", function()
   it("the host logs the reason at warn and returns the turn's reply", function()
     if not service_account() then return end
-    local rt = runtime.new(options_for(tmproot(), {
+    local logger, lines = capture()
+    local rt = runtime.new(options_for(tmproot(), { logger = logger,
       driver = fake.new(function() return { ok = true, text = "done", reason = "memory_store" } end) }))
-    local reply
-    local lines = logged(function() reply = run(function() return rt:run_turn("fake:a", GUEST, "hi") end) end)
-    assert.same({ ok = true, text = "done" }, reply)
+    local reply = run(function() return rt:run_turn("fake:a", GUEST, "hi") end)
+    assert.is_true(reply.ok)
+    assert.equal("done", reply.text)
+    assert.equal("ok", reply.reason)                      -- the turn's reason: the repair is not a failure
     local found
     for _, l in ipairs(lines) do
       if l.msg == runtime.LOG_REPAIRED then found = l end
     end
     assert.truthy(found, "no repair line")
     assert.equal("warn", found.level)
-    assert.same({ channel = "fake:a", reason = "memory_store" }, found.fields)
+    assert.same({ channel = "fake:a", turn = reply.turn, reason = "memory_store" }, found.fields)
     run(function() rt:dispose() end)
   end)
 end)
@@ -343,10 +355,10 @@ describe("disk (hardening.md 3; behaviour 3)", function()
       rt:run_turn("fake:a", GUEST, "hi")
       local ws = d.calls[1].spec.workspaceDir
       write_mib(ws .. "/big", 2)
-      local ok, err = pcall(rt.run_turn, rt, "fake:a", GUEST, "hi")
-      assert.is_false(ok)
-      assert.equal("sandbox workspace is over its quota", err)
-      assert.equal("workspace_quota", errors.entry(err).reason)
+      local r = rt:run_turn("fake:a", GUEST, "hi")
+      failed(r, "workspace_quota", "sandbox workspace is over its quota")
+      assert.equal("workspace_quota", errors.entry(r.error).reason)
+      assert.matches("an operator must free space in this channel's workspace under " .. root .. "/work", r.fix, 1, true)
       assert.equal(1, #d.calls)                           -- refused before the driver
       assert.truthy(rt:run_turn("fake:b", GUEST, "hi").ok)  -- another channel works
       os.remove(ws .. "/big")
@@ -369,12 +381,9 @@ describe("disk (hardening.md 3; behaviour 3)", function()
     end)
     local rt = runtime.new(options_for(root, { driver = d, workspaceQuotaMb = 2, diskReserveMb = 0 }))
     run(function()
-      local ok, err = pcall(rt.run_turn, rt, "fake:hostile", GUEST, "fill")
-      assert.is_false(ok)
-      assert.equal("sandbox workspace is over its quota", err)
+      failed(rt:run_turn("fake:hostile", GUEST, "fill"), "workspace_quota", "sandbox workspace is over its quota")
       -- its next turn is refused until an operator frees space; others work
-      ok, err = pcall(rt.run_turn, rt, "fake:hostile", GUEST, "hi")
-      assert.equal("sandbox workspace is over its quota", err)
+      failed(rt:run_turn("fake:hostile", GUEST, "hi"), "workspace_quota", "sandbox workspace is over its quota")
       assert.truthy(rt:run_turn("fake:other", GUEST, "hi").ok)
       assert.same({}, core.fs_readdir(root .. "/run"))
       rt:dispose()
@@ -398,9 +407,7 @@ describe("disk (hardening.md 3; behaviour 3)", function()
     run(function()
       local by = async.spawn(rt.run_turn, rt, "fake:by", GUEST, "wait")
       spec_fs.wait_for(function() return release ~= nil end, "the bystander")
-      local ok, err = pcall(rt.run_turn, rt, "fake:hostile", GUEST, "fill")
-      assert.is_false(ok)
-      assert.equal("sandbox workspace is over its quota", err)
+      failed(rt:run_turn("fake:hostile", GUEST, "fill"), "workspace_quota", "sandbox workspace is over its quota")
       release()
       local bok, reply = async.wait(by)
       assert.is_true(bok, tostring(reply))
@@ -416,10 +423,7 @@ describe("disk (hardening.md 3; behaviour 3)", function()
     local free = core.fs_statfs(root).free
     local rt = runtime.new(options_for(root, { driver = d, diskReserveMb = free // MIB + 1024 }))
     run(function()
-      local ok, err = pcall(rt.run_turn, rt, "fake:a", GUEST, "hi")
-      assert.is_false(ok)
-      assert.equal("sandbox disk space is below diskReserveMb", err)
-      assert.equal("disk_low", errors.entry(err).reason)
+      failed(rt:run_turn("fake:a", GUEST, "hi"), "disk_low", "sandbox disk space is below diskReserveMb")
       assert.equal(0, #d.calls)
       rt:dispose()
     end)
@@ -457,8 +461,8 @@ local runtime = require "sandbox.runtime"
 local fake = require "fake_driver"
 local root = arg[1]
 local lines = {}
-runtime.log = function(level, msg, fields) lines[#lines + 1] = level .. " " .. msg .. " " .. tostring(fields and fields.nofile) end
-local rt = fake_runtime(root, fake.new(fake.reply(true, "d")))
+local function keep(level) return function(msg, fields) lines[#lines + 1] = level .. " " .. msg .. " " .. tostring(fields and fields.nofile) end end
+local rt = fake_runtime(root, fake.new(fake.reply(true, "d")), { logger = { info = keep "info", warn = keep "warn", error = keep "error" } })
 local soft, hard = require("sandbox.core").fd_raise()
 print(lines[1], soft == hard)
 require("sandbox.async").run(function() rt:dispose() end)
@@ -619,16 +623,16 @@ local runtime = require "sandbox.runtime"
 local async = require "sandbox.async"
 local fake = require "fake_driver"
 local root = arg[1]
-runtime.log = function() end
+local quiet = function() end
 local d = fake.new(fake.reply(true, "done"))
-local rt = fake_runtime(root, d, { turnTimeoutMs = 1000 })
+local rt = fake_runtime(root, d, { turnTimeoutMs = 1000, logger = { info = quiet, warn = quiet, error = quiet } })
 async.run(function()
-  local ok, err = pcall(rt.run_turn, rt, "fake:a", { id = "g", name = "G", principalId = "p" }, "hi")
-  print(ok, err, #d.calls)
+  local r = rt:run_turn("fake:a", { id = "g", name = "G", principalId = "p" }, "hi")
+  print(r.ok, r.reason, r.error, #d.calls)
   rt:dispose()
 end)
 ]])
-    assert.matches("false\tsandbox host is out of file descriptors\t0\nexit=0", out, 1, true)
+    assert.matches("false\thost_descriptors\tsandbox host is out of file descriptors\t0\nexit=0", out, 1, true)
   end)
 end)
 
@@ -646,14 +650,17 @@ describe("turn directories a cleanup could not remove (hardening.md 2)", functio
       end
       return { ok = true, text = "done" }
     end)
-    local rt = runtime.new(options_for(root, { driver = d }))
-    local lines = logged(function()
-      run(function()
-        assert.is_true(rt:run_turn("fake:a", GUEST, "stick").ok)
-      end)
+    local logger, lines = capture()
+    local rt = runtime.new(options_for(root, { driver = d, logger = logger }))
+    run(function()
+      assert.is_true(rt:run_turn("fake:a", GUEST, "stick").ok)
     end)
     assert.equal(1, #core.fs_readdir(root .. "/run"))      -- kept, and said so
-    assert.equal("error", lines[#lines].level)
+    local kept
+    for _, l in ipairs(lines) do
+      if l.level == "error" and l.msg:match("could not be removed") then kept = l end
+    end
+    assert.truthy(kept, "no line for the kept directory")
     os.execute("chmod 700 '" .. stuck .. "'")
     run(function() assert.is_true(rt:run_turn("fake:b", GUEST, "hi").ok) end)
     assert.same({}, core.fs_readdir(root .. "/run"))       -- the next turn removed it
@@ -687,11 +694,10 @@ describe("the reply decoder's host memory (hardening.md 7; behaviour 7)", functi
     local cli = require "sandbox.drivers.cli"
     local rt = runtime.new(options_for(root, { driver = cli { binary = root .. "/docker" } }))
     local before = collectgarbage("count")
-    local grew, ok, err = probe_images.peak_growth(function()
-      return run(function() return pcall(rt.run_turn, rt, "fake:amp", GUEST, "hi") end)
+    local grew, r = probe_images.peak_growth(function()
+      return run(function() return rt:run_turn("fake:amp", GUEST, "hi") end)
     end)
-    assert.is_false(ok)
-    assert.equal("invalid sandbox reply", err)
+    failed(r, "invalid_reply", "invalid sandbox reply")
     assert.is_true(grew <= 4 * 2097152, string.format("peak grew by %.1f MiB", grew / MIB))
     assert.is_true(collectgarbage("count") - before < 16 * 1024)
     run(function() rt:dispose() end)

@@ -74,6 +74,20 @@ local function gate()
   return g
 end
 
+-- A turn's result reduced to the reply fields {ok, text} (run_turn's result
+-- also carries reason, turn, ...: checked where the spec is about them).
+local function brief(r)
+  if type(r) ~= "table" then return r end
+  return { ok = r.ok, text = r.text }
+end
+
+-- The reason a settled run_turn ended with (spec/operations.md 1), or the
+-- error it raised as "raised: <message>".
+local function reason_of(ok, res)
+  if not ok then return "raised: " .. tostring(res) end
+  return res.reason
+end
+
 -- run_turn inside the current task, returning ok, reply-or-error.
 local function try_turn(rt, channel, speaker, text)
   return pcall(rt.run_turn, rt, channel, speaker, text)
@@ -188,7 +202,7 @@ describe("runtime construction (spec/runtime.md 3.1)", function()
     end)
     rt.driver = driver
     local reply = run(function() return rt:run_turn("fake:a", GUEST, "hi") end)
-    assert.same({ ok = true, text = "100" }, reply)
+    assert.same({ ok = true, text = "100" }, brief(reply))
     dispose(rt)
   end)
 
@@ -275,7 +289,7 @@ describe("runtime construction (spec/runtime.md 3.1)", function()
     local settlement = rt:dispose()
     while not settlement.done do core.run("once") end
     assert.is_true(t.done)
-    assert.same({ ok = false, text = "stopped" }, t.results[2])
+    assert.same({ ok = false, text = "stopped" }, brief(t.results[2]))
     assert.same({}, entries(root .. "/run"))
   end)
 
@@ -314,7 +328,7 @@ describe("one turn (spec/runtime.md 5)", function()
       assert(ok, res)
       return res
     end)
-    assert.same({ ok = true, text = "done" }, reply)
+    assert.same({ ok = true, text = "done" }, brief(reply))
     local call = driver.calls[1]
     local spec, uid, gid = call.spec, core.getuid()
     uid, gid = core.getuid()
@@ -373,8 +387,8 @@ describe("one turn (spec/runtime.md 5)", function()
     local a, b = run(function()
       return rt:run_turn("fake:a", GUEST, "hi"), rt:run_turn("fake:b", GUEST, "hi")
     end)
-    assert.same({ ok = true, text = "fake:a/guest" }, a)
-    assert.same({ ok = true, text = "fake:b/guest" }, b)
+    assert.same({ ok = true, text = "fake:a/guest" }, brief(a))
+    assert.same({ ok = true, text = "fake:b/guest" }, brief(b))
     assert.equal("owner", seen[1].input.speaker.id)
     assert.same({ id = "guest", name = "Guest", principalId = "p_guest" }, seen[1].speaker)
     assert.are_not.equal(driver.calls[1].spec.workspaceDir, driver.calls[2].spec.workspaceDir)
@@ -438,7 +452,7 @@ describe("one turn (spec/runtime.md 5)", function()
         return rt:run_turn("fake:a", GUEST, "hi")
       end)
       assert.same({ ok = true, text = tonumber("700", 8) .. " socket " .. tonumber("600", 8)
-        .. ' 200 200 {"id":"guest","name":"Guest"}' }, reply)
+        .. ' 200 200 {"id":"guest","name":"Guest"}' }, brief(reply))
       assert.equal(1, #scopes)
       assert.same({ channel = "fake:a", speaker = { id = "guest", name = "Guest", principalId = "p_guest" } }, scopes[1])
       assert.same({ { id = "guest", name = "Guest", principalId = "p_guest" } }, tool_speakers)
@@ -492,7 +506,7 @@ describe("one turn (spec/runtime.md 5)", function()
       assert.equal("sandbox message too large", err)
       assert.equal(0, #driver.calls)
       local reply = rt:run_turn("fake:" .. string.rep("x", 251), GUEST, string.rep("é", 32000))
-      assert.same({ ok = true, text = "ok" }, reply)
+      assert.same({ ok = true, text = "ok" }, brief(reply))
     end)
     assert.equal(1, #driver.calls)
   end)
@@ -518,8 +532,8 @@ describe("one turn (spec/runtime.md 5)", function()
     local r1, r2 = run(function()
       return rt:run_turn("fake:a", GUEST, "one"), rt:run_turn("fake:a", GUEST, "two")
     end)
-    assert.same({ ok = false, text = "failed" }, r1)
-    assert.same({ ok = false, text = "failed" }, r2)
+    assert.same({ ok = false, text = "failed" }, brief(r1))
+    assert.same({ ok = false, text = "failed" }, brief(r2))
     assert.same({}, rt:busy())
     assert.same({}, entries(root .. "/run"))
     local c1, c2 = driver.calls[1].spec, driver.calls[2].spec
@@ -528,7 +542,7 @@ describe("one turn (spec/runtime.md 5)", function()
     assert.equal("kept\nkept", sh("cat '" .. c1.workspaceDir .. "/note.txt'"))
   end)
 
-  it("R35/B13: a driver raising 'driver failed' fails the turn with that message, same cleanup and persistence", function()
+  it("R35/B13: a driver raising 'driver failed' fails the turn (worker_failed), same cleanup and persistence", function()
     local driver = fake.new(function(spec)
       local f = io.open(spec.workspaceDir .. "/note.txt", "w")
       f:write("kept")
@@ -538,9 +552,12 @@ describe("one turn (spec/runtime.md 5)", function()
     new_runtime { driver = driver }
     run(function()
       for _ = 1, 2 do
-        local ok, err = try_turn(rt, "fake:a", GUEST, "hi")
-        assert.is_false(ok)
-        assert.equal("driver failed", err)
+        -- not a catalogue message: the reason is the host's worker_failed and
+        -- the driver's text is never shown (it may quote a payload)
+        local ok, res = try_turn(rt, "fake:a", GUEST, "hi")
+        assert.equal("worker_failed", reason_of(ok, res))
+        assert.is_nil(res.error)
+        assert.equal("The sandbox turn failed or was stopped.", res.guest)
       end
     end)
     assert.same({}, rt:busy())
@@ -565,8 +582,10 @@ describe("one turn (spec/runtime.md 5)", function()
       assert.same({ "fake:a", "fake:b" }, rt:busy())
       assert.equal(2, #entries(root .. "/run"))
       g.release()
-      assert.same({ true, { ok = true, text = "ok" } }, { async.wait(ta) })
-      assert.same({ true, { ok = true, text = "ok" } }, { async.wait(tb) })
+      local oka, ra = async.wait(ta)
+      local okb, rb = async.wait(tb)
+      assert.same({ true, { ok = true, text = "ok" } }, { oka, brief(ra) })
+      assert.same({ true, { ok = true, text = "ok" } }, { okb, brief(rb) })
     end)
     assert.equal(2, #driver.calls)
     assert.same({}, rt:busy())
@@ -593,7 +612,7 @@ describe("one turn (spec/runtime.md 5)", function()
       async.sleep(10)
       return r
     end)
-    assert.same({ ok = true, text = "Done." }, reply)
+    assert.same({ ok = true, text = "Done." }, brief(reply))
     assert.is_true(tool_signal.aborted)
     assert.same({}, entries(root .. "/run"))
   end)
@@ -606,7 +625,9 @@ describe("one turn (spec/runtime.md 5)", function()
       local t = spawn_turn(rt, "fake:a", GUEST, "hi")
       wait_for(function() return #driver.calls == 1 end, "the driver")
       assert.is_true(rt:stop("fake:a"))
-      assert.same({ true, { ok = false, text = "stopped" } }, { async.wait(t) })
+      local ok, res = async.wait(t)
+      assert.same({ true, { ok = false, text = "stopped" } }, { ok, brief(res) })
+      assert.equal("stopped", res.reason)       -- the host saw the stop
       assert.equal("sandbox turn stopped", driver.calls[1].signal.reason)
     end)
     assert.same({}, rt:busy())
@@ -629,7 +650,7 @@ describe("one turn (spec/runtime.md 5)", function()
       local second = async.spawn(function() rt:dispose() end)
       rt:dispose()
       assert.is_true(removed)
-      assert.same({ false, "sandbox turn stopped" }, { async.wait(t) })
+      assert.equal("stopped", reason_of(async.wait(t)))
       local sok, serr = async.wait(second)
       assert(sok, serr)
       rt:dispose()
@@ -641,19 +662,21 @@ describe("one turn (spec/runtime.md 5)", function()
     assert.same({}, entries(root .. "/run"))
   end)
 
-  it("R41: the deadline aborts with 'sandbox turn timed out'; stop with 'sandbox turn stopped'", function()
+  it("R41: the deadline ends the turn with reason deadline ('sandbox turn timed out'); stop with stopped", function()
     local driver = fake.new(fake.raise_on_abort())
     new_runtime { driver = driver, turnTimeoutMs = 1000 }
     run(function()
       local started = core.now()
-      local ok, err = try_turn(rt, "fake:a", GUEST, "hi")
-      assert.is_false(ok)
-      assert.equal("sandbox turn timed out", err)
+      local ok, res = try_turn(rt, "fake:a", GUEST, "hi")
+      assert.equal("deadline", reason_of(ok, res))
+      assert.equal("sandbox turn timed out", res.error)
       assert.is_true(core.now() - started >= 990)
       local t = spawn_turn(rt, "fake:a", GUEST, "hi")
       wait_for(function() return #driver.calls == 2 end, "the driver")
       rt:stop("fake:a")
-      assert.same({ false, "sandbox turn stopped" }, { async.wait(t) })
+      local sok, sres = async.wait(t)
+      assert.equal("stopped", reason_of(sok, sres))
+      assert.equal("sandbox turn stopped", sres.error)
     end)
     assert.same({}, entries(root .. "/run"))
   end)
@@ -665,7 +688,7 @@ describe("one turn (spec/runtime.md 5)", function()
       local t = spawn_turn(rt, "fake:a", GUEST, "hi")
       wait_for(function() return #driver.calls == 1 end, "the driver")
       rt:stop("fake:a")
-      assert.same({ false, "sandbox turn stopped" }, { async.wait(t) })
+      assert.equal("stopped", reason_of(async.wait(t)))
     end)
   end)
 
@@ -687,7 +710,7 @@ describe("one turn (spec/runtime.md 5)", function()
     assert.equal("sandbox workspace must be a service-owned directory", err)
   end)
 
-  it("R58: guest texts: a failing turn shows the fixed text and logs the fixed line; ok=false shows its text, no log", function()
+  it("R58: guest texts: a failing turn shows the fixed text, ok=false its text; each logs its turn line", function()
     local n = 0
     local driver = fake.new(function()
       n = n + 1
@@ -695,18 +718,25 @@ describe("one turn (spec/runtime.md 5)", function()
       if n == 2 then return { ok = false, text = "The sandbox turn reached its model-call limit." } end
       return { ok = true, text = "Sealed." }
     end)
-    new_runtime { driver = driver }
     local lines = {}
-    local real_log = runtime.log
-    runtime.log = function(level, msg, fields) lines[#lines + 1] = { level, msg, fields } end
+    local function keep(level) return function(msg, f) lines[#lines + 1] = { level, msg, f } end end
+    new_runtime { driver = driver, logger = { info = keep("info"), warn = keep("warn"), error = keep("error") } }
     local texts = run(function()
       return { rt:guest_turn("fake:a", GUEST, "hi"), (rt:guest_turn("fake:a", GUEST, "hi")),
                (rt:guest_turn("fake:a", GUEST, "hi")) }
     end)
-    runtime.log = real_log
     assert.same({ "The sandbox turn failed or was stopped.", "The sandbox turn failed.", "Sealed." }, texts)
-    assert.same({ { "error", "sandbox turn failed; inspect container cleanup and broker configuration",
-                    { channel = "fake:a" } } }, lines)
+    -- operations.md 2 overrides 5.7's single line: one `turn finished` per
+    -- turn, warn with its reason when it failed, info when it succeeded;
+    -- never the driver's text (it held the key)
+    local got = {}
+    for _, l in ipairs(lines) do
+      got[#got + 1] = { l[1], l[2], l[3].channel, l[3].reason }
+      for _, v in pairs(l[3]) do assert.falsy(tostring(v):find(KEY, 1, true)) end
+    end
+    assert.same({ { "warn", "turn finished", "fake:a", "worker_failed" },
+                  { "warn", "turn finished", "fake:a", "budget_exhausted" },
+                  { "info", "turn finished", "fake:a", "ok" } }, got)
   end)
 
   it("B18: changing the caller's speaker table after admission does not change the broker's identity", function()
@@ -747,7 +777,7 @@ describe("one turn (spec/runtime.md 5)", function()
       local t = spawn_turn(rt, "fake:a", GUEST, "hi")
       wait_for(function() return listed end, "the sweep")
       assert.is_true(rt:stop("fake:a"))
-      assert.same({ false, "sandbox turn stopped" }, { async.wait(t) })
+      assert.equal("stopped", reason_of(async.wait(t)))
       g.release()
     end)
     assert.equal(0, #driver.calls)
@@ -776,7 +806,7 @@ describe("one turn (spec/runtime.md 5)", function()
     driver.owner_for_spec = require("sandbox.runtime._installation").owner_id()
     rt = runtime.new(options_for(root, { driver = driver }))
     local reply = run(function() return rt:run_turn("fake:a", GUEST, "hi") end)
-    assert.same({ ok = true, text = "ok" }, reply)
+    assert.same({ ok = true, text = "ok" }, brief(reply))
     assert.same({ stale }, removed)
     assert.same({ "list", "run" }, order)
     assert.same({ "keep-me" }, entries(root .. "/run"))
@@ -794,10 +824,10 @@ describe("one turn (spec/runtime.md 5)", function()
     })
     new_runtime { driver = driver }
     run(function()
-      local ok, err = try_turn(rt, "fake:a", GUEST, "hi")
-      assert.is_false(ok)
-      assert.equal("sandbox container cleanup failed; inspect this installation's containers", err)
-      assert.same({ ok = true, text = "ok" }, rt:run_turn("fake:a", GUEST, "hi"))
+      local ok, res = try_turn(rt, "fake:a", GUEST, "hi")
+      assert.equal("cleanup_failed", reason_of(ok, res))
+      assert.equal("sandbox container cleanup failed; inspect this installation's containers", res.error)
+      assert.same({ ok = true, text = "ok" }, brief(rt:run_turn("fake:a", GUEST, "hi")))
     end)
     assert.equal(1, #driver.calls)
   end)
@@ -882,7 +912,7 @@ esac
       rt:dispose()
       return r
     end)
-    assert.same({ ok = true, text = "Done." }, reply)
+    assert.same({ ok = true, text = "Done." }, brief(reply))
     assert.equal("ps\nrun\nrm", sh("cat '" .. root .. "/calls'"))
     assert.equal('{"text":"hello","speaker":{"id":"guest","name":"Guest"},"model":"fake","prompt":"P",'
       .. '"timeZone":"UTC","reset":false,"tools":[],"mcp":[]}', sh("cat '" .. root .. "/stdin'"))
@@ -965,11 +995,11 @@ describe("startFresh (spec/runtime.md 7.4)", function()
     assert.same({ true, true, false }, three_turns(driver))
   end)
 
-  it("R45/B14: a raising turn keeps the reset too", function()
+  it("R45/B14: a raising driver (worker_failed) keeps the reset too", function()
     local driver = setup_runtime(first_then_ok(function() error("driver failed", 0) end))
     rt:start_fresh("fake:a")
     run(function()
-      assert.is_false((try_turn(rt, "fake:a", GUEST, "hi")))
+      assert.equal("worker_failed", reason_of(try_turn(rt, "fake:a", GUEST, "hi")))
       rt:run_turn("fake:a", GUEST, "hi")
       rt:run_turn("fake:a", GUEST, "hi")
     end)

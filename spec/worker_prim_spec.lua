@@ -599,19 +599,22 @@ describe("the static binary with the real worker Lua (host build)", function()
   local turn = '{"text":"hello","speaker":{"id":"guest","name":"Guest"},"model":"fake",'
     .. '"prompt":"Use the supplied tools","timeZone":"UTC","reset":false,"tools":[],"mcp":[]}'
 
-  local function check(name, stdin)
+  local function check(name, stdin, expected)
     if not have_lua then
       pending(name .. " (worker/lua/worker.lua does not exist yet)")
       return
     end
     it(name, function()
-      assert.same({ FAILED, "", 1 }, { run(dir, HOST, stdin) })
+      assert.same({ expected or FAILED, "", 1 }, { run(dir, HOST, stdin) })
     end)
   end
 
+  -- an invalid turn is a reason of the worker's own list (operations.md 1)
+  local INVALID = '{"ok":false,"text":"The sandbox worker failed.","reason":"invalid_turn"}'
   check("fails closed with no broker reachable", turn)
-  check("fails closed on invalid stdin", "{not json")
-  check("fails closed on stdin over 256 KiB", '{"text":"' .. string.rep("x", 262144) .. '"}')
+  check("fails closed on invalid stdin, naming its own reason", "{not json", INVALID)
+  check("fails closed on stdin over 256 KiB, naming its own reason", '{"text":"' .. string.rep("x", 262144) .. '"}',
+    INVALID)
 end)
 
 -- Real Docker, opt-in like spec/docker/ (SANDBOX_DOCKER_TEST=1), against the

@@ -20,6 +20,8 @@ local budget = require "budget"
 
 local REFUSAL = "Tool call refused or failed."
 local FAILED = { ok = false, text = "The sandbox worker failed." }
+-- The failed reply naming one of the worker's own reasons (spec/operations.md 1).
+local function failed(reason) return { ok = false, text = FAILED.text, reason = reason } end
 local LIMIT = { ok = false, text = "The sandbox turn reached its model-call limit." }
 
 local dirs = {}
@@ -110,7 +112,7 @@ describe("contract", function()
     }
     for i, bytes in ipairs(cases) do
       local reply, status, err = worker.run_turn(bytes, { workspace = workspace(), broker = (W.scripted {}) })
-      assert.same(FAILED, reply, "case " .. i)
+      assert.same(failed("invalid_turn"), reply, "case " .. i)
       assert.equal(1, status)
       assert.equal("invalid turn", err, "case " .. i)
     end
@@ -121,7 +123,7 @@ describe("contract", function()
     -- Through main(): a turn over 256 KiB and a missing zone.
     for _, bytes in ipairs { big, W.turn { timeZone = "Nowhere/Zone" } } do
       local out, err, rc = W.run_main(bytes, { workspace = workspace() })
-      assert.equal('{"ok":false,"text":"The sandbox worker failed."}', out)
+      assert.equal('{"ok":false,"text":"The sandbox worker failed.","reason":"invalid_turn"}', out)
       assert.equal("", err)
       assert.equal(1, rc)
     end
@@ -457,7 +459,7 @@ describe("loop, registry and normalization", function()
       '{"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[]}}]}',
     } do
       local r = turn { script = { model = { body } } }
-      assert.same(FAILED, r.reply)
+      assert.same(failed("model_no_text"), r.reply)
       assert.equal("model returned no final text", r.err)
     end
     for _, body in ipairs { "[]", '{"choices":{}}', '{"choices":[{"message":"x"}]}', '{"choices":[1]}' } do
@@ -1081,7 +1083,7 @@ describe("history and budget", function()
     for i = 1, 12 do limit[i] = W.calls { { id = "c", name = "memory_get", arguments = '{"scope":"speaker"}' } } end
     assert.same(LIMIT, turn { dir = dir, script = { model = limit } }.reply)
     assert.equal(before, W.read(dir .. "/history.json"))
-    assert.same(FAILED, turn { dir = dir, script = { model = { W.chat(W.null()) } } }.reply)
+    assert.same(failed("model_no_text"), turn { dir = dir, script = { model = { W.chat(W.null()) } } }.reply)
     assert.equal(before, W.read(dir .. "/history.json"))
     assert.same(FAILED, turn { dir = dir, turn = { reset = true }, script = { model = { { 429, "" } } } }.reply)
     assert.equal(before, W.read(dir .. "/history.json"))

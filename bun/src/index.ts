@@ -126,6 +126,12 @@ const SANDBOX_KEYS = [
   "uid",
   "gid",
   "allowHttp",
+  "modelAuth",
+  "maxOutputTokens",
+  "outputTokensField",
+  "logFormat",
+  "logLevel",
+  "audit",
   "seccompProfile",
   "workspaceQuotaMb",
   "diskReserveMb",
@@ -148,7 +154,12 @@ const BRIDGE_KEYS = new Set<string>([
   "library",
   "luaDir",
   "pollIntervalMs",
+  "logger",
 ]);
+
+/** The levels of the engine's operator log (spec/operations.md 2). */
+const LOG_LEVELS = ["debug", "info", "warn", "error"] as const;
+const LOGGER_ERROR = "logger must be a table of functions {debug?, info, warn, error}";
 
 const DEFAULT_CONFIG = fileURLToPath(new URL("./options.conf.lua", import.meta.url));
 
@@ -208,6 +219,22 @@ function scopeOf(raw: unknown): SandboxCredentialScope {
   return { channel: String(s.channel ?? ""), speaker };
 }
 
+/** runTurn's value: the reply, and the turn's reason (spec/operations.md 1). */
+function turnResult(v: unknown): TurnResult {
+  const r = (v ?? {}) as Record<string, unknown>;
+  const out: TurnResult = {
+    ok: r.ok === true,
+    text: typeof r.text === "string" ? r.text : "",
+    reason: typeof r.reason === "string" ? r.reason : r.ok === true ? "ok" : "worker_failed",
+  };
+  for (const k of ["turn", "fix", "error", "guest", "route", "code", "type", "param"] as const) {
+    if (typeof r[k] === "string") out[k] = r[k] as string;
+  }
+  if (typeof r.status === "number") out.status = r.status;
+  if (r.truncated === true) out.truncated = true;
+  return out;
+}
+
 function asArray<T>(v: unknown): T[] {
   return Array.isArray(v) ? (v as T[]) : [];
 }
@@ -243,6 +270,17 @@ export async function sandbox(options: SandboxOptions = {}): Promise<SandboxPlug
   if (options.config !== undefined && (typeof options.config !== "string" || options.config === "")) {
     throw new Error("config must be the path of a Lua config script");
   }
+  const logger = options.logger;
+  if (logger !== undefined) {
+    if (logger === null || typeof logger !== "object") throw new Error(LOGGER_ERROR);
+    for (const k of Object.keys(logger)) {
+      if (!(LOG_LEVELS as readonly string[]).includes(k)) throw new Error(LOGGER_ERROR);
+    }
+    for (const k of ["info", "warn", "error"] as const) {
+      if (typeof logger[k] !== "function") throw new Error(LOGGER_ERROR);
+    }
+    if (logger.debug !== undefined && typeof logger.debug !== "function") throw new Error(LOGGER_ERROR);
+  }
   const apiKey = options.apiKey;
   const hostLogin = options.hostLogin;
   const rootCommand = options.rootCommand ?? DEFAULT_ROOT_COMMAND;
@@ -255,6 +293,7 @@ export async function sandbox(options: SandboxOptions = {}): Promise<SandboxPlug
   if (apiKey) engineOptions.apiKey = "host";
   if (hostLogin) engineOptions.hostLogin = true;
   if (options.luaDir) engineOptions.luaDir = options.luaDir;
+  if (logger) engineOptions.logger = true;
 
   const typingStops = new Map<number, () => void>();
 
@@ -278,6 +317,15 @@ export async function sandbox(options: SandboxOptions = {}): Promise<SandboxPlug
     },
     onEvent: (ev) => options.onEvent?.(ev),
   });
+  if (logger) {
+    // The engine's operator lines: (message, fields), never a payload.
+    engine.registerOwner("logger", (fn, args) => {
+      const write = (logger as Record<string, unknown>)[fn];
+      if (typeof write !== "function") return;
+      const fields = (args[1] !== null && typeof args[1] === "object" ? args[1] : {}) as Record<string, unknown>;
+      (write as (m: string, f: Record<string, unknown>) => void)(String(args[0] ?? ""), fields);
+    });
+  }
 
   // spec/operations.md 6: the configured image must exist before the first
   // turn; a driver that cannot tell (a custom one) is not asked.
@@ -329,10 +377,7 @@ export async function sandbox(options: SandboxOptions = {}): Promise<SandboxPlug
   const runtime: SandboxRuntime = {
     runTurn: (channel, speaker, text) =>
       service("runTurn", channel, { id: speaker.id, name: speaker.name, principalId: speaker.principalId }, text).then(
-        (v) => {
-          const r = (v ?? {}) as { ok?: unknown; text?: unknown };
-          return { ok: r.ok === true, text: typeof r.text === "string" ? r.text : "" } satisfies TurnResult;
-        },
+        (v) => turnResult(v),
       ),
     startFresh: (channel) => service("startFresh", channel).then(() => undefined),
     stop: (channel) => service("stop", channel).then((v) => v === true),

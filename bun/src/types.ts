@@ -156,9 +156,60 @@ export interface SandboxCommands {
   group: { name: "sandbox"; description: string; subcommands: SandboxSubcommand[] };
 }
 
+/**
+ * The closed set of turn reasons (spec/operations.md 1; lua/sandbox/errors.lua
+ * is the catalogue). Operator-facing only: guests see the generic texts.
+ */
+export type TurnReason =
+  | "ok"
+  | "upstream_status"
+  | "upstream_unreachable"
+  | "upstream_timeout"
+  | "upstream_invalid"
+  | "reflection"
+  | "credential_missing"
+  | "credential_error"
+  | "budget_exhausted"
+  | "tool_failed"
+  | "model_no_text"
+  | "model_filtered"
+  | "context_budget"
+  | "invalid_turn"
+  | "memory_store"
+  | "history"
+  | "worker_failed"
+  | "worker_oom"
+  | "invalid_reply"
+  | "deadline"
+  | "stopped"
+  | "cleanup_failed"
+  | "daemon_unavailable"
+  | "image_missing"
+  | (string & {});
+
+/** `runtime.runTurn`'s result: the reply, or why the turn failed. */
 export interface TurnResult {
   ok: boolean;
+  /** The worker's text (its reply, or its own ok=false text), else the guest's failure text. */
   text: string;
+  /** Decided by the host from what it observed; "ok" when the reply was delivered. */
+  reason: TurnReason;
+  /** The turn's id in the operator log. */
+  turn?: string;
+  /** What the operator does about it. */
+  fix?: string;
+  /** The catalogue message the turn ended with, when one was raised. */
+  error?: string;
+  /** The text a guest is shown for this outcome. */
+  guest?: string;
+  /** upstream_status: the route, the provider's status and its error tokens (never its message). */
+  route?: string;
+  status?: number;
+  code?: string;
+  type?: string;
+  param?: string;
+  /** The provider cut the reply at its length limit (spec/providers.md 3). */
+  truncated?: boolean;
 }
 
 /** `SANDBOX.channels`: the channel state store (spec/runtime.md 7). */
@@ -232,6 +283,20 @@ export interface SandboxOptions {
   gid?: number;
   /** Lets modelUrl and MCP urls use http: (offline tests only). */
   allowHttp?: boolean;
+  /** How the model credential travels (spec/providers.md 1): Authorization: Bearer (default), `api-key` (Azure resource keys), or none at all (a local server; then no apiKey). */
+  modelAuth?: "bearer" | "api-key" | "none";
+  /** The output-token limit forced on every model call (1-200,000; default 4096). */
+  maxOutputTokens?: number;
+  /** The member that carries it: "max_tokens" (default) or "max_completion_tokens" (OpenAI/Azure reasoning models). */
+  outputTokensField?: "max_tokens" | "max_completion_tokens";
+  /** The operator log's format on stderr (default "text"); ignored with `logger`. */
+  logFormat?: "text" | "json";
+  /** The lowest level logged (default "info"). */
+  logLevel?: "debug" | "info" | "warn" | "error";
+  /** One payload-free audit line per broker request (default true). */
+  audit?: boolean;
+  /** The engine's operator lines go here instead of stderr: each (message, fields); debug is optional. */
+  logger?: SandboxLogger;
   /** The sealed containers' seccomp profile (absolute path); default: the shipped worker/seccomp.json. */
   seccompProfile?: string;
   /** A channel workspace's quota in MiB (default 256, 1-1048576): its turns are refused above it. */
@@ -266,6 +331,14 @@ export interface SandboxOptions {
   luaDir?: string;
   /** The longest poll interval while requests are in flight (ms, default 5; 1 ms right after activity). */
   pollIntervalMs?: number;
+}
+
+/** Where the engine's operator log lines go (spec/operations.md 2). */
+export interface SandboxLogger {
+  debug?: (message: string, fields: Record<string, unknown>) => void;
+  info: (message: string, fields: Record<string, unknown>) => void;
+  warn: (message: string, fields: Record<string, unknown>) => void;
+  error: (message: string, fields: Record<string, unknown>) => void;
 }
 
 /** The guest plugin object `sandbox()` resolves to. */

@@ -98,7 +98,10 @@ describe("no leaked handles after free", () => {
     "a process that disposed its plugin exits by itself",
     async () => {
       const r = await runExits({});
-      expect(r.out).toBe('{"ok":true,"text":"Sealed: hi"}\nreturned\n');
+      const [line, rest] = r.out.split("\n", 2);
+      expect(JSON.parse(line!)).toMatchObject({ ok: true, text: "Sealed: hi", reason: "ok" });
+      expect(r.out.endsWith("\nreturned\n")).toBe(true);
+      expect(rest).toBe("returned");
       expect(r.code).toBe(0);
     },
     30_000,
@@ -108,7 +111,10 @@ describe("no leaked handles after free", () => {
     "an apiKey that never settles does not outlive dispose: the turn fails closed and the process exits",
     async () => {
       const r = await runExits({ HANG_KEY: "1" });
-      expect(r.out).toBe('{"ok":false,"text":"model call failed: 502"}\nreturned\n');
+      const [line, rest] = r.out.split("\n", 2);
+      // the key request was cut by dispose: the turn was stopped (operations.md 1)
+      expect(JSON.parse(line!)).toMatchObject({ ok: false, text: "model call failed: 502", reason: "stopped" });
+      expect(rest).toBe("returned");
       expect(r.code).toBe(0);
       expect(r.ms).toBeLessThan(15_000);
     },

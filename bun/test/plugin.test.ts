@@ -197,7 +197,7 @@ describe("the SANDBOX service", () => {
     const p = await start();
     const { runtime } = p.services.SANDBOX;
     const speaker = { id: "alice", name: "Alice", principalId: "p_alice" };
-    expect(await runtime.runTurn("discord:555", speaker, "direct")).toEqual({ ok: true, text: "Sealed: direct" });
+    expect(await runtime.runTurn("discord:555", speaker, "direct")).toMatchObject({ ok: true, text: "Sealed: direct", reason: "ok" });
     await runtime.startFresh("discord:555");
     expect(await runtime.busy()).toEqual([]);
     expect(await runtime.sweep()).toBe(0);
@@ -219,7 +219,7 @@ describe("the SANDBOX service", () => {
       ],
     });
     const r = await p.services.SANDBOX.runtime.runTurn("discord:100", { id: "a", name: "A", principalId: "p" }, "offered");
-    expect(r).toEqual({ ok: true, text: "host:clock mcp:docs/search" });
+    expect(r).toMatchObject({ ok: true, text: "host:clock mcp:docs/search", reason: "ok" });
   });
 
   test("the lifecycle entry", async () => {
@@ -264,7 +264,7 @@ describe("apiKey from TypeScript", () => {
     const p = await start({ apiKey: () => answers[next++]!() as string });
     const { runtime } = p.services.SANDBOX;
     const speaker = { id: "alice", name: "Alice", principalId: "p_alice" };
-    expect(await runtime.runTurn("discord:100", speaker, "model")).toEqual({ ok: true, text: "Hello from the fake model." });
+    expect(await runtime.runTurn("discord:100", speaker, "model")).toMatchObject({ ok: true, text: "Hello from the fake model." });
     expect(model.calls.map((c) => c.authorization)).toEqual(["Bearer async-key"]);
     for (let i = 1; i < answers.length; i++) {
       const r = await runtime.runTurn("discord:100", speaker, "model");
@@ -286,7 +286,7 @@ describe("apiKey from TypeScript", () => {
       },
     });
     const r = await p.services.SANDBOX.runtime.runTurn("discord:100", { id: "a", name: "A", principalId: "p" }, "model");
-    expect(r).toEqual({ ok: true, text: "Hello from the fake model." });
+    expect(r).toMatchObject({ ok: true, text: "Hello from the fake model.", reason: "ok" });
     expect(providers).toEqual(["openai"]);
     expect(model.calls[0]!.authorization).toBe("Bearer login-key");
   });

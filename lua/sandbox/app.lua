@@ -42,8 +42,9 @@
 --                     -- (default commands.NOT_OWNER)
 --     failure = "...",  -- the generic owner-command failure panel text
 --                     -- (default commands.FAILED)
---     log = function(level, msg, fields),        -- default runtime.log; the
---                     -- runtime's own turn-failure line goes to runtime.log
+--     log = function(level, msg, fields),        -- where the operator lines go
+--                     -- when the options name no `logger` (default: stderr in
+--                     -- logFormat); the runtime's lines go there too
 --   }
 --
 -- EVENT SHAPE (a message as the host's router sees it; JSON-able)
@@ -120,6 +121,7 @@ local claim = require "sandbox.channels.claim"
 local commands = require "sandbox.channels.commands"
 local errors = require "sandbox.errors"
 local json = require "sandbox.json"
+local log = require "sandbox.log"
 local reply_text = require "sandbox.channels._reply_text"
 local runtime = require "sandbox.runtime"
 local turn_queue = require "sandbox.channels._queue"
@@ -132,7 +134,6 @@ M.DEFAULT_TIME_ZONE = "UTC"
 M.E_API_KEY = errors.API_KEY_REQUIRED
 M.E_NOT_STARTED = errors.NOT_STARTED
 M.LOG_STATE = "routing state could not be opened"
-M.LOG_REFUSED = "turn refused"
 
 -- Options of `sandbox{}` that the runtime does not take (2.1).
 local APP_ONLY = { stateFile = true, initialChannels = true, provider = true, maxQueuedTurns = true }
@@ -160,9 +161,18 @@ function M.is_app(v)
   return M.mt ~= nil and getmetatable(v) == M.mt
 end
 
+-- The one operator logger: the runtime's once started, else one made from
+-- the same options (spec/operations.md 2).
+function App:_logger()
+  if self.rt then return self.rt.logger end
+  if not self.early_logger then
+    self.early_logger = log.from_options(self.options, self.host and self.host.log or nil)
+  end
+  return self.early_logger
+end
+
 function App:_log(level, msg, fields)
-  local log = self.host and self.host.log or runtime.log
-  pcall(log, level, msg, fields)
+  self:_logger():log(level, msg, fields)
 end
 
 local function require_started(self)
@@ -175,6 +185,7 @@ local function resolve_api_key(o, host)
     if type(o.apiKey) ~= "function" then fail(errors.API_KEY_TYPE) end
     return o.apiKey
   end
+  if o.modelAuth == "none" then return nil end      -- never called (providers.md 1)
   local login = host.hostLogin
   if type(login) ~= "function" then fail(M.E_API_KEY) end
   local provider = o.provider or "openai"
@@ -206,7 +217,8 @@ function App:start(host)
   if self.disposed then fail(runtime.E_BUSY) end
   host = host or {}
   local o = self.options
-  local rt = runtime.new(self:runtime_options(host))                  -- steps 2-3
+  local opts, checked = self:runtime_options(host)
+  local rt = runtime.new(opts, checked, host)                         -- steps 2-3
   local store_path
   local ok, store = pcall(function()
     store_path = channels.state_path(o.stateFile, rt.options.runRoot,   -- steps 4-6
@@ -219,9 +231,7 @@ function App:start(host)
   if not ok then
     local fix = errors.fix(store)
     if fix then
-      self.host = host
-      self:_log("error", M.LOG_STATE, { file = store_path or o.stateFile, fix = fix })
-      self.host = nil
+      rt.logger:error(M.LOG_STATE, { file = store_path or o.stateFile, fix = fix })
     end
     rt:dispose()
     error(store, 0)
@@ -268,9 +278,11 @@ function App:_answer(key, event, speaker)
   end)
   if stop_typing then pcall(stop_typing) end
   if not ok then
-    self:_log("error", runtime.LOG_TURN_FAILED, { channel = key })
+    self:_log("error", runtime.LOG_REFUSED, { channel = key })
     text = runtime.GUEST_FAILED_OR_STOPPED
   end
+  -- the turn's reason is the operator's (its `turn finished` line, and
+  -- rt:run_turn's result through the SANDBOX service), never the guest's
   return self:_replies(text)                                          -- step 5
 end
 
@@ -298,7 +310,7 @@ function App:handle(event, admission)
   local speaker = claim.admit(event, admission)
   local res, full = self.queue:run_turn(key, speaker.id, self._answer, self, key, event, speaker)
   if full then
-    self:_log("warn", M.LOG_REFUSED, { channel = key, reason = errors.entry(errors.QUEUE_FULL).reason })
+    self:_log("warn", runtime.LOG_REFUSED, { channel = key, reason = errors.entry(errors.QUEUE_FULL).reason })
     return self:_replies(runtime.GUEST_BUSY)
   end
   return res

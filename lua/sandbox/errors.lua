@@ -22,10 +22,24 @@
 --   reason   the failure reason of spec/operations.md section 1 this error
 --            ends a turn with, for the errors that end turns today
 --
--- The closed set of turn failure reasons of operations.md 1 lands here too:
--- each reason is an entry (name = the reason in upper case, reason = its
--- wire name, fix = the printed fix), and the errors that end a turn name
--- their reason, so `sbx run`, the log and the metrics read one table.
+-- The closed set of turn failure reasons of spec/operations.md 1 lives here
+-- too, in M.reasons: each {reason, fix, exit, worker}, where exit is the
+-- `sbx run` status of its class (1 the turn failed, 4 the daemon or the
+-- image) and worker marks the reasons the worker may report itself. The
+-- errors that end a turn name their reason, so `sbx run`, the log lines,
+-- the Bun bridge and (later) the metrics read one table:
+--
+--   errors.reason(name)        -> the reason entry, or nil (not in the set)
+--   errors.reason_fix(name, ctx) -> its printed fix (ctx as for fix), or nil
+--   errors.exit_status(name)   -> 0 for "ok", else the entry's class status
+--   errors.WORKER_REASONS      -> {name = true} of the worker's own reasons
+--   errors.EXIT                -> the `sbx run` statuses {ok, turn, usage,
+--                                 config, daemon}
+--
+-- Adding a reason (as hardening.md did: workspace_quota, disk_low,
+-- queue_full, host_descriptors, state_write_failed) is one row in
+-- M.reasons, plus the place that observes it; every reader (run_turn's
+-- result, the turn line, `sbx run`, the Bun bridge) picks it up from here.
 -- Modules keep their public constants (runtime.E_CLEANUP, ...) as aliases
 -- of these strings; nothing outside this file spells a message.
 local M = {}
@@ -52,6 +66,10 @@ M.catalogue = {
   { name = "ROOT_PRIVATE", message = "sandbox roots must be private directories owned by the service user",
     fix = function(ctx)
       local run, ws = ctx.runRoot or "RUNROOT", ctx.workspaceRoot or "WORKSPACEROOT"
+      if ctx.uid == 0 then
+        return string.format("run sbx as the service account that owns them, never as root, e.g. "
+          .. "`runuser -u sbx -- sbx %s %s`", ctx.command or "run", config_of(ctx))
+      end
       return string.format("chown %s: %s %s && chmod 700 %s %s (run `sbx doctor %s` to see which)",
         ctx.user or "USER", run, ws, run, ws, config_of(ctx))
     end },
@@ -59,7 +77,10 @@ M.catalogue = {
     fix = "use two separate directories for runRoot and workspaceRoot, neither inside the other" },
   { name = "USER", message = "run the host as a non-root user; worker uid/gid must match it",
     fix = function(ctx)
-      if ctx.uid == 0 then return "run sbx as the service account, e.g. `runuser -u sbx -- sbx ...`" end
+      if ctx.uid == 0 then
+        return string.format("run sbx as the service account, never as root, e.g. `runuser -u sbx -- sbx %s %s`",
+          ctx.command or "run", config_of(ctx))
+      end
       return string.format("remove uid/gid from the config or set uid = %s, gid = %s",
         tostring(ctx.uid or "UID"), tostring(ctx.gid or "GID"))
     end },
@@ -85,6 +106,20 @@ M.catalogue = {
   { name = "MENTIONS_OPTION", message = 'mentions must be "neutral" or "allow"' },
   { name = "MAX_REPLY_OPTION", message = "maxReplyChars must be 1 to 100000" },
   { name = "NOT_STARTED", message = "sandbox is not started" },
+
+  -- The model route and the operator log (spec/providers.md 1, operations.md 2-3)
+  { name = "MODEL_AUTH", message = 'modelAuth must be "bearer", "api-key" or "none"',
+    fix = 'set modelAuth = "bearer" (Authorization: Bearer), "api-key" (Azure OpenAI resource keys) or "none" (a local server without a key)' },
+  { name = "MAX_OUTPUT_TOKENS", message = "maxOutputTokens must be 1 to 200000",
+    fix = "set maxOutputTokens to a whole number from 1 to 200000 (default 4096)" },
+  { name = "OUTPUT_FIELD", message = 'outputTokensField must be "max_tokens" or "max_completion_tokens"',
+    fix = 'set outputTokensField = "max_tokens" (most providers) or "max_completion_tokens" (OpenAI and Azure reasoning models)' },
+  { name = "API_KEY_UNUSED", message = 'apiKey is unused when modelAuth is "none"',
+    fix = 'remove apiKey from the config, or set modelAuth = "bearer" / "api-key" if the server needs the key' },
+  { name = "LOG_FORMAT", message = 'logFormat must be "text" or "json"' },
+  { name = "LOG_LEVEL", message = 'logLevel must be "debug", "info", "warn" or "error"' },
+  { name = "AUDIT", message = "audit must be a boolean" },
+  { name = "LOGGER", message = "logger must be a table of functions {debug?, info, warn, error}" },
 
   -- The container's arguments (spec/runtime.md 4.2, 4.4)
   { name = "NAME_IMAGE", message = "invalid container name or image" },
@@ -120,34 +155,21 @@ M.catalogue = {
   { name = "TIMED_OUT", message = "sandbox turn timed out", reason = "deadline",
     fix = "raise turnTimeoutMs in the config (or --timeout) if turns need longer" },
   { name = "STOPPED", message = "sandbox turn stopped", reason = "stopped" },
-  { name = "BODY_TOO_LARGE", message = "body too large" },
-  { name = "WORKER", message = "sandbox worker failed", reason = "worker_failed",
-    fix = function(ctx) return string.format("check the image and the daemon with `sbx doctor %s`", config_of(ctx)) end },
+  { name = "BODY_TOO_LARGE", message = "body too large", reason = "invalid_reply" },
+  { name = "WORKER", message = "sandbox worker failed", reason = "worker_failed" },
+  { name = "WORKER_OOM", message = "sandbox worker was killed for memory", reason = "worker_oom" },
+  { name = "IMAGE_MISSING", message = "sandbox image is missing", reason = "image_missing" },
+  { name = "DAEMON", message = "the Docker daemon did not answer", reason = "daemon_unavailable" },
   { name = "REPLY", message = "invalid sandbox reply", reason = "invalid_reply" },
   { name = "CLEANUP", message = "sandbox container cleanup failed; inspect this installation's containers",
-    reason = "cleanup_failed",
-    fix = function(ctx) return string.format("run `sbx cleanup %s --force`", config_of(ctx)) end },
+    reason = "cleanup_failed" },
 
-  -- A hostile guest's channel (shared/spec/hardening.md 2-4, 8)
-  { name = "WORKSPACE_QUOTA", message = "sandbox workspace is over its quota", reason = "workspace_quota",
-    fix = function(ctx)
-      return string.format("an operator must free space in this channel's workspace%s (or raise workspaceQuotaMb); "
-        .. "the channel's turns are refused until it is under the quota",
-        ctx.workspace and (" " .. ctx.workspace) or (ctx.workspaceRoot and (" under " .. ctx.workspaceRoot) or ""))
-    end },
-  { name = "DISK_LOW", message = "sandbox disk space is below diskReserveMb", reason = "disk_low",
-    fix = "an operator must free space on the filesystem of workspaceRoot/runRoot (every channel's turns are "
-      .. "refused until free space is above diskReserveMb), and should give each workspace a filesystem quota" },
-  { name = "QUEUE_FULL", message = "sandbox channel queue is full", reason = "queue_full",
-    fix = "a guest is flooding the channel; raise maxQueuedTurns only if the channel is really this busy" },
-  { name = "HOST_DESCRIPTORS", message = "sandbox host is out of file descriptors", reason = "host_descriptors",
-    fix = "raise the service's hard descriptor limit (LimitNOFILE= / ulimit -Hn) or run fewer channels at once" },
-  { name = "MEMORY_STORE_REPAIRED", message = "the worker moved an invalid memory.json aside", reason = "memory_store",
-    fix = "the channel's memory.json was invalid (a compromised turn, or hand editing); the worker kept it as "
-      .. "memory.json.invalid-<time> in the workspace and started an empty store" },
-  { name = "HISTORY_REPAIRED", message = "the worker moved an invalid history.json aside", reason = "history",
-    fix = "the channel's history.json was invalid; the worker kept it as history.json.invalid-<time> in the "
-      .. "workspace and started an empty history" },
+  -- A hostile guest's channel (shared/spec/hardening.md 2-4): the fixes
+  -- are their reasons' (M.reasons)
+  { name = "WORKSPACE_QUOTA", message = "sandbox workspace is over its quota", reason = "workspace_quota" },
+  { name = "DISK_LOW", message = "sandbox disk space is below diskReserveMb", reason = "disk_low" },
+  { name = "QUEUE_FULL", message = "sandbox channel queue is full", reason = "queue_full" },
+  { name = "HOST_DESCRIPTORS", message = "sandbox host is out of file descriptors", reason = "host_descriptors" },
 
   -- The precheck script runner (spec/precheck.md 2.1, 2.2, 4); it also
   -- raises LINUX, ROOT_PATH, ROOT_PRIVATE, USER, SOCKET_TOO_LONG, NAME_IMAGE,
@@ -188,8 +210,7 @@ M.catalogue = {
   { name = "STATE_INVALID", message = "invalid sandbox channel state",
     fix = "the file must be a JSON array of channel keys such as "
       .. '["discord:123456789"]; restore it from a backup or remove it to start from initialChannels' },
-  { name = "STATE_SAVE", message = "routing state could not be saved", reason = "state_write_failed",
-    fix = "the state file was left as it was; free space on (or fix) the state directory's filesystem and retry" },
+  { name = "STATE_SAVE", message = "routing state could not be saved", reason = "state_write_failed" },
   { name = "STATE_DIR", message = "routing state directory must be private and service-owned",
     fix = "chown the directory to the service user and chmod it 0700" },
   { name = "STATE_FILE", message = "routing state must be a service-owned regular file",
@@ -198,6 +219,110 @@ M.catalogue = {
   { name = "STATE_NAME", message = "stateFile must name a file" },
   { name = "STATE_MOUNTS", message = "routing state must stay outside sandbox mounts" },
 }
+
+local function image_of(ctx) return ctx.image or "pi-roundtable-sandbox:local" end
+
+-- The `sbx run` exit statuses (spec/operations.md 1).
+M.EXIT = { ok = 0, turn = 1, usage = 2, config = 3, daemon = 4 }
+
+-- The closed set of turn reasons (spec/operations.md 1), in the table's order.
+M.reasons = {
+  { reason = "ok" },
+  { reason = "upstream_status",
+    fix = "the provider refused the model call; compare its status and code with the provider's API reference" },
+  { reason = "upstream_unreachable", fix = "check modelUrl / the network from this host" },
+  { reason = "upstream_timeout", fix = "the provider is slow; check its status" },
+  { reason = "upstream_invalid", fix = "check modelUrl points at a Chat Completions endpoint" },
+  { reason = "reflection",
+    fix = 'the upstream echoed the credential; if it is not a secret (a local server\'s placeholder), use modelAuth = "none"' },
+  { reason = "credential_missing", fix = "apiKey returned no credential for this channel/speaker" },
+  { reason = "credential_error", fix = "the hook raised; see the preceding log line" },
+  { reason = "budget_exhausted", fix = "a guest or model loop spent the turn's broker calls" },
+  { reason = "tool_failed" },
+  { reason = "model_no_text", worker = true,
+    fix = "the model's reply held no text; check model, and raise maxOutputTokens for a reasoning model" },
+  { reason = "model_filtered", worker = true,
+    fix = "the provider's content filter withheld the reply to this message" },
+  { reason = "context_budget", worker = true,
+    fix = "the channel's notes, history and tool descriptions do not fit one model request; "
+      .. "shorten the tool descriptions or start the channel fresh" },
+  { reason = "invalid_turn", worker = true,
+    fix = function(ctx)
+      return "the image does not read this engine's turns; rebuild it with `make image` (image "
+        .. image_of(ctx) .. ")"
+    end },
+  { reason = "memory_store", worker = true,
+    fix = "the channel's memory.json was invalid (a compromised turn, or hand editing): the worker kept it as "
+      .. "memory.json.invalid-<time> in the channel's workspace and went on with an empty store; "
+      .. "if the turn failed, it could not move it aside: inspect the workspace" },
+  { reason = "history", worker = true,
+    fix = "the channel's history.json was invalid (kept as history.json.invalid-<time>, the turn went on "
+      .. "with an empty history) or could not be written; start the channel fresh" },
+  { reason = "worker_failed",
+    fix = function(ctx) return string.format("check the image with `sbx doctor %s`", config_of(ctx)) end },
+  { reason = "worker_oom", fix = "raise limits.memoryMb or look for a memory bomb in this channel" },
+  { reason = "invalid_reply", fix = "the image is not this engine's worker, or it was tampered with" },
+  { reason = "deadline", fix = "raise turnTimeoutMs (or --timeout) or check slow tools" },
+  { reason = "stopped" },
+  { reason = "cleanup_failed",
+    fix = function(ctx)
+      return string.format("inspect this installation's containers; `sbx cleanup %s --force`", config_of(ctx))
+    end },
+  { reason = "daemon_unavailable", exit = M.EXIT.daemon,
+    fix = function(ctx)
+      if ctx.docker_host and ctx.docker_host ~= "" then
+        return string.format("DOCKER_HOST=%s does not answer: start the daemon on that socket or fix "
+          .. "DOCKER_HOST; `sbx doctor %s`", ctx.docker_host, config_of(ctx))
+      end
+      return string.format("start dockerd (as root: make deps) or set DOCKER_HOST; `sbx doctor %s`", config_of(ctx))
+    end },
+  { reason = "workspace_quota",
+    fix = function(ctx)
+      return string.format("an operator must free space in this channel's workspace%s (or raise workspaceQuotaMb); "
+        .. "the channel's turns are refused until it is under the quota",
+        ctx.workspace and (" " .. ctx.workspace) or (ctx.workspaceRoot and (" under " .. ctx.workspaceRoot) or ""))
+    end },
+  { reason = "disk_low",
+    fix = "an operator must free space on the filesystem of workspaceRoot/runRoot (every channel's turns are "
+      .. "refused until free space is above diskReserveMb), and should give each workspace a filesystem quota" },
+  { reason = "queue_full",
+    fix = "a guest is flooding the channel; raise maxQueuedTurns only if the channel is really this busy" },
+  { reason = "host_descriptors",
+    fix = "raise the service's hard descriptor limit (LimitNOFILE= / ulimit -Hn) or run fewer channels at once" },
+  { reason = "state_write_failed",
+    fix = "the state file was left as it was; free space on (or fix) the state directory's filesystem and retry" },
+  { reason = "image_missing", exit = M.EXIT.daemon,
+    fix = function(ctx)
+      -- this tree's own build command (a checkout's make image, an installed
+      -- tree's build-image): sandbox/layout.lua
+      return "build it: " .. require("sandbox.layout").image_fix(image_of(ctx))
+    end },
+}
+
+local by_reason = {}
+M.WORKER_REASONS = {}
+for _, r in ipairs(M.reasons) do
+  assert(by_reason[r.reason] == nil, r.reason)
+  r.exit = r.exit or (r.reason == "ok" and M.EXIT.ok or M.EXIT.turn)
+  by_reason[r.reason] = r
+  if r.worker then M.WORKER_REASONS[r.reason] = true end
+end
+
+function M.reason(name)
+  return type(name) == "string" and by_reason[name] or nil
+end
+
+function M.reason_fix(name, ctx)
+  local r = M.reason(name)
+  if r == nil or r.fix == nil then return nil end
+  if type(r.fix) == "function" then return r.fix(ctx or {}) end
+  return r.fix
+end
+
+function M.exit_status(name)
+  local r = M.reason(name)
+  return r and r.exit or M.EXIT.turn
+end
 
 local by_message, prefixes = {}, {}
 for _, e in ipairs(M.catalogue) do
@@ -221,9 +346,11 @@ function M.entry(msg)
   return nil
 end
 
+-- The fix of a raised message: its own, else its turn reason's.
 function M.fix(msg, ctx)
   local e = M.entry(msg)
-  if e == nil or e.fix == nil then return nil end
+  if e == nil then return nil end
+  if e.fix == nil then return e.reason and M.reason_fix(e.reason, ctx) or nil end
   if type(e.fix) == "function" then return e.fix(ctx or {}) end
   return e.fix
 end

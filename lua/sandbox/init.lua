@@ -9,6 +9,7 @@ local app = require "sandbox.app"
 local broker = require "sandbox.broker"
 local broker_config = require "sandbox.broker._config"
 local errors = require "sandbox.errors"
+local log = require "sandbox.log"
 local options = require "sandbox.runtime._options"
 local turn_queue = require "sandbox.channels._queue"
 
@@ -18,7 +19,9 @@ M.OPTIONS = {
   image = true, runRoot = true, workspaceRoot = true, stateFile = true, initialChannels = true,
   provider = true, model = true, modelUrl = true, apiKey = true, prompt = true, tools = true,
   mcp = true, uid = true, gid = true, limits = true, turnTimeoutMs = true, driver = true,
-  allowHttp = true, seccompProfile = true, workspaceQuotaMb = true, diskReserveMb = true,
+  allowHttp = true, modelAuth = true, maxOutputTokens = true, outputTokensField = true,
+  logFormat = true, logLevel = true, audit = true, logger = true,
+  seccompProfile = true, workspaceQuotaMb = true, diskReserveMb = true,
   mentions = true, maxReplyChars = true, maxQueuedTurns = true,
 }
 
@@ -40,10 +43,12 @@ function M.new(opts)
   if opts.apiKey ~= nil and type(opts.apiKey) ~= "function" then fail(errors.API_KEY_TYPE) end
   options.check_prompt(opts.prompt)
   local timeout = options.check_turn_timeout(opts.turnTimeoutMs)
+  log.check_options(opts)
   options.check_hardening(opts)
   local max_queued = turn_queue.check_max(opts.maxQueuedTurns)
   -- The throw-away broker check of spec/runtime.md 3.1 step 14: no socket.
   local cfg = broker_config.check(opts)
+  options.check_api_key_use(opts.apiKey, cfg)
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
   o.turnTimeoutMs = timeout
@@ -53,12 +58,16 @@ function M.new(opts)
 end
 
 -- A broker bound to one turn: t = {channel=, speaker={id,name,principalId},
--- signal=, audit=}.
+-- signal=, recorder=, turnId=} (recorder: sandbox/ops/record.lua, whose
+-- readers get every call record).
 function Config:broker(t)
   local o = self.options
-  if type(o.apiKey) ~= "function" then fail(errors.API_KEY_REQUIRED) end
+  if type(o.apiKey) ~= "function" and self.broker_config.modelAuth ~= "none" then
+    fail(errors.API_KEY_REQUIRED)
+  end
   return broker.bind(self.broker_config, {
-    apiKey = o.apiKey, channel = t.channel, speaker = t.speaker, signal = t.signal, audit = t.audit,
+    apiKey = o.apiKey, channel = t.channel, speaker = t.speaker, signal = t.signal,
+    recorder = t.recorder, turnId = t.turnId,
   })
 end
 

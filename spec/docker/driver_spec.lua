@@ -183,11 +183,11 @@ describe("drivers against real Docker", function()
         assert.equal("", labelled())
       end)
 
-      it("a missing image fails with sandbox worker failed and leaves nothing", function()
+      it("a missing image fails with the image_missing error (the daemon says so) and leaves nothing", function()
         local s = spec("sbx-driver-spec-missing:" .. TAG)
         local ok, err = pcall(async.run, function() return d:run(s, TURN, signal.new()) end)
         assert.is_false(ok)
-        assert.equal("sandbox worker failed", err)
+        assert.equal("sandbox image is missing", err)
         assert.equal("", labelled())
       end)
 

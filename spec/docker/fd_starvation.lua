@@ -8,10 +8,11 @@
 -- its broker (attack.c connections); meanwhile eight bystander turns run one
 -- after another on the real worker against a fake model on loopback. Then
 -- the hostile turns are stopped, and one hostile channel runs a real turn
--- (recovery without an operator). Prints one JSON line: {bystanders = [ok
--- or the error, ...], pooled = the pool in use during the attack, hostile =
--- how the hostile turns ended, recovered = ok, leftovers = entries left in
--- runRoot, limit = the descriptor limit}.
+-- (recovery without an operator). Prints one JSON line: {bystanders = [the
+-- reply text, or the failure reason or error, ...], pooled = the pool in use
+-- during the attack, hostile = how the hostile turns ended (their reasons),
+-- recovered = the reply text, leftovers = entries left in runRoot, limit =
+-- the descriptor limit}.
 package.path = "lua/?.lua;lua/?/init.lua;spec/support/?.lua;" .. package.path
 package.cpath = "build/lua/?.so;" .. package.cpath
 local async = require "sandbox.async"
@@ -19,11 +20,11 @@ local core = require "sandbox.core"
 local json = require "sandbox.json"
 local runtime = require "sandbox.runtime"
 
+local function quiet() end
+
 local root, worker_image, hostile_image = arg[1], arg[2], arg[3]
 local KEY = "fd-starvation-key"
 local SPEAKER = { id = "guest", name = "Guest", principalId = "p_guest" }
-
-runtime.log = function() end
 
 local server = assert(core.http_server {
   on_request = function(req)
@@ -48,6 +49,7 @@ async.run(function()
     image = worker_image, runRoot = root .. "/run", workspaceRoot = root .. "/work",
     model = "fake-model", modelUrl = server:url("/v1/chat/completions"), allowHttp = true,
     apiKey = function() return KEY end, driver = driver, turnTimeoutMs = 120000,
+    logger = { info = quiet, warn = quiet, error = quiet },
   }
   local hostile = {}
   for i = 1, 6 do
@@ -60,17 +62,21 @@ async.run(function()
   end
   async.sleep(3000)
   result.pooled = core.fd_budget().pool_used
+  -- a turn's outcome: the reply text, else its failure reason (run_turn's
+  -- result), else the error of a turn that never started
+  local function outcome(ok, r)
+    if not ok then return tostring(r) end
+    return r.ok and r.text or r.reason
+  end
   for i = 1, 8 do
-    local ok, r = pcall(rt.run_turn, rt, "fake:bystander" .. i, SPEAKER, "Hello")
-    result.bystanders[i] = ok and r.ok and r.text or tostring(ok and r.text or r)
+    result.bystanders[i] = outcome(pcall(rt.run_turn, rt, "fake:bystander" .. i, SPEAKER, "Hello"))
   end
   for i = 1, 6 do rt:stop("fake:hostile" .. i) end
   for i = 1, 6 do
-    local _, ok, err = async.wait(hostile[i])
-    result.hostile[i] = ok and "replied" or tostring(err)
+    local _, ok, r = async.wait(hostile[i])
+    result.hostile[i] = outcome(ok, r)
   end
-  local ok, r = pcall(rt.run_turn, rt, "fake:hostile1", SPEAKER, "Hello")
-  result.recovered = ok and r.ok and r.text or tostring(ok and r.text or r)
+  result.recovered = outcome(pcall(rt.run_turn, rt, "fake:hostile1", SPEAKER, "Hello"))
   result.leftovers = #(core.fs_readdir(root .. "/run") or {})
   result.installation = rt.installation
   rt:dispose()

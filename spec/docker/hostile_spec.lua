@@ -89,11 +89,19 @@ describe("hostile guests on real Docker", function()
     }
   end
 
+  -- The operator lines go to `sink` while a case sets one (the logger
+  -- option, operations.md 2), else nowhere.
+  local sink
+  local logger = {}
+  for _, level in ipairs { "debug", "info", "warn", "error" } do
+    logger[level] = function(msg, fields) if sink then sink(level, msg, fields or {}) end end
+  end
+
   local function new_runtime(base, over)
     local o = {
       image = IMAGE, runRoot = base .. "/run", workspaceRoot = base .. "/work",
       model = "fake-model", modelUrl = server:url("/v1/chat/completions"),
-      apiKey = function() return KEY end, allowHttp = true, driver = driver_for(cli),
+      apiKey = function() return KEY end, allowHttp = true, driver = driver_for(cli), logger = logger,
     }
     for k, v in pairs(over or {}) do o[k] = v end
     return runtime.new(o)
@@ -139,18 +147,28 @@ describe("hostile guests on real Docker", function()
       local b = async.spawn(function() return pcall(r.run_turn, r, channel, SPEAKER, "Hello") end)
       local _, bok, reply = async.wait(b)
       assert.is_true(bok, tostring(reply))
-      assert.same({ ok = true, text = "bystander ok" }, reply)
+      assert.is_true(reply.ok, reply.reason)
+      assert.equal("bystander ok", reply.text)
       local ok, res = async.wait(a)
       assert.is_true(ok, tostring(res))
       return res
     end)
   end
 
-  -- One turn inside a task: the reply, or {raised = the error}.
+  -- One turn inside a task: run_turn's result (operations.md 1: ok, reason,
+  -- error, fix), or {raised = the error} for a turn that never started.
   local function try(r, channel, text)
     local ok, res = pcall(r.run_turn, r, channel, SPEAKER, text)
     if not ok then return { raised = res } end
     return res
+  end
+
+  -- A result that failed with `reason` and its catalogue message.
+  local function failed(res, reason, message)
+    assert.is_nil(res.raised)
+    assert.is_false(res.ok)
+    assert.equal(reason, res.reason)
+    assert.equal(message, res.error)
   end
 
   local function turn(r, channel, text) return async.run(try, r, channel, text) end
@@ -165,7 +183,7 @@ describe("hostile guests on real Docker", function()
     local res = with_bystander(rt, "fake:bystander-syscalls", function()
       return try(rt, "fake:syscalls", "ATTACK:syscalls")
     end)
-    assert.is_true(res.ok, res.raised)
+    assert.is_true(res.ok, res.reason or res.raised)
     local seen = 0
     for name, e in res.text:gmatch("([%w_]+)=(%d+)") do
       seen = seen + 1
@@ -192,7 +210,7 @@ describe("hostile guests on real Docker", function()
     assert.is_true(r.pooled > 0, line)
     assert.equal(8, #r.bystanders)
     for i = 1, 8 do assert.equal("bystander ok", r.bystanders[i], line) end
-    for i = 1, 6 do assert.equal(runtime.STOPPED, r.hostile[i], line) end
+    for i = 1, 6 do assert.equal("stopped", r.hostile[i], line) end
     assert.equal("bystander ok", r.recovered, line)
     assert.equal(0, r.leftovers, line)
     assert.equal("", sh("docker ps -aq --filter label=roundtable.sandbox.installation=" .. r.installation))
@@ -218,11 +236,11 @@ describe("hostile guests on real Docker", function()
         async.sleep(50)
       end
       rt:stop("fake:inspect")
-      local _, ok, err = async.wait(t)
-      return { ok = ok, err = err }
+      local _, ok, r = async.wait(t)
+      assert.is_true(ok, tostring(r))
+      return r
     end)
-    assert.is_false(res.ok)
-    assert.equal(runtime.STOPPED, res.err)
+    failed(res, "stopped", runtime.STOPPED)
     assert.truthy(info, "the hostile container was never seen")
     local opts = info.HostConfig.SecurityOpt
     assert.equal("no-new-privileges:true", opts[1])
@@ -233,11 +251,11 @@ describe("hostile guests on real Docker", function()
 
   it("refuses the amplifying 2 MiB [{},...] stdout before building it, host memory within 4x the cap (behaviour 7)", function()
     local grew, res = probe_images.peak_growth(function() return turn(rt, "fake:amplify", "ATTACK:amplify") end)
-    assert.equal(errors.REPLY, res.raised)
+    failed(res, "invalid_reply", errors.REPLY)
     assert.is_true(grew <= 4 * 2097152, string.format("peak grew by %.1f MiB", grew / MIB))
     -- and again with a bystander at the same time
     res = with_bystander(rt, "fake:bystander-amplify", function() return try(rt, "fake:amplify", "ATTACK:amplify") end)
-    assert.equal(errors.REPLY, res.raised)
+    failed(res, "invalid_reply", errors.REPLY)
     clean()
     assert.is_true(turn(rt, "fake:amplify", "Hello").ok)
   end)
@@ -247,7 +265,8 @@ describe("hostile guests on real Docker", function()
     local res = with_bystander(rt, "fake:bystander-squat", function()
       return rt:run_turn("fake:squat", mallory, "SQUAT:40")
     end)
-    assert.same({ ok = true, text = "saved=32 refused=8" }, res)
+    assert.is_true(res.ok, res.reason)
+    assert.equal("saved=32 refused=8", res.text)
     -- another speaker of the same channel still saves; mallory replaces
     -- her own 32 keys but still gets no 33rd
     assert.equal("saved=1 refused=0", turn(rt, "fake:squat", "SQUAT:1").text)
@@ -263,8 +282,8 @@ describe("hostile guests on real Docker", function()
       dir = function(p) os.execute("mkdir -p " .. q(p .. "/inside")) end,
       garbage = function(p) spec_fs.write(p, "\0\1garbage{") end,
     }
-    local lines, saved = {}, runtime.log
-    runtime.log = function(level, msg, fields) lines[#lines + 1] = { level, msg, fields } end
+    local lines = {}
+    sink = function(level, msg, fields) lines[#lines + 1] = { level, msg, fields } end
     local ok, err = pcall(function()
       for _, store in ipairs { "memory.json", "history.json" } do
         for kind, plant in pairs(plants) do
@@ -273,7 +292,8 @@ describe("hostile guests on real Docker", function()
           os.execute("mkdir -p -m 0700 " .. q(ws))
           plant(ws .. "/" .. store)
           local res = with_bystander(rt, "fake:bystander-plant", function() return try(rt, channel, "Hello") end)
-          assert.is_true(res.ok, tostring(res.raised))
+          assert.is_true(res.ok, tostring(res.reason or res.raised))
+          assert.equal("ok", res.reason)                       -- a repaired store is no failure
           assert.equal("bystander ok", res.text)
           local aside = 0
           for _, name in ipairs(core.fs_readdir(ws)) do
@@ -284,7 +304,7 @@ describe("hostile guests on real Docker", function()
         end
       end
     end)
-    runtime.log = saved
+    sink = nil
     assert(ok, err)
     local reasons = {}
     for _, l in ipairs(lines) do
@@ -360,16 +380,15 @@ describe("hostile guests on real Docker", function()
     local r2 = new_runtime(base, { workspaceQuotaMb = 16, diskReserveMb = 32 })
     local ok, err = pcall(function()
       local res = with_bystander(r2, "fake:bystander-fill", function() return try(r2, "fake:fill", "ATTACK:fill") end)
-      assert.equal(errors.WORKSPACE_QUOTA, res.raised)
+      failed(res, "workspace_quota", errors.WORKSPACE_QUOTA)
       -- stopped within a few ticks: far from filling the filesystem
       local written = core.fs_stat(base .. "/work/" .. core.sha256_hex("fake:fill") .. "/fill")
       assert.is_true(written ~= nil and written.size < total // 2)
-      assert.equal("workspace_quota", errors.entry(res.raised).reason)
       clean(r2, base)
       -- the channel stays refused until an operator frees space; the reason says so
       res = turn(r2, "fake:fill", "Hello")
-      assert.equal(errors.WORKSPACE_QUOTA, res.raised)
-      assert.matches("an operator must free space", errors.fix(res.raised, {}), 1, true)
+      failed(res, "workspace_quota", errors.WORKSPACE_QUOTA)
+      assert.matches("an operator must free space in this channel's workspace", res.fix, 1, true)
       -- every other channel keeps working
       assert.is_true(turn(r2, "fake:other", "Hello").ok)
       local ws = base .. "/work/" .. core.sha256_hex("fake:fill")
@@ -381,7 +400,8 @@ describe("hostile guests on real Docker", function()
       local filler = base .. "/filler"
       sh(string.format("dd if=/dev/zero of=%s bs=1M count=%d", q(filler), math.max(1, (free - 16 * MIB) // MIB)))
       res = turn(r2, "fake:other", "Hello")
-      assert.equal(errors.DISK_LOW, res.raised)
+      failed(res, "disk_low", errors.DISK_LOW)
+      assert.matches("an operator must free space", res.fix, 1, true)
       -- a state write on a full filesystem loses nothing (filled to the last
       -- block: ext4 refuses large writes before the small ones)
       local store = require("sandbox.channels").open { stateFile = base .. "/state.json", initialChannels = { "fake:a" } }

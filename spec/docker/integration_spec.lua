@@ -122,7 +122,7 @@ describe("sealed turns on real Docker", function()
       apiKey = function() return KEY end, allowHttp = true, driver = recorder,
     }
     local reply = async.run(function() return rt:run_turn("fake:guests", SPEAKER, "Hello") end)
-    assert.same({ ok = true, text = ANSWER }, reply)
+    assert.same({ ok = true, text = ANSWER, reason = "ok" }, { ok = reply.ok, text = reply.text, reason = reply.reason })
     assert.equal(1, calls)                 -- no network in the container: via the broker
     assert.same({}, violations)
 
@@ -158,11 +158,12 @@ describe("sealed turns on real Docker", function()
     }
     local ok, err, elapsed = async.run(function()
       local t0 = core.now()
-      local ok, err = pcall(rt.run_turn, rt, "fake:hostile", SPEAKER, "Hello")
-      return ok, err, core.now() - t0
+      local ok, res = pcall(rt.run_turn, rt, "fake:hostile", SPEAKER, "Hello")
+      return ok, res, core.now() - t0
     end)
-    assert.is_false(ok)
-    assert.equal("sandbox turn timed out", err)
+    assert.is_true(ok, err)
+    assert.equal("deadline", err.reason)            -- operations.md 1
+    assert.equal("sandbox turn timed out", err.error)
     assert.is_true(elapsed < 8000, "took " .. elapsed .. " ms")
     local names, rc = sh("docker ps -a --filter ancestor=" .. HOSTILE_IMAGE .. " --format '{{.Names}}'")
     assert.equal(0, rc)
@@ -180,8 +181,9 @@ describe("sealed turns on real Docker", function()
     local result = async.run(function()
       local task = async.spawn(function()
         local t0 = core.now()
-        local ok, err = pcall(rt.run_turn, rt, "fake:hostile", SPEAKER, "Hello")
-        return { ok = ok, err = err, stopped_at = nil, done_at = core.now(), t0 = t0 }
+        local ok, res = pcall(rt.run_turn, rt, "fake:hostile", SPEAKER, "Hello")
+        return { ok = ok and res.ok, reason = ok and res.reason, err = ok and res.error or res,
+                 stopped_at = nil, done_at = core.now(), t0 = t0 }
       end)
       local name
       for _ = 1, 300 do
@@ -204,6 +206,7 @@ describe("sealed turns on real Docker", function()
       return r
     end)
     assert.is_false(result.ok)
+    assert.equal("stopped", result.reason)
     assert.equal("sandbox turn stopped", result.err)
     assert.is_true(result.done_at - result.stopped_at < 8000)
     assert.equal("", labelled(rt.installation))

@@ -142,11 +142,13 @@ describe("sealed turn guarantees on real Docker", function()
       local b = async.spawn(function() return pcall(rt.run_turn, rt, "fake:good", SPEAKER, "RECALL") end)
       return { async.wait(a) }, { async.wait(b) }
     end)
-    -- the memory cgroup kills the worker (exit 137): the turn fails with the
-    -- runtime's non-zero-exit error (runtime.md 8.4), nothing is read back
+    -- the memory cgroup kills the worker (exit 137, the daemon's oom event):
+    -- the turn fails with worker_oom (operations.md 1), nothing is read back
     assert.is_true(bad[1])
-    assert.is_false(bad[2], "the worker outlived its memory limit")
-    assert.equal("sandbox worker failed", bad[3])
+    assert.is_true(bad[2], bad[3])
+    assert.is_false(bad[3].ok, "the worker outlived its memory limit")
+    assert.equal("worker_oom", bad[3].reason)
+    assert.equal("sandbox worker was killed for memory", bad[3].error)
     assert.is_true(good[1])
     assert.is_true(good[2], good[3])
     assert.is_true(good[3].ok)

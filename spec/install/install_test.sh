@@ -215,10 +215,14 @@ check "pkg-config --cflags --libs sbx compiles a C host of the ABI against the i
 c_turn() {
   local out root; root="$(root_dir)"
   [ -x "$FIX/turn" ] || { echo "turn.c was not built"; return 1; }
+  # stdout is the program's; the engine's operator log (the turn's lines) is
+  # on stderr, where it says the turn ended with reason ok
   out="$(as_user env LD_LIBRARY_PATH="$P/lib" "$FIX/turn" "$FIX/turn.conf.lua" \
-    "{\"root\":\"$root\",\"image\":\"$IMAGE\"}" install:c "Please remember that the C host works" 2>&1)" || { echo "$out"; return 1; }
+    "{\"root\":\"$root\",\"image\":\"$IMAGE\"}" install:c "Please remember that the C host works" 2>"$root.err")" ||
+    { echo "$out"; cat "$root.err"; return 1; }
   [[ "$out" == "version $VERSION abi 1"* && "$out" == *'"value":{'* && "$out" == *'"ok":true'* &&
-     "$out" == *'the C host works'* ]] || { echo "$out"; return 1; }
+     "$out" == *'"reason":"ok"'* && "$out" == *'the C host works'* ]] || { echo "$out"; cat "$root.err"; return 1; }
+  grep -q ' info turn finished channel=install:c turn=[0-9a-f]* reason=ok' "$root.err" || { cat "$root.err"; return 1; }
 }
 docker_case "the C program runs a real sealed turn through the installed libsbx.so.0 (Lua tree found from the library)" c_turn
 

@@ -223,6 +223,7 @@ Fake.__gc = Fake.stop
 -- the core; the fixture is not under test and must not inherit it.
 function M.spawn(fixture, opts, who)
   local cmd = string.format("exec env -u LD_PRELOAD node %s --parent %d", fixture, core.getpid())
+  if opts and opts.args then cmd = cmd .. " " .. opts.args end
   if opts and opts.tls then
     cmd = cmd .. string.format(" --tls '%s' '%s'", opts.tls.cert, opts.tls.key)
     if opts.tls_max then cmd = cmd .. " --tls-max " .. opts.tls_max end
@@ -244,6 +245,17 @@ function M.start(opts)
   local pid = tonumber(line:match('"pid":(%d+)'))
   assert(port and pid, "fake_upstream: unexpected first line")
   return setmetatable({ port = port, pid = pid, pipe = pipe, tls = opts.tls }, Fake)
+end
+
+-- A provider family's loopback server (spec/fixtures/provider_upstream.mjs):
+-- the same control calls (log, reset, url) as the fake.
+function M.start_provider(family, key)
+  local pipe, line = M.spawn("spec/fixtures/provider_upstream.mjs",
+    { args = string.format("--family %s --key '%s'", family, key or "") }, "provider_upstream")
+  local port = tonumber(line:match('"port":(%d+)'))
+  local pid = tonumber(line:match('"pid":(%d+)'))
+  assert(port and pid, "provider_upstream: unexpected first line")
+  return setmetatable({ port = port, pid = pid, pipe = pipe, family = family }, Fake)
 end
 
 -- A loopback port nothing listens on: bound by a server, then closed.

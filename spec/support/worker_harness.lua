@@ -199,6 +199,36 @@ function W.socket_broker(path, statuses, bodies)
   end
 end
 
+-- A container driver (spec/runtime.md 4.1) that is the worker process's
+-- contract without the container: the turn's bytes in, the worker Lua over
+-- the turn's real broker socket, the reply read back from the stdout bytes
+-- it would print (drivers/contract.lua), its reason when it fails. For the
+-- runtime specs that need a real worker but no Docker. mutate(broker) ->
+-- broker may wrap the broker function; edit(bytes) -> bytes the turn.
+function W.driver(mutate, edit)
+  local contract = require "sandbox.drivers.contract"
+  local container = require "sandbox.runtime.container"
+  local errors = require "sandbox.errors"
+  return {
+    run = function(_, spec, turn, _, report)
+      local broker = W.socket_broker(spec.runDir .. "/broker.sock")
+      if mutate then broker = mutate(broker) end
+      local bytes = type(turn) == "string" and turn or container.turn_json(turn)
+      if edit then bytes = edit(bytes) end
+      local worker = W.worker()
+      local reply, code = worker.run_turn(bytes, { workspace = spec.workspaceDir, broker = broker })
+      local out = worker.encode_reply(reply)
+      report = report or {}
+      report.exit = code
+      if code ~= 0 then
+        report.worker_reason = contract.worker_reason(out)
+        error(errors.WORKER, 0)
+      end
+      return contract.parse_reply(out)
+    end,
+  }
+end
+
 ---------------------------------------------------------------- processes
 
 local CWD = sh("pwd")

@@ -1,4 +1,22 @@
--- agent.lua: the bounded Chat Completions tool loop (spec/worker.md 5.3-5.6).
+-- agent.lua: the bounded Chat Completions tool loop (spec/worker.md 5.3-5.6,
+-- as spec/providers.md 2-3 amends them for real providers).
+--
+-- Reading a reply: the text is `content` when it is a string, or the `text`
+-- members of its `type: "text"` parts joined in order (Mistral's content
+-- arrays; thinking, reasoning and image parts are ignored); with no text, a
+-- non-empty `refusal` is the answer (OpenAI's refusals). The first choice's
+-- finish_reason "length" marks a delivered text as cut (the truncation
+-- mark, and truncated = true); "content_filter" without text fails with
+-- `model output was filtered`. Tool calls whose `arguments` is absent, null
+-- or "" run as {} (OpenRouter's zero-argument calls).
+--
+-- Replaying a tool step within the turn keeps the provider state a provider
+-- needs back on its next call, bounded and never cut: the assistant's
+-- `reasoning_content` / `reasoning` strings (at most 65,536 bytes encoded;
+-- DeepSeek's thinking mode answers 400 without them) and each call's
+-- `extra_content` object (at most 16,384 bytes encoded; Gemini 3's thought
+-- signatures). One over its bound is dropped whole. None of it reaches
+-- history.json. A tool-only assistant message is replayed with content null.
 --
 -- The broker function may yield (the offline specs run the loop inside a
 -- coroutine against a real broker): nothing here calls it from a metamethod,
@@ -18,6 +36,9 @@ M.RESULT_BUDGET = 4096
 M.ARGUMENTS_BUDGET = 2048
 M.REFUSAL = "Tool call refused or failed."
 M.OMITTED = '{"omitted":"Invalid or large arguments omitted from context."}'
+M.MAX_REASONING_BYTES = 65536
+M.MAX_EXTRA_CONTENT_BYTES = 16384
+M.NO_ARGUMENTS = "{}"
 
 local obj, arr = codec.object, codec.array
 
@@ -65,15 +86,21 @@ function M.normalize(call, step, index, used, registry)
     name = "invalid_tool"
   end
   local raw = fn and fn.arguments
+  -- providers.md 3: no arguments at all (absent, null, "") is the empty object
+  if fn and (raw == nil or raw == codec.null or raw == "") then raw = M.NO_ARGUMENTS end
   local replayed = M.OMITTED
   if type(raw) == "string" and text.measure(raw) <= M.ARGUMENTS_BUDGET then replayed = raw end
+  -- providers.md 2: the call's opaque provider state, kept within its bound
+  local extra = codec.is_object(call) and call.extra_content or nil
+  if not (codec.is_object(extra) and #codec.encode(extra) <= M.MAX_EXTRA_CONTENT_BYTES) then extra = nil end
   return {
     id = id,
     name = name,
     arguments = raw,
-    replay = obj({ "id", "type", "function" }, {
+    replay = obj({ "id", "type", "function", "extra_content" }, {
       id = id, type = "function",
       ["function"] = obj({ "name", "arguments" }, { name = name, arguments = replayed }),
+      extra_content = extra,
     }),
   }
 end
@@ -89,17 +116,60 @@ local function run_call(call, registry)
   return result
 end
 
--- The final answer text (5.6), or fails.
-local function final_text(message)
-  local content = message.content
-  if type(content) ~= "string" then fail("model returned no final text") end
-  local n = text.len(content)
-  local trimmed = text.trim(content)
-  if not n or n > M.MAX_FINAL_CHARS or trimmed == "" then fail("model returned no final text") end
-  return trimmed
+-- The text of a message's content (providers.md 3): the string itself, or
+-- the text parts of an array joined in order; nil when it holds none.
+function M.content_text(content)
+  if type(content) == "string" then return content end
+  if not codec.is_array(content) then return nil end
+  local parts, any = {}, false
+  for i = 1, #content do
+    local part = content[i]
+    if codec.is_object(part) and part.type == "text" and type(part.text) == "string" then
+      parts[#parts + 1] = part.text
+      any = true
+    end
+  end
+  return any and table.concat(parts) or nil
 end
 
--- run(ctx) -> "final", text | "limit"
+-- The first choice's finish_reason, or nil.
+local function finish_reason(reply)
+  local first = reply.choices[1]
+  return type(first.finish_reason) == "string" and first.finish_reason or nil
+end
+
+-- The final answer (5.6; providers.md 3): text, truncated; or fails.
+local function final_text(message, finish)
+  local content = M.content_text(message.content)
+  local trimmed = content and text.trim(content) or ""
+  if trimmed == "" and type(message.refusal) == "string" and text.trim(message.refusal) ~= "" then
+    content = message.refusal
+    trimmed = text.trim(content)
+  end
+  if trimmed == "" then
+    if finish == "content_filter" then fail("model output was filtered") end
+    fail("model returned no final text")
+  end
+  local n = text.len(content)
+  if not n or n > M.MAX_FINAL_CHARS then fail("model returned no final text") end
+  if finish == "length" then
+    -- cut by the provider: say so, within the reply's character bound
+    local room = M.MAX_FINAL_CHARS - text.len(text.MARKER)
+    if text.len(trimmed) > room then trimmed = text.trim(text.prefix_chars(trimmed, room)) end
+    return trimmed .. text.MARKER, true
+  end
+  return trimmed, false
+end
+
+-- A replayed reasoning member: the provider's string within its bound, or nil.
+local function reasoning(v)
+  if type(v) ~= "string" then return nil end
+  local n = text.measure_or_nil(v)
+  if not n or n > M.MAX_REASONING_BYTES then return nil end
+  return v
+end
+
+-- run(ctx) -> "final", text, truncated | "limit"
 --   ctx.model, ctx.messages (array: system, history..., user), ctx.user_msg,
 --   ctx.registry, ctx.call (route, body) -> decoded 200 body | nil, error.
 function M.run(ctx)
@@ -114,7 +184,7 @@ function M.run(ctx)
     local message = reply_message(reply)
     local calls = message.tool_calls
     if not codec.is_array(calls) or #calls == 0 then
-      return "final", final_text(message)
+      return "final", final_text(message, finish_reason(reply))
     end
     if #calls > M.MAX_CALLS then fail("too many tool calls") end
     if step == M.MAX_STEPS - 1 then return "limit" end
@@ -123,10 +193,15 @@ function M.run(ctx)
       normalized[i] = M.normalize(calls[i], step, i - 1, used, ctx.registry)
       replay[i] = normalized[i].replay
     end
-    local content = type(message.content) == "string"
-      and text.prompt_text(message.content, M.ASSISTANT_BUDGET) or ""
-    ctx.messages[#ctx.messages + 1] = obj({ "role", "content", "tool_calls" },
-      { role = "assistant", content = content, tool_calls = replay })
+    -- providers.md 2: null (not "") for a tool-only message; the provider's
+    -- reasoning within its bound, for the next call of this turn only
+    local said = M.content_text(message.content)
+    local content = (said and said ~= "") and text.prompt_text(said, M.ASSISTANT_BUDGET) or codec.null
+    ctx.messages[#ctx.messages + 1] = obj({ "role", "content", "reasoning_content", "reasoning", "tool_calls" }, {
+      role = "assistant", content = content,
+      reasoning_content = reasoning(message.reasoning_content), reasoning = reasoning(message.reasoning),
+      tool_calls = replay,
+    })
     for i = 1, #normalized do
       local result = run_call(normalized[i], ctx.registry)
       ctx.messages[#ctx.messages + 1] = obj({ "role", "tool_call_id", "content" }, {

@@ -24,6 +24,19 @@ function M.measure(s)
   return checked(sbxw.json_string_size(s))
 end
 
+-- measure, or nil when s is not valid UTF-8 (or not a string).
+function M.measure_or_nil(s)
+  if type(s) ~= "string" then return nil end
+  return sbxw.json_string_size(s)
+end
+
+-- The first n code points of s (s valid UTF-8).
+function M.prefix_chars(s, n)
+  local stop = utf8.offset(s, n + 1)
+  if stop == nil then return s end
+  return s:sub(1, stop - 1)
+end
+
 -- promptText(s, budget): s itself when its literal fits budget bytes, else the
 -- longest code-point prefix P with measure(P .. marker) <= budget, followed
 -- by the marker (P's escaped bytes are then at most budget - 83).

@@ -12,10 +12,17 @@
 --                      (default: broker_client.request over sbxw.broker_request);
 --                      it may yield, so run_turn may run inside a coroutine
 --     seams.clock      function() -> epoch seconds (default sbxw.now)
---   worker.encode_reply(reply)        -> the compact {"ok":..,"text":..[,"reason":..]} bytes
+--   worker.encode_reply(reply)        -> the compact {"ok":..,"text":..[,"truncated":..][,"reason":..]} bytes
 --
 -- Internal error strings (third result) exist for the specs; the reply on
--- any failure is the one generic failed text.
+-- any failure is the one generic failed text, plus, for the failures of the
+-- worker's own closed list (spec/operations.md 1), their reason:
+--   {"ok":false,"text":"The sandbox worker failed.","reason":"model_filtered"}
+-- (invalid_turn, memory_store and history when the store could not even be
+-- moved aside, context_budget, model_no_text, model_filtered). The host
+-- keeps it only when nothing it saw contradicts it. A reply the provider cut
+-- at its length limit carries "truncated":true; one of a turn that moved an
+-- invalid store aside, "reason":"memory_store" or "history".
 --
 -- Modules (required by plain name from /app/worker/lua): codec (strict JSON
 -- over sbxw), text (trim, lower, promptText), turn (stdin validation),
@@ -40,6 +47,21 @@ M.FAILED_TEXT = "The sandbox worker failed."
 M.LIMIT_TEXT = "The sandbox turn reached its model-call limit."
 -- Prebuilt so that the failure path allocates nothing new.
 M.FAILED_BYTES = '{"ok":false,"text":"The sandbox worker failed."}'
+
+-- The internal errors of the worker's own closed list -> their reason.
+M.REASONS = {
+  ["invalid turn"] = "invalid_turn",
+  ["invalid memory store"] = "memory_store",
+  ["invalid history"] = "history",
+  ["model returned no final text"] = "model_no_text",
+  ["model output was filtered"] = "model_filtered",
+  ["model context exceeds request budget"] = "context_budget",
+  ["tool descriptions exceed context budget"] = "context_budget",
+}
+
+-- A failure that names its reason (a history write: its message is the
+-- write error's).
+local Tagged = { __tostring = function(e) return e.message end }
 
 local function fail(message)
   error(message, 0)
@@ -99,22 +121,27 @@ local function run(bytes, seams)
   for _, m in ipairs(loaded) do messages[#messages + 1] = m end
   messages[#messages + 1] = user_msg
 
-  local outcome, final = agent.run {
+  local outcome, final, truncated = agent.run {
     model = turn.model, messages = messages, user_msg = user_msg, registry = registry, call = call,
   }
   if outcome == "limit" then return { ok = false, text = M.LIMIT_TEXT, reason = repaired }, 0 end
-  must(history.save(workspace, loaded, wrapper, final))
-  return { ok = true, text = final, reason = repaired }, 0
+  local saved, serr = history.save(workspace, loaded, wrapper, final)
+  if not saved then error(setmetatable({ message = serr, reason = "history" }, Tagged), 0) end
+  return { ok = true, text = final, truncated = truncated or nil, reason = repaired }, 0
 end
 
 function M.run_turn(bytes, seams)
   local ok, reply, status = pcall(run, bytes, seams or {})
   if ok then return reply, status end
-  return { ok = false, text = M.FAILED_TEXT }, 1, tostring(reply)
+  local reason = type(reply) == "table" and reply.reason or M.REASONS[reply]
+  return { ok = false, text = M.FAILED_TEXT, reason = reason }, 1, tostring(reply)
 end
 
 function M.encode_reply(reply)
-  return codec.encode(codec.object({ "ok", "text", "reason" }, { ok = reply.ok, text = reply.text, reason = reply.reason }))
+  return codec.encode(codec.object({ "ok", "text", "truncated", "reason" }, {
+    ok = reply.ok, text = reply.text, truncated = reply.truncated == true or nil,
+    reason = reply.reason,
+  }))
 end
 
 function M.main()
@@ -122,10 +149,8 @@ function M.main()
   pcall(function()
     local bytes = sbxw.read_stdin(turn_mod.MAX_BYTES)
     local reply, code = M.run_turn(bytes)
-    if code == 0 then
-      out = M.encode_reply(reply)
-      status = 0
-    end
+    if code == 0 or reply.reason then out = M.encode_reply(reply) end
+    if code == 0 then status = 0 end
   end)
   sbxw.emit(out, status)
 end

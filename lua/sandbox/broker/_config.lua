@@ -1,5 +1,6 @@
 -- broker/_config.lua: the broker configuration checks of spec/broker.md
--- section 4, run once per configuration: by sandbox{} and runtime
+-- section 4 and the model route's options of spec/providers.md 1 (modelAuth,
+-- maxOutputTokens 1-200,000, outputTokensField), run once per configuration: by sandbox{} and runtime
 -- construction (3.1 step 14), or by broker.new for a broker made alone.
 -- Returns a normalized, immutable-by-convention copy: tool and server tables
 -- indexed by exact name in tables that hold only configured names. The
@@ -8,6 +9,7 @@ local errors = require "sandbox.errors"
 local json = require "sandbox.json"
 local names = require "sandbox.broker._names"
 local schema = require "sandbox.broker._schema"
+local upstream_error = require "sandbox.broker._upstream_error"
 
 local M = {}
 
@@ -19,6 +21,13 @@ M.E_UNKNOWN = errors.UNKNOWN_OPTION
 
 M.DEFAULT_MAX_CALLS = 48
 M.DEFAULT_MAX_OUTPUT_TOKENS = 4096
+M.MAX_OUTPUT_TOKENS = 200000
+-- spec/providers.md 1: how the credential travels, and the member that
+-- carries maxOutputTokens in the forced body.
+M.MODEL_AUTH = { bearer = true, ["api-key"] = true, none = true }
+M.DEFAULT_MODEL_AUTH = "bearer"
+M.OUTPUT_FIELDS = { max_tokens = true, max_completion_tokens = true }
+M.DEFAULT_OUTPUT_FIELD = "max_tokens"
 
 local function fail(msg) error(msg, 0) end
 
@@ -80,9 +89,14 @@ function M.check(opts)
   local allow_http = opts.allowHttp == true
   if type(opts.model) ~= "string" or M.is_blank(opts.model) then fail(M.E_MODEL) end
   check_endpoint(opts.modelUrl, allow_http)
-  local max_calls = opts.maxCalls == nil and M.DEFAULT_MAX_CALLS or opts.maxCalls
+  local auth = opts.modelAuth == nil and M.DEFAULT_MODEL_AUTH or opts.modelAuth
+  if not M.MODEL_AUTH[auth] then fail(errors.MODEL_AUTH) end
   local max_tokens = opts.maxOutputTokens == nil and M.DEFAULT_MAX_OUTPUT_TOKENS or opts.maxOutputTokens
-  if not whole_in(max_calls, 1, 1000) or not whole_in(max_tokens, 1, 32768) then fail(M.E_BUDGET) end
+  if not whole_in(max_tokens, 1, M.MAX_OUTPUT_TOKENS) then fail(errors.MAX_OUTPUT_TOKENS) end
+  local field = opts.outputTokensField == nil and M.DEFAULT_OUTPUT_FIELD or opts.outputTokensField
+  if not M.OUTPUT_FIELDS[field] then fail(errors.OUTPUT_FIELD) end
+  local max_calls = opts.maxCalls == nil and M.DEFAULT_MAX_CALLS or opts.maxCalls
+  if not whole_in(max_calls, 1, 1000) then fail(M.E_BUDGET) end
 
   local tools, tool_list = {}, {}
   if opts.tools ~= nil then
@@ -123,11 +137,18 @@ function M.check(opts)
     model = opts.model,
     modelUrl = opts.modelUrl,
     allowHttp = allow_http,
+    modelAuth = auth,
+    modelHost = upstream_error.host(opts.modelUrl),
+    outputTokensField = field,
     maxCalls = math.tointeger(max_calls),
     maxOutputTokens = math.tointeger(max_tokens),
     tools = tools, tool_list = tool_list,
     servers = servers, server_list = server_list,
     transport = opts.transport,
+    -- trusted test seam of broker.new only (sandbox{} refuses the name):
+    -- {header_ms, request_ms, call_ms}, the listener's and the call's
+    -- deadlines, only ever lowered
+    listen = type(opts.listenTimeouts) == "table" and opts.listenTimeouts or nil,
   }
 end
 

@@ -18,13 +18,23 @@ function M.scope(channel, speaker)
 end
 
 -- Runs hook(scope) bounded by signal. Returns:
---   "ok", value     the hook returned (value may be anything)
---   "error"         the hook raised, or the signal aborted first
+--   "ok", value          the hook returned (value may be anything)
+--   "error", "raised"    the hook raised
+--   "error", "aborted"   the signal aborted first
 function M.call_hook(hook, scope, signal)
-  if signal.aborted then return "error" end
+  if signal.aborted then return "error", "aborted" end
   local task = async.spawn(hook, scope)
-  if not async.wait_or_abort(task, signal) or signal.aborted or not task.ok then return "error" end
+  if not async.wait_or_abort(task, signal) or signal.aborted then return "error", "aborted" end
+  if not task.ok then return "error", "raised" end
   return "ok", task.results[2]
+end
+
+-- The turn reason of a failed hook call (spec/operations.md 1), or nil for
+-- an abort (the turn or the call ended: not the hook's fault).
+local function why(status)
+  if status == "raised" then return "credential_error" end
+  if status == "aborted" then return nil end
+  return "credential_missing"
 end
 
 -- A usable credential: a non-empty string of visible ASCII within bounds.
@@ -34,21 +44,25 @@ function M.valid(value)
 end
 
 -- The model route's rule: anything but a valid credential fails closed.
+-- Returns the credential, or nil and the reason ("credential_missing",
+-- "credential_error", or nil when the call signal aborted).
 function M.for_model(hook, scope, signal)
-  if type(hook) ~= "function" then return nil end
+  if type(hook) ~= "function" then return nil, "credential_missing" end
   local status, value = M.call_hook(hook, scope, signal)
-  if status ~= "ok" or not M.valid(value) then return nil end
+  if status ~= "ok" then return nil, why(value) end
+  if not M.valid(value) then return nil, "credential_missing" end
   return value
 end
 
 -- The MCP rule: no hook, nil or "" means an unauthenticated call ("none");
--- a valid credential is used ("key", value); anything else fails ("error").
+-- a valid credential is used ("key", value); anything else fails ("error",
+-- and the reason as for_model's).
 function M.for_mcp(hook, scope, signal)
   if hook == nil then return "none" end
   local status, value = M.call_hook(hook, scope, signal)
-  if status ~= "ok" then return "error" end
+  if status ~= "ok" then return "error", why(value) end
   if value == nil or value == "" then return "none" end
-  if not M.valid(value) then return "error" end
+  if not M.valid(value) then return "error", "credential_missing" end
   return "key", value
 end
 

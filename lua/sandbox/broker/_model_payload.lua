@@ -1,8 +1,16 @@
 -- broker/_model_payload.lua: /model request validation and rebuild (spec/broker.md
--- sections 9.1-9.5). The guest's body is never forwarded: a new body is built
--- from the members that passed, in a fixed order, with the configured model
--- and the forced output-token cap. Anything unexpected refuses the whole
--- request (400 before any credential or upstream contact).
+-- sections 9.1-9.5, as spec/providers.md 2 amends them). The guest's body is
+-- never forwarded: a new body is built from the members that passed, in a
+-- fixed order, with the configured model and the forced output-token cap in
+-- the configured member. Anything unexpected refuses the whole request (400
+-- before any credential or upstream contact).
+--
+-- Provider state a turn must send back is kept bounded, typed and rebuilt:
+-- an assistant's `reasoning_content` and `reasoning` (strings of at most
+-- 65,536 bytes encoded; DeepSeek's thinking mode, OpenRouter, vLLM, Ollama,
+-- Groq) and a tool call's `extra_content` (an object of at most 16,384 bytes
+-- encoded, forwarded as parsed: Gemini 3's thought signature). An assistant
+-- message with a non-empty tool_calls may carry `content: null`.
 local json = require "sandbox.json"
 local names = require "sandbox.broker._names"
 local schema = require "sandbox.broker._schema"
@@ -13,9 +21,27 @@ M.REFUSED = "text/function model payload required"
 M.MAX_MESSAGES = 128
 M.MAX_TOOLS = 128
 M.MAX_TOOL_CALLS = 8
+M.MAX_REASONING_BYTES = 65536
+M.MAX_EXTRA_CONTENT_BYTES = 16384
 
 local ROLES = { system = true, user = true, assistant = true, tool = true }
-local MESSAGE_MEMBERS = { role = true, content = true, tool_calls = true, tool_call_id = true }
+local MESSAGE_MEMBERS = { role = true, content = true, tool_calls = true, tool_call_id = true,
+  reasoning_content = true, reasoning = true }
+local MESSAGE_ORDER = { "role", "content", "reasoning_content", "reasoning", "tool_calls", "tool_call_id" }
+
+-- The encoded size of v is at most max bytes.
+local function encodes_within(v, max)
+  local s = json.encode(v, max)
+  return s ~= nil and #s <= max
+end
+
+-- An optional reasoning member: nil, or a string within its bound; false
+-- when present and refused.
+local function reasoning(v)
+  if v == nil then return nil end
+  if type(v) ~= "string" or not encodes_within(v, M.MAX_REASONING_BYTES) then return false end
+  return v
+end
 
 local function array_within(v, max)
   return json.kind(v) == "array" and #v <= max
@@ -27,10 +53,15 @@ local function rebuild_tool_call(call)
   local fn = call["function"]
   if json.kind(fn) ~= "object" then return nil end
   if not names.function_name(fn.name) or type(fn.arguments) ~= "string" then return nil end
-  return json.object({ "id", "type", "function" }, {
+  local extra = call.extra_content
+  if extra ~= nil and (json.kind(extra) ~= "object" or not encodes_within(extra, M.MAX_EXTRA_CONTENT_BYTES)) then
+    return nil
+  end
+  return json.object({ "id", "type", "function", "extra_content" }, {
     id = call.id,
     type = "function",
     ["function"] = json.object({ "name", "arguments" }, { name = fn.name, arguments = fn.arguments }),
+    extra_content = extra,
   })
 end
 
@@ -41,7 +72,6 @@ local function rebuild_message(msg)
   end
   local role = msg.role
   if type(role) ~= "string" or not ROLES[role] then return nil end
-  if type(msg.content) ~= "string" then return nil end
   local calls
   if msg.tool_calls ~= nil then
     if role ~= "assistant" or not array_within(msg.tool_calls, M.MAX_TOOL_CALLS) then return nil end
@@ -51,14 +81,21 @@ local function rebuild_message(msg)
       if calls[i] == nil then return nil end
     end
   end
+  -- content: a string, or null beside a non-empty tool_calls (providers.md 2)
+  local content = msg.content
+  if type(content) ~= "string" and not (content == json.null and calls and #calls > 0) then return nil end
+  local rc, r = reasoning(msg.reasoning_content), reasoning(msg.reasoning)
+  if rc == false or r == false then return nil end
+  if (rc ~= nil or r ~= nil) and role ~= "assistant" then return nil end
   local call_id = msg.tool_call_id
   if role == "tool" then
     if not names.call_id(call_id) then return nil end
   elseif call_id ~= nil then
     return nil
   end
-  return json.object({ "role", "content", "tool_calls", "tool_call_id" }, {
-    role = role, content = msg.content, tool_calls = calls, tool_call_id = call_id,
+  return json.object(MESSAGE_ORDER, {
+    role = role, content = content, reasoning_content = rc, reasoning = r,
+    tool_calls = calls, tool_call_id = call_id,
   })
 end
 
@@ -80,8 +117,11 @@ end
 
 -- Validates a decoded /model body and returns the forced upstream body as a
 -- JSON value, or nil and M.REFUSED.
---   model: the configured model; max_tokens: the broker's output-token cap.
-function M.rebuild(body, model, max_tokens)
+--   model: the configured model; max_tokens: the broker's output-token cap;
+--   field: the member that carries it ("max_tokens" by default, or
+--   "max_completion_tokens"; the guest's own value of either is dropped).
+function M.rebuild(body, model, max_tokens, field)
+  field = field or "max_tokens"
   if json.kind(body) ~= "object" then return nil, M.REFUSED end
   if not array_within(body.messages, M.MAX_MESSAGES) then return nil, M.REFUSED end
   local messages = json.array()
@@ -99,8 +139,8 @@ function M.rebuild(body, model, max_tokens)
       if tools[i] == nil then return nil, M.REFUSED end
     end
   end
-  return json.object({ "model", "messages", "tools", "stream", "max_tokens" }, {
-    model = model, messages = messages, tools = tools, stream = false, max_tokens = max_tokens,
+  return json.object({ "model", "messages", "tools", "stream", field }, {
+    model = model, messages = messages, tools = tools, stream = false, [field] = max_tokens,
   })
 end
 

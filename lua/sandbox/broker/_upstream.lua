@@ -2,21 +2,41 @@
 -- by the call signal and the time left of the call deadline (spec/broker.md
 -- 7.2, 9.7, 9.8). The reply comes back as a decoded JSON value after the
 -- strict parse and, when a credential was used, the reflection filter.
+-- A failure comes back as the turn reason of spec/operations.md 1 it is, so
+-- the call record (ops/record.lua) says why without holding a payload:
+-- a non-2xx is "upstream_status" with the status and the tokens of
+-- broker/_upstream_error.lua (its body, read up to 4,096 bytes, is dropped
+-- here); connect, TLS and DNS failures "upstream_unreachable"; the
+-- deadline "upstream_timeout"; a 2xx that is not bounded identity JSON
+-- "upstream_invalid"; a reflected credential "reflection"; the call
+-- signal "aborted".
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
+local upstream_error = require "sandbox.broker._upstream_error"
 
 local M = {}
 
 M.MAX_BODY = core.limits.MAX_UPSTREAM_BYTES   -- core/bounds.h
+M.MAX_ERROR_BODY = core.limits.MAX_ERROR_BODY_BYTES
+M.CALL_DEADLINE_REASON = "call deadline"
+
+local BY_ERROR = {
+  status = "upstream_status", network = "upstream_unreachable", timeout = "upstream_timeout",
+  encoding = "upstream_invalid", ["too large"] = "upstream_invalid", aborted = "aborted",
+  deadline = "upstream_timeout",
+}
 
 -- opts: url, headers (array of lines), body (string), deadline (core.now()
 -- milliseconds), allow_http, content_type (also report the answer's
--- Content-Type), transport (trusted seam: {cainfo=, connectTo=}).
+-- Content-Type), error_body (read up to 4,096 bytes of a non-2xx body, for
+-- the operator log only), transport (trusted seam: {cainfo=, connectTo=}).
 -- Returns core.http_post's result table for a 2xx ({ok=true, status, body
 -- [, content_type]}), or nil and a short internal reason ("aborted",
--- "deadline", or core.http_post's error: "status", "too large", ...; never
--- shown to the guest, never holding payload) and the status when one came.
+-- "deadline", "call deadline" (the call signal's own deadline), or
+-- core.http_post's error: "status", "too large", ...; never shown to the
+-- guest, never holding payload), the status when one came, and the result
+-- table (its error_body when asked for).
 function M.post(opts, signal)
   if signal.aborted then return nil, "aborted" end
   local left = opts.deadline - core.now()
@@ -30,6 +50,7 @@ function M.post(opts, signal)
       body = opts.body,
       timeout_ms = left,
       max_body = M.MAX_BODY,
+      error_body_max = opts.error_body and M.MAX_ERROR_BODY or nil,
       allow_http = opts.allow_http,
       content_type = opts.content_type,
       cainfo = transport.cainfo,
@@ -41,20 +62,39 @@ function M.post(opts, signal)
       resume({ ok = false, error = "aborted" })
     end)
   end)
-  if signal.aborted then return nil, "aborted" end
-  if not res.ok then return nil, res.error, res.status end
+  if signal.aborted then
+    return nil, signal.reason == M.CALL_DEADLINE_REASON and "call deadline" or "aborted"
+  end
+  if not res.ok then return nil, res.error, res.status, res end
   return res
 end
 
 -- M.post, then the strict parse and, when opts.credential is set, the
--- reflection filter. Returns the decoded value, or nil and a reason.
+-- reflection filter. Returns the decoded value and info, or nil, the turn
+-- reason and info; info = {status = the upstream's status when one
+-- arrived, bytes = reply bytes, code=, type=, param= (upstream_status
+-- only)}. Nothing in it is shown to a guest or holds payload.
 function M.post_json(opts, signal)
-  local res, why = M.post(opts, signal)
-  if not res then return nil, why end
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.error_body = true
+  local res, why, status, failed = M.post(o, signal)
+  local info = { status = status or (res and res.status) }
   local filter = opts.credential and core.reflect_filter(opts.credential) or nil
+  if not res then
+    if why == "call deadline" then return nil, "upstream_timeout", info end
+    if why == "status" then
+      local t = upstream_error.tokens(failed and failed.error_body, filter)
+      info.code, info.type, info.param = t.code, t.type, t.param
+    end
+    return nil, BY_ERROR[why] or "upstream_unreachable", info
+  end
+  info.bytes = #res.body
   local value, err = json.decode(res.body, filter)
-  if value == nil then return nil, err end
-  return value
+  if value == nil then
+    return nil, err == "reflection" and "reflection" or "upstream_invalid", info
+  end
+  return value, nil, info
 end
 
 return M

@@ -7,6 +7,15 @@
 -- A broker is bound at construction to one channel, one speaker (a copy made
 -- now; later changes to the caller's table do not reach it) and one turn
 -- signal. It is never reused: one broker, one budget, one turn.
+--
+-- Every request makes one call record (sandbox/ops/record.lua): the calls
+-- that reach a handler here, and the ones the listener refused at steps
+-- 0-12 (it hands their reason over as data, on_refused). The record goes to
+-- the binding's recorder once the call settled; the runtime's reader writes
+-- the audit line and the turn decides its reason from them. The model route
+-- sends the credential as modelAuth says (spec/providers.md 1): Bearer,
+-- `api-key`, or nothing at all (then apiKey is never called and the
+-- reflection filter has nothing to look for).
 local async = require "sandbox.async"
 local broker_config = require "sandbox.broker._config"
 local core = require "sandbox.core"
@@ -14,8 +23,10 @@ local credential = require "sandbox.broker._credential"
 local errors = require "sandbox.errors"
 local json = require "sandbox.json"
 local model_payload = require "sandbox.broker._model_payload"
+local record = require "sandbox.ops.record"
 local signal = require "sandbox.signal"
 local upstream = require "sandbox.broker._upstream"
+local upstream_error = require "sandbox.broker._upstream_error"
 
 local M = {}
 
@@ -41,17 +52,20 @@ local function copy_speaker(sp)
   return { id = field("id"), name = field("name"), principalId = field("principalId") }
 end
 
--- opts: the broker configuration (model, modelUrl, allowHttp, tools, mcp,
--- maxCalls, maxOutputTokens, transport) plus the binding: apiKey, channel,
--- speaker and signal (the turn signal; a fresh one when absent) and audit
--- (optional function receiving one payload-free record per settled call).
+-- opts: the broker configuration (model, modelUrl, allowHttp, modelAuth,
+-- maxOutputTokens, outputTokensField, tools, mcp, maxCalls, transport) plus
+-- the binding: apiKey, channel, speaker and signal (the turn signal; a fresh
+-- one when absent), and for the records: recorder (sandbox/ops/record.lua),
+-- turn (the turn record whose counters the calls move, or nil) and turnId.
 function M.new(opts)
-  return M.bind(broker_config.check(opts), opts)
+  local cfg = broker_config.check(opts)
+  if cfg.modelAuth == "none" and opts.apiKey ~= nil then error(errors.API_KEY_UNUSED, 0) end
+  return M.bind(cfg, opts)
 end
 
 -- A broker over a configuration broker/_config.check already returned (the
 -- runtime checks it once at construction, not once per turn), bound to
--- b = {apiKey, channel, speaker, signal, audit} as in M.new.
+-- b = {apiKey, channel, speaker, signal, recorder, turn, turnId} as in M.new.
 function M.bind(cfg, b)
   if type(b.channel) ~= "string" then error("broker channel must be a string", 0) end
   local self = setmetatable({
@@ -60,7 +74,11 @@ function M.bind(cfg, b)
     channel = b.channel,
     speaker = copy_speaker(b.speaker),
     turn_signal = b.signal or signal.new(),
-    audit = b.audit,
+    recorder = b.recorder,
+    turn = b.turn,
+    -- every line about a turn carries its id: a broker made alone (sbx
+    -- broker, a spec) gets one of its own
+    turn_id = b.turnId or (b.turn and b.turn.turn) or record.turn_id(),
   }, Broker)
   self.route_list = self:_route_table()
   self.turn_signal:on_abort(function()
@@ -70,18 +88,18 @@ function M.bind(cfg, b)
 end
 
 -- The routes this broker serves, as data: { path, kind, handle(self, body,
--- sig, deadline) -> status[, body] }. The listener matches a request-target
+-- sig, deadline, rec) -> status[, body] } (rec: the call record). The listener matches a request-target
 -- against the paths in C (step 2) and hands on_call the index it matched.
 function Broker:_route_table()
   local list = { { path = "/model", kind = "model",
-                   handle = function(b, body, sig, deadline) return b:_model(body, sig, deadline) end } }
+                   handle = function(b, body, sig, deadline, rec) return b:_model(body, sig, deadline, rec) end } }
   for _, t in ipairs(self.cfg.tool_list) do
     list[#list + 1] = { path = "/tools/" .. t.name, kind = "tools",
-                        handle = function(b, body, sig) return b:_tool(t, body, sig) end }
+                        handle = function(b, body, sig, _, rec) return b:_tool(t, body, sig, rec) end }
   end
   for _, s in ipairs(self.cfg.server_list) do
     list[#list + 1] = { path = "/mcp/" .. s.name, kind = "mcp",
-                        handle = function(b, body, sig, deadline) return b:_mcp(s, body, sig, deadline) end }
+                        handle = function(b, body, sig, deadline, rec) return b:_mcp(s, body, sig, deadline, rec) end }
   end
   return list
 end
@@ -104,7 +122,10 @@ function Broker:start(path)
     path = path,
     routes = self:routes(),
     max_calls = self.cfg.maxCalls,
-    on_call = function(call, i) self:_dispatch(call, self.route_list[i]) end,
+    header_timeout_ms = self.cfg.listen and self.cfg.listen.header_ms or nil,
+    request_timeout_ms = self.cfg.listen and self.cfg.listen.request_ms or nil,
+    on_call = function(call, i, n) self:_dispatch(call, self.route_list[i], n) end,
+    on_refused = function(r) self:_refused(r) end,
   }
   if not listener then return nil, err end
   self.listener = listener
@@ -137,48 +158,111 @@ local function reply_json(value)
   return 200, out
 end
 
--- POST /model (9.5-9.8)
-function Broker:_model(body, sig, deadline)
-  local cfg = self.cfg
-  local forced, refused = model_payload.rebuild(body, cfg.model, cfg.maxOutputTokens)
-  if not forced then return 400, refused end
-  local key = credential.for_model(self.api_key, self:_scope(), sig)
-  if not key then return 502 end
+-- Copies an upstream outcome into the call record rec: the reason, the
+-- upstream's status and tokens, and the fix an operator applies.
+local function note_upstream(rec, reason, info, fix_ctx)
+  rec.upstream_status = info.status
+  if reason == nil then return end
+  rec.reason = reason ~= "aborted" and reason or nil
+  if reason == "upstream_status" then
+    rec.code, rec.type, rec.param = info.code, info.type, info.param
+    rec.fix = upstream_error.fix(info.status, info, fix_ctx)
+  elseif reason == "reflection" then
+    rec.fix = errors.reason_fix("reflection")
+  end
+end
+
+local FINISH = { stop = true, length = true, content_filter = true, tool_calls = true, function_call = true }
+
+-- The facts of a /model reply the host checks a worker's reason against
+-- (ops/reason.lua): never text.
+local function reply_facts(value)
+  local choices = json.kind(value) == "object" and value.choices or nil
+  local first = json.kind(choices) == "array" and choices[1] or nil
+  local message = json.kind(first) == "object" and first.message or nil
+  local facts = { message = json.kind(message) == "object" }
+  if json.kind(first) == "object" and type(first.finish_reason) == "string" then
+    facts.finish = FINISH[first.finish_reason] and first.finish_reason or "other"
+  end
+  facts.tool_calls = facts.message and json.kind(message.tool_calls) == "array" and #message.tool_calls > 0
+  return facts
+end
+
+-- The upstream request of a model call for cfg, with the credential as
+-- modelAuth says (nil under "none"). Returns the decoded reply and info, or
+-- nil, the reason and info (broker/_upstream.lua). The /model route and
+-- `sbx doctor --probe` make model calls only through this.
+function M.model_call(cfg, key, forced, sig, deadline)
   local encoded = json.encode(forced)
-  if not encoded then return 502 end
-  local value = upstream.post_json({
-    url = cfg.modelUrl,
-    headers = { "Content-Type: application/json", "Accept: application/json",
-                "Authorization: Bearer " .. key },
-    body = encoded, deadline = deadline, allow_http = cfg.allowHttp,
-    credential = key, transport = cfg.transport,
+  if not encoded then return nil, "upstream_invalid", {} end
+  local headers = { "Content-Type: application/json", "Accept: application/json" }
+  if cfg.modelAuth == "bearer" then headers[#headers + 1] = "Authorization: Bearer " .. key
+  elseif cfg.modelAuth == "api-key" then headers[#headers + 1] = "api-key: " .. key end
+  return upstream.post_json({
+    url = cfg.modelUrl, headers = headers, body = encoded, deadline = deadline,
+    allow_http = cfg.allowHttp, credential = cfg.modelAuth ~= "none" and key or nil,
+    transport = cfg.transport,
   }, sig)
+end
+
+-- The fix context of cfg's model route (upstream_error.fix).
+function M.fix_context(cfg, kind)
+  return { route_kind = kind or "model", modelAuth = cfg.modelAuth, host = cfg.modelHost }
+end
+
+-- POST /model (9.5-9.8; providers.md 1-2)
+function Broker:_model(body, sig, deadline, rec)
+  local cfg = self.cfg
+  local forced, refused = model_payload.rebuild(body, cfg.model, cfg.maxOutputTokens, cfg.outputTokensField)
+  if not forced then
+    rec.reason = "payload"
+    return 400, refused
+  end
+  local key
+  if cfg.modelAuth ~= "none" then
+    local why
+    key, why = credential.for_model(self.api_key, self:_scope(), sig)
+    if not key then
+      rec.reason = why
+      return 502
+    end
+  end
+  local value, reason, info = M.model_call(cfg, key, forced, sig, deadline)
+  note_upstream(rec, reason, info, M.fix_context(cfg))
   if value == nil then return 502 end
+  rec.reply = reply_facts(value)
   return reply_json(value)
 end
 
 -- POST /tools/<name> (10)
-function Broker:_tool(tool, body, sig)
+function Broker:_tool(tool, body, sig, rec)
   local ctx = { channel = self.channel, speaker = copy_speaker(self.speaker), signal = sig }
   local task = async.spawn(tool.run, body, ctx)
   -- Wait for the callback itself, not the signal: in-flight stays held until
   -- it returns, whatever happened to the connection.
   local ok, result = async.wait(task)
-  if not ok or sig.aborted then return 502 end
-  if type(result) ~= "string" or not json.utf8_valid(result) then return 502 end
+  if sig.aborted then return 502 end
+  if not ok or type(result) ~= "string" or not json.utf8_valid(result) then
+    rec.reason = "tool_failed"
+    return 502
+  end
   return reply_json(json.object({ "text" }, { text = result }))
 end
 
 -- POST /mcp/<server> (11)
-function Broker:_mcp(server, body, sig, deadline)
+function Broker:_mcp(server, body, sig, deadline, rec)
   local params = body.params
   if body.method ~= "tools/call" or json.kind(params) ~= "object"
       or type(params.name) ~= "string" or server.tools[params.name] == nil
       or json.kind(params.arguments) ~= "object" then
+    rec.reason = "payload"
     return 403, M.MCP_REFUSED
   end
   local mode, key = credential.for_mcp(server.apiKey, self:_scope(), sig)
-  if mode == "error" then return 502 end
+  if mode == "error" then
+    rec.reason = key
+    return 502
+  end
   local headers = { "Content-Type: application/json", "Accept: application/json, text/event-stream" }
   if mode == "key" then headers[#headers + 1] = "Authorization: Bearer " .. key end
   local encoded = json.encode(json.object({ "jsonrpc", "id", "method", "params" }, {
@@ -186,38 +270,70 @@ function Broker:_mcp(server, body, sig, deadline)
     params = json.object({ "name", "arguments" }, { name = params.name, arguments = params.arguments }),
   }))
   if not encoded then return 502 end
-  local value = upstream.post_json({
+  local value, reason, info = upstream.post_json({
     url = server.url, headers = headers, body = encoded, deadline = deadline,
     allow_http = self.cfg.allowHttp, credential = key, transport = self.cfg.transport,
   }, sig)
+  note_upstream(rec, reason, info, { route_kind = "mcp" })
   if value == nil then return 502 end
   return reply_json(value)
 end
 
+-- Hands a settled call record to the recorder (which writes the audit
+-- line and moves the turn's counters). Never raises.
+local function settle(self, rec)
+  if self.recorder then pcall(self.recorder.call, self.recorder, self.turn, rec) end
+end
+Broker._settle = settle
+
+-- A request the listener refused at steps 0-12, as data (core/API.md
+-- broker_listen on_refused). Runs on the loop, never yields.
+function Broker:_refused(r)
+  local route = r.route and self.route_list[r.route] or nil
+  local rec = record.call(self.channel, self.turn_id, route and route.path, route and route.kind)
+  rec.status, rec.reason, rec.header = r.status, r.reason, r.header
+  rec.accepted = r.accepted == true
+  rec.ms = 0
+  self:_settle(rec)
+end
+
 -- Called by the listener once steps 0-12 passed for an accepted call, with
--- the route it matched (step 13 runs that route's handler). Shared with the
--- precheck broker (lua/sandbox/precheck/_broker.lua) as M.dispatch: any
--- object with turn_signal and an optional audit, and routes of the same
--- shape, gets the same call signal, deadline and reply rules.
-function Broker:_dispatch(call, route)
+-- the route it matched (step 13 runs that route's handler) and the body's
+-- byte length. Shared with the precheck broker (lua/sandbox/precheck/_broker.lua)
+-- as M.dispatch: any object with turn_signal (and, optionally, cfg, recorder,
+-- channel, turn_id), and routes of the same shape, gets the same call
+-- signal, deadline and reply rules.
+function Broker:_dispatch(call, route, nbytes)
   local started = core.now()
-  local deadline = started + M.CALL_DEADLINE_MS
+  local call_ms = self.cfg and self.cfg.listen and self.cfg.listen.call_ms or M.CALL_DEADLINE_MS
+  local deadline = started + call_ms
   local sig = signal.child(self.turn_signal)
-  local timer = core.timer(M.CALL_DEADLINE_MS, function() sig:abort("call deadline") end)
-  call:on_close(function() sig:abort("client closed") end)
+  local rec = record.call(self.channel, self.turn_id, route.path, route.kind)
+  rec.accepted, rec.bytes_in = true, nbytes
+  local closed
+  local timer = core.timer(call_ms, function() sig:abort(upstream.CALL_DEADLINE_REASON) end)
+  call:on_close(function(why)
+    closed = why
+    sig:abort("client closed")
+  end)
   local body = call:body()
   async.spawn(function()
-    local ok, status, reply = pcall(route.handle, self, body, sig, deadline)
+    local ok, status, reply = pcall(route.handle, self, body, sig, deadline, rec)
     timer:stop()
+    local aborted = sig.aborted
     sig:detach()
-    if not ok or type(status) ~= "number" or (status == 200 and sig.aborted) then
+    if not ok or type(status) ~= "number" or (status == 200 and aborted) then
       status, reply = 502, nil
     end
     if status ~= 200 and reply == nil then reply = M.FAILED end
-    call:reply(status, reply)
-    if self.audit then
-      pcall(self.audit, { route = route.kind, status = status, ms = core.now() - started })
+    local written = call:reply(status, reply)
+    rec.status = written and status or 0
+    rec.bytes_out = written and #reply or 0
+    if closed then rec.reason = rec.reason or closed
+    elseif aborted and rec.reason == nil and status ~= 200 then
+      rec.reason = self.turn_signal.aborted and "after_turn" or "request_deadline"
     end
+    settle(self, rec)
   end)
 end
 

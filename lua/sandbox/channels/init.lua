@@ -61,15 +61,17 @@ end
 
 -- §3.2 steps 4-6: checks `stateFile`, creates its directory (0700) and
 -- returns the canonical state path. `roots` are the canonical runRoot and
--- workspaceRoot; a state path equal to or under either is refused.
-function M.state_path(state_file, run_root, workspace_root)
+-- workspaceRoot; a state path equal to or under either is refused. dry
+-- (`sbx doctor`): nothing is created; a missing directory is taken as given.
+function M.state_path(state_file, run_root, workspace_root, dry)
   if type(state_file) ~= "string" or state_file:sub(1, 1) ~= "/" or state_file:find("\0", 1, true) then
     fail(M.E_ABSOLUTE)
   end
   local dir, name = split(state_file)
   if name == "" or name == "." or name == ".." then fail(M.E_NAME) end
-  core.fs_mkdir_p(dir, DIR_MODE)                                  -- step 5
+  if not dry then core.fs_mkdir_p(dir, DIR_MODE) end              -- step 5
   local real = core.realpath(dir)
+  if not real and dry and not core.fs_stat(dir) then real = dir end
   if not real then fail(M.E_DIR) end
   local path = (real == "/" and "" or real) .. "/" .. name        -- step 6
   for _, root in ipairs { run_root, workspace_root } do
@@ -118,15 +120,18 @@ function Store:_save()
   return false
 end
 
--- §3.3, exact order. opts = {stateFile = canonical path (state_path),
--- initialChannels = list|nil, write = seam|nil, log = function(level, msg,
--- fields) | nil (the operator log)}. Raises the spec's strings.
-function M.open(opts)
+-- §3.3 steps 1-5: the keys (and whether the file existed). dry (`sbx
+-- doctor`): nothing is created; a missing directory is what startup creates.
+function M.load(opts, dry)
   local path = opts.stateFile
   if type(path) ~= "string" or path:sub(1, 1) ~= "/" then fail(M.E_ABSOLUTE) end
   local dir = split(path)
-  core.fs_mkdir_p(dir, DIR_MODE)                                  -- step 1
+  if not dry then core.fs_mkdir_p(dir, DIR_MODE) end              -- step 1
   local st = core.fs_stat(dir)                                    -- step 2
+  if dry and not st then
+    local keys, set = parse_list(opts.initialChannels or {})
+    return keys, set, false
+  end
   if not st or st.type ~= "dir" or st.uid ~= core.getuid() or (st.mode & PRIVATE_BITS) ~= 0 then
     fail(M.E_DIR)
   end
@@ -152,6 +157,15 @@ function M.open(opts)
     fail(M.E_FILE)
   end
   local keys, set = parse_list(list)                              -- step 5
+  return keys, set, existed
+end
+
+-- §3.3, exact order. opts = {stateFile = canonical path (state_path),
+-- initialChannels = list|nil, write = seam|nil, log = function(level, msg,
+-- fields) | nil (the operator log)}. Raises the spec's strings.
+function M.open(opts)
+  local path = opts.stateFile
+  local keys, set, existed = M.load(opts)
   local self = setmetatable({
     path = path, keys = keys, set = set, write = opts.write or core.write_file_atomic, log = opts.log,
   }, Store)

@@ -2,6 +2,10 @@
 -- --speaker ID[:NAME[:PRINCIPAL]]`: serves exactly one bound turn's broker
 -- until SIGINT/SIGTERM or the turn deadline, then stops it with force.
 local args_lib = require "sandbox.cli._args"
+local common = require "sandbox.cli._common"
+local lines = require "sandbox.ops.lines"
+local log = require "sandbox.log"
+local record = require "sandbox.ops.record"
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 
@@ -19,6 +23,8 @@ can be pointed at it. Runs until SIGINT/SIGTERM or the turn deadline.
   --channel KEY     the channel key the turn is bound to (ctx.channel)
   --speaker S       ID[:NAME[:PRINCIPAL]]: the bound speaker; NAME and
                     PRINCIPAL default to ID
+  --log-format F    text (default: the config's logFormat) or json; one audit
+                    line per request on stderr (spec/operations.md 3)
   --timeout MS      turn deadline in ms (default: the config's turnTimeoutMs,
                     120000)
   --quiet           no status lines on stderr
@@ -26,7 +32,8 @@ can be pointed at it. Runs until SIGINT/SIGTERM or the turn deadline.
 
 function M.run(args)
   local parsed, err = args_lib.parse(args, { interleave = true, flags = {
-    socket = "value", channel = "value", speaker = "value", timeout = "value", quiet = "bool" } })
+    socket = "value", channel = "value", speaker = "value", timeout = "value", quiet = "bool",
+    ["log-format"] = "value" } })
   if not parsed then
     io.stderr:write("sbx broker: ", err, "\n\n", M.help)
     return 2
@@ -51,7 +58,17 @@ function M.run(args)
     io.stderr:write("sbx broker: --timeout must be 1 to 600000 ms\n")
     return 2
   end
-  local ok, b = pcall(cfg.broker, cfg, { channel = f.channel, speaker = speaker })
+  local format, ferr = common.log_format(f["log-format"])
+  if ferr then
+    io.stderr:write("sbx broker: ", ferr, "\n")
+    return 2
+  end
+  -- the audit trail of every request (spec/operations.md 3), as a turn's
+  local o = cfg.options
+  local logger = log.new { format = format or o.logFormat, level = o.logLevel, logger = o.logger }
+  local recorder = record.recorder()
+  recorder:subscribe(lines.reader(logger, { audit = o.audit }))
+  local ok, b = pcall(cfg.broker, cfg, { channel = f.channel, speaker = speaker, recorder = recorder })
   if not ok then
     io.stderr:write("sbx broker: ", tostring(b), "\n")
     return 1

@@ -6,7 +6,6 @@
 local async = require "sandbox.async"
 local common = require "sandbox.cli._common"
 local core = require "sandbox.core"
-local json = require "sandbox.json"
 local reply_text = require "sandbox.channels._reply_text"
 
 local M = {}
@@ -24,6 +23,7 @@ continues the conversation.
   --channel KEY     channel key, e.g. demo:one
   --speaker S       ID[:NAME[:PRINCIPAL]] of the guest you speak as
   --timeout MS      turn deadline in ms (1000 to 600000)
+  --log-format F    text (default) or json: the operator log on stderr
   --json            one line {"ok":...,"text":...} per reply, the exact text
                     JSON-escaped (otherwise control characters other than
                     newline and tab are printed as U+FFFD)
@@ -124,11 +124,11 @@ function M.run(args)
       if tty_err then io.stderr:write("\r\27[K") end
       local secs = (core.now() - t0) / 1000
       if parsed.flags.json then
-        io.stdout:write(json.encode(json.object({ "ok", "text" }, { ok = settled and res.ok, text = reply })), "\n")
+        io.stdout:write(common.json_reply(settled, res, reply), "\n")
       else
         io.stdout:write("sandbox: ", reply_text.terminal(reply), "\n")
       end
-      if not settled then common.report("chat", res, cfg, path) end
+      if not settled or not res.ok then common.report_turn("chat", res, settled, cfg, path) end
       if tty_err then io.stderr:write(string.format("(%.1fs)\n", secs)) end
       io.stdout:flush()
     end

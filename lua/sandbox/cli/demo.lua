@@ -170,11 +170,8 @@ local function demo(opts)
       local calls = #model.calls - before
       local asked = count_tools(model.calls, before + 1, #model.calls)
       say("sandbox: ", reply)
-      if not settled then
-        common.report("demo", res, nil, nil)
-        return
-      elseif not res.ok then
-        warn("the worker answered ok=false")
+      if not settled or not res.ok then
+        common.report_turn("demo", res, settled, nil, nil)
         return
       end
       replies[i] = reply

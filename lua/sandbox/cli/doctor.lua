@@ -1,55 +1,83 @@
--- cli/doctor.lua: `sbx doctor CONFIG.lua`: checks what a sealed turn needs
--- and prints one line per check, `ok` or `FAIL` with the exact command or
--- change that fixes it (spec/runtime.md 3.4). It changes nothing: it never
--- creates the roots, takes the lock or starts a container.
+-- cli/doctor.lua: `sbx doctor CONFIG.lua`: checks what `sbx run` would refuse
+-- and what a sealed turn needs, one line per check, `ok` or `FAIL` with the
+-- exact fix (spec/operations.md 5, runtime.md 3.4). It changes nothing: it
+-- never creates the roots, takes the lock or starts a container.
+--
+-- One check path, not copies: the construction checks are the runtime's own
+-- steps (runtime/_options.lua M.check_all, the same functions `sbx run`
+-- runs, in dry mode), the state file is read by the channel store's own
+-- loader (channels.load, dry), the daemon is asked through the turns' own
+-- docker driver, the model probe goes through the broker's model call
+-- (broker.model_call: the same request rebuild, headers, upstream client
+-- and error tokens as /model), and every FAIL prints the catalogue's words
+-- and fix (sandbox/errors.lua).
 local args_lib = require "sandbox.cli._args"
 local async = require "sandbox.async"
+local broker = require "sandbox.broker"
+local channel_key = require "sandbox.channels._key"
+local channels = require "sandbox.channels"
 local common = require "sandbox.cli._common"
 local contract = require "sandbox.drivers.contract"
 local core = require "sandbox.core"
+local credential = require "sandbox.broker._credential"
 local errors = require "sandbox.errors"
 local installation = require "sandbox.runtime._installation"
-local layout = require "sandbox.layout"
-local channel_key = require "sandbox.channels._key"
 local disk = require "sandbox.runtime._disk"
+local json = require "sandbox.json"
+local model_payload = require "sandbox.broker._model_payload"
 local options = require "sandbox.runtime._options"
-local seccomp = require "sandbox.runtime._seccomp"
+local signal = require "sandbox.signal"
 
 local M = {}
 
 M.help = [==[
-usage: sbx doctor CONFIG.lua [--no-docker] [--channel KEY]
+usage: sbx doctor CONFIG.lua [--no-docker] [--channel KEY [--speaker ID]] [--probe] [--json]
 
-Checks, one line each, and names the fix for every failure:
-  config        the file loads and returns a valid sandbox { ... }
-  apiKey        present (mandatory under sbx: there is no host login)
-  user          not root; uid/gid options (if set) equal the process's
-  docker        the docker CLI is found and the daemon answers on a local socket
-  image         the configured image exists (`make image` builds it; an
-                installed tree names its own build-image)
-  runRoot, workspaceRoot, state directory
-                a directory owned by this user with no group/other bits
-                (a missing one is created 0700 at startup)
-  roots         runRoot and workspaceRoot are separate; stateFile outside both
-  socket path   the canonical runRoot is at most 76 bytes
-  seccomp       the sealed containers' seccomp profile is readable, and how
-                many system calls it allows
-  descriptors   the descriptor limit the host raises itself to (the hard
-                RLIMIT_NOFILE)
-  disk          free space on the roots' filesystems against diskReserveMb
-  docker data   both roots outside the daemon's data directory
-  stale         no leftover containers of this installation (`sbx cleanup`)
+Checks, one line each, and names the fix for every failure, in the words
+`sbx run` would use:
+  config          the file loads and returns a valid sandbox { ... }
+  options .. broker   every construction check of `sbx run` (option names,
+                  model, apiKey against modelAuth, prompt, log options, time
+                  zone, turnTimeoutMs, runRoot, workspaceRoot, roots, user,
+                  socket path, container image and limits, docker endpoint,
+                  the broker configuration and the model route it will use:
+                  host, auth mode, output field and limit, never the key)
+  stateFile       the channel state file: absolute, outside the roots, its
+                  directory private, the file parses
+  descriptors     the descriptor limit the host raises itself to (the hard
+                  RLIMIT_NOFILE; shared/spec/hardening.md 2)
+  disk            free space on the roots' filesystems against diskReserveMb
+  workspace       with --channel: that channel's workspace against
+                  workspaceQuotaMb (its turns are refused above it)
+  docker          the daemon answers on a local socket (the turns' own driver)
+  image           the configured image exists (the fix names this tree's
+                  own build command: `make image` in a checkout, an
+                  installed tree's build-image)
+  docker data     both roots outside the daemon's data directory
+  stale           no leftover containers of this installation (`sbx cleanup`)
+  apiKey call     with --channel: the hook called once for that scope
+  probe           with --probe: one real request to modelUrl
 Exits 0 when every check passed, 1 otherwise (2 for usage errors).
 
-  --no-docker   skip the checks that ask the daemon (docker, image,
-                docker data, stale)
-  --channel KEY also measure that channel's workspace against
-                workspaceQuotaMb (its turns are refused above it)
+  --no-docker     skip the checks that ask the daemon (docker, image,
+                  docker data, stale)
+  --channel KEY   call apiKey (and each MCP server's apiKey) once with the
+                  scope {channel = KEY, speaker = ID}; report only whether
+                  it returned a credential, never the credential; and
+                  measure that channel's workspace
+  --speaker ID    ID[:NAME[:PRINCIPAL]] for --channel (default sbx-doctor)
+  --probe         send one minimal request to modelUrl (one user message
+                  "ping", the forced body with the output field set to 1
+                  token) through the broker's own upstream client; report
+                  the status, the provider's error tokens and the fix. The
+                  reply is never printed. The key comes from apiKey with the
+                  --channel scope, or the scope sandbox:doctor.
+  --json          print the checks as one JSON array of
+                  {name, status ("ok"|"fail"|"skip"), detail, message, fix}
 ]==]
 
-local OCT_077 = tonumber("077", 8)
-
-local function oct(mode) return string.format("%04o", mode) end
+M.PROBE_CHANNEL = "sandbox:doctor"
+M.PROBE_SPEAKER = { id = "sbx-doctor", name = "sbx doctor", principalId = "sbx-doctor" }
 
 local function dirname(p)
   local d = p:match("^(.*)/[^/]*$")
@@ -57,277 +85,347 @@ local function dirname(p)
   return d
 end
 
-local function shq(s)
-  if s:find("^[%w%./_%-:@]+$") then return s end
-  return "'" .. s:gsub("'", "'\\''") .. "'"
-end
-
 local function inside(a, b) -- a equal to b or under it
   return a == b or a:sub(1, #b + 1) == b .. "/"
 end
 
 -- Collects check lines; `fails` counts failures.
-local function reporter(out)
-  local r = { fails = 0, lines = {} }
-  function r.ok(name, detail)
-    local line = string.format("ok    %-16s %s", name, detail or "")
-    r.lines[#r.lines + 1] = line
-    out:write((line:gsub("%s+$", "")), "\n")
+local function reporter(out, as_json)
+  local r = { fails = 0, list = {} }
+  local function add(c)
+    r.list[#r.list + 1] = c
+    if as_json then return end
+    if c.status == "ok" then
+      out:write((string.format("ok    %-16s %s", c.name, c.detail or ""):gsub("%s+$", "")), "\n")
+    elseif c.status == "skip" then
+      out:write(string.format("skip  %-16s %s", c.name, c.detail or ""), "\n")
+    else
+      local what = c.message or ""
+      if c.detail and c.detail ~= "" then what = what ~= "" and (what .. ": " .. c.detail) or c.detail end
+      out:write(string.format("FAIL  %-16s %s", c.name, what), "\n")
+      if c.fix then out:write("      fix: ", c.fix, "\n") end
+    end
   end
-  function r.fail(name, problem, fix)
+  function r.ok(name, detail) add { name = name, status = "ok", detail = detail } end
+  function r.skip(name, why) add { name = name, status = "skip", detail = why } end
+  function r.fail(name, message, detail, fix)
     r.fails = r.fails + 1
-    local line = string.format("FAIL  %-16s %s", name, problem)
-    if fix then line = line .. "\n      fix: " .. fix end
-    r.lines[#r.lines + 1] = line
-    out:write(line, "\n")
-  end
-  function r.skip(name, why)
-    local line = string.format("skip  %-16s %s", name, why)
-    r.lines[#r.lines + 1] = line
-    out:write(line, "\n")
+    add { name = name, status = "fail", message = message, detail = detail, fix = fix }
   end
   return r
 end
 
--- One directory that must be service-owned and private. Returns the
--- canonical path when it exists and passes (or nil).
-local function check_dir(r, name, path, uid, user)
-  if type(path) ~= "string" or path:sub(1, 1) ~= "/" or path:find("^/+$") then
-    r.fail(name, tostring(path) .. " is not an absolute dedicated directory",
-      "set " .. name .. " to an absolute path of a directory used only by this package")
-    return nil
-  end
-  local st = core.fs_stat(path)
-  if not st then
-    -- Missing: startup creates it (and its parents) with mode 0700, which
-    -- works only if the nearest existing parent is writable by this user.
-    local parent = dirname(path)
-    while parent ~= "/" and not core.fs_stat(parent) do parent = dirname(parent) end
-    local pst = core.fs_stat(parent)
-    if pst and pst.type == "dir" and (pst.uid == uid or pst.mode & 2 ~= 0 or (pst.mode & tonumber("1000", 8)) ~= 0) then
-      r.ok(name, path .. " (missing; created 0700 at startup)")
-    else
-      r.fail(name, path .. " is missing and " .. parent .. " is not writable by " .. user,
-        string.format("as root: install -d -m 700 -o %s %s", user, shq(path)))
-    end
-    return nil
-  end
-  if st.type ~= "dir" then
-    r.fail(name, path .. " is not a directory", "point " .. name .. " at a directory, or remove " .. shq(path))
-    return nil
-  end
-  local bad = false
-  if st.uid ~= uid then
-    r.fail(name, string.format("%s is owned by uid %d, not %s (uid %d)", path, st.uid, user, uid),
-      string.format("as root: chown %s: %s", user, shq(path)))
-    bad = true
-  end
-  if st.mode & OCT_077 ~= 0 then
-    r.fail(name, string.format("%s has mode %s (group/other bits set)", path, oct(st.mode)),
-      "chmod 700 " .. shq(path))
-    bad = true
-  end
-  if bad then return nil end
-  r.ok(name, path .. " (" .. oct(st.mode) .. ", " .. user .. ")")
-  return core.realpath(path) or path
+-- The fix context of this installation (errors.fix / errors.reason_fix).
+local function fix_context(o, path)
+  local ctx = common.fix_context({ options = o }, path)
+  ctx.command = "doctor"
+  return ctx
 end
 
-function M.check(cfg, opts, out)
-  local r = reporter(out or io.stdout)
+-- The construction checks (runtime/_options.lua STEPS), as `sbx run` runs them.
+local function construction(r, cfg, path)
   local o = cfg.options
-  local uid, gid = core.getuid()
-  local user = common.user_name()
-  local path = opts.config or "CONFIG.lua"
-
-  -- apiKey
-  if type(o.apiKey) == "function" then
-    r.ok("apiKey", "a function (read before every model call)")
-  else
-    r.fail("apiKey", "missing (sbx has no host login)", errors.fix(errors.API_KEY_REQUIRED))
+  local ok, opts, checked = pcall(cfg.runtime_options, cfg, { timeZone = common.time_zone() })
+  local api_failure
+  if not ok then
+    -- sbx has no host login: the apiKey step's own words
+    api_failure = opts
+    opts, checked = cfg:runtime_options { timeZone = common.time_zone(), hostLogin = function() return nil end }
   end
-
-  -- user
-  if uid == 0 then
-    r.fail("user", "running as root (refused: workers must not run as root)",
-      "run as the service account: runuser -u sbx -- sbx doctor " .. shq(path))
-  elseif (o.uid ~= nil and o.uid ~= uid) or (o.gid ~= nil and o.gid ~= gid) then
-    r.fail("user", string.format("config uid/gid %s/%s differ from the process's %d/%d",
-      tostring(o.uid), tostring(o.gid), uid, gid),
-      string.format("set uid = %d, gid = %d in the config, or remove them", uid, gid))
-  else
-    r.ok("user", string.format("%s (uid %d, gid %d)", user, uid, gid))
-  end
-
-  -- directories
-  local run_root = check_dir(r, "runRoot", o.runRoot, uid, user)
-  local ws_root = check_dir(r, "workspaceRoot", o.workspaceRoot, uid, user)
-  local state_dir
-  if type(o.stateFile) == "string" and o.stateFile:sub(1, 1) == "/" then
-    state_dir = check_dir(r, "state directory", dirname(o.stateFile), uid, user)
-  else
-    r.fail("state directory", "stateFile " .. tostring(o.stateFile) .. " is not an absolute file path",
-      "set stateFile to an absolute path such as $HOME/.local/share/roundtable-sandbox/state/channels.json")
-  end
-
-  -- roots separate, state outside them (canonical where they exist)
-  local rr = run_root or (type(o.runRoot) == "string" and o.runRoot) or nil
-  local wr = ws_root or (type(o.workspaceRoot) == "string" and o.workspaceRoot) or nil
-  if rr and wr then
-    if inside(rr, wr) or inside(wr, rr) then
-      r.fail("roots", "runRoot and workspaceRoot overlap",
-        "use two separate directories, neither inside the other")
-    elseif state_dir and (inside(state_dir, rr) or inside(state_dir, wr)) then
-      r.fail("roots", "the state directory is inside a root",
-        "move stateFile outside runRoot and workspaceRoot")
+  local results, state = options.check_all(opts, checked)
+  local ctx = fix_context(o, path)
+  for _, c in ipairs(results) do
+    if c.name == "apiKey" and api_failure then
+      r.fail("apiKey", api_failure, nil, errors.fix(api_failure, ctx))
+    elseif c.ok == true then
+      r.ok(c.name, c.detail)
+    elseif c.ok == false then
+      local message = errors.safe_to_show(c.message) and c.message or "unexpected error"
+      r.fail(c.name, message, c.detail, c.fix or errors.fix(c.message, ctx))
     else
-      r.ok("roots", "separate; stateFile outside both")
+      r.skip(c.name, c.detail)
     end
   end
+  return state
+end
 
-  -- socket path budget
-  if rr then
-    if #rr <= 76 then
-      r.ok("socket path", string.format("%s is %d bytes (at most 76)", rr, #rr))
-    else
-      r.fail("socket path", string.format("%s is %d bytes; with /turn-XXXXXX/broker.sock it exceeds 100", rr, #rr),
-        errors.fix(errors.SOCKET_TOO_LONG))
-    end
-  end
-
-  M.check_hardening(r, o, rr, wr, opts.channel)
-
-  if opts.no_docker then
-    r.skip("docker", "--no-docker")
-    return r
-  end
-
-  -- docker and daemon, through the turns' own docker runner (drivers/cli.lua)
-  local dh = os.getenv("DOCKER_HOST")
-  if not contract.local_endpoint(dh) then
-    r.fail("docker", "DOCKER_HOST=" .. dh .. " is not a local socket (remote daemons are unsupported)",
-      "unset DOCKER_HOST")
-    return r
-  end
-  local docker = common.docker()
-  local info, why = docker:inspect_daemon()
-  if not info then
-    if why == "not found" then
-      r.fail("docker", "the docker CLI is not installed", "as root: make deps (or apt-get install docker.io)")
-    elseif why == "cannot run" then
-      r.fail("docker", "cannot run docker", "check that the docker CLI is installed and executable")
-    elseif why == "permission denied" then
-      r.fail("docker", user .. " may not use the Docker socket",
-        string.format("as root: usermod -aG docker %s (then log in again)", user))
-    else
-      r.fail("docker", "the daemon does not answer",
-        "start it: as root, make deps (starts dockerd), or dockerd &")
-    end
-    return r
-  end
-  local data_root = info.root
-  r.ok("docker", "daemon " .. (info.version or "?") .. " answers")
-
-  -- image
-  local image = o.image
-  if type(image) ~= "string" or image == "" then
-    r.fail("image", "no image in the config", "set image = \"pi-roundtable-sandbox:local\"")
-  elseif docker:inspect_image(image) then
-    r.ok("image", image .. " present")
+-- The channel state file (runtime.md 3.2 steps 4-6, 3.3), read-only.
+local function state_file(r, cfg, state, path)
+  local o = cfg.options
+  local ok, err = pcall(function()
+    local p = channels.state_path(o.stateFile, state.run_root, state.ws_root, true)
+    local keys, _, existed = channels.load({ stateFile = p, initialChannels = o.initialChannels }, true)
+    return string.format("%s (%s, %d channel(s))", p, existed and "present" or "created at startup", #keys)
+  end)
+  if ok then
+    r.ok("stateFile", err)
   else
-    r.fail("image", image .. " is missing (turns would fail with `sandbox worker failed`)",
-      layout.image_fix(image))
-  end
-
-  -- roots outside the daemon's data directory
-  if data_root and data_root ~= "" then
-    local dr = core.realpath(data_root) or data_root
-    local bad
-    for _, root in ipairs({ rr or "", wr or "" }) do
-      if root ~= "" and inside(root, dr) then bad = root end
-    end
-    if bad then
-      r.fail("docker data", bad .. " is inside Docker's data directory " .. dr,
-        "move runRoot and workspaceRoot outside " .. dr)
-    else
-      r.ok("docker data", "roots outside " .. dr)
-    end
-  end
-
-  -- stale containers of this installation (the driver's own listing)
-  if run_root and ws_root then
-    local listed, list = pcall(docker.list, docker, installation.id(ws_root, run_root))
-    if listed then
-      if #list == 0 then
-        r.ok("stale", "no containers of this installation")
-      else
-        r.fail("stale", #list .. " container(s) of this installation exist (stale unless a host is running a turn)",
-          "sbx cleanup " .. shq(path) .. " --force")
+    local message = errors.safe_to_show(err) and err or "unexpected error"
+    local fix = errors.fix(err, fix_context(o, path))
+    local detail = tostring(o.stateFile)
+    local uid = core.getuid()
+    if err == errors.STATE_DIR and type(o.stateFile) == "string" then
+      local dir = dirname(o.stateFile)
+      local st = core.fs_stat(dir)
+      detail = dir
+      if uid == 0 then
+        fix = errors.fix(errors.USER, fix_context(o, path))
+      elseif st and st.uid ~= uid then
+        fix = string.format("as root: chown %s: %s", common.user_name(), options.shq(dir))
+        detail = string.format("%s is owned by uid %d", dir, st.uid)
+      elseif st then
+        fix = "chmod 700 " .. options.shq(dir)
+        detail = string.format("%s has mode %04o (group/other bits set)", dir, st.mode)
       end
     end
+    r.fail("stateFile", message, detail, fix)
   end
-  return r
 end
 
 local function mib(bytes) return string.format("%.1f MiB", bytes / 1048576) end
 
--- shared/spec/hardening.md 1-3: the seccomp profile, the descriptor limit,
--- free disk against the reserve and, with --channel, that workspace's size.
-function M.check_hardening(r, o, run_root, ws_root, channel)
-  local ok, hard = pcall(options.check_hardening, o)
-  if not ok then
-    r.fail("options", tostring(hard), errors.fix(hard))
-    return
-  end
-  local loaded, profile = pcall(seccomp.load, hard.seccompProfile)
-  if loaded then
-    r.ok("seccomp", string.format("%s (allows %d system calls; everything else fails with EPERM)",
-      profile.path, profile.count))
-  else
-    r.fail("seccomp", tostring(profile), errors.fix(profile))
-  end
-  local budget = core.fd_budget()
+-- shared/spec/hardening.md 2-3 (the seccomp profile is a construction
+-- step): the descriptor limit, free disk against the reserve and, with
+-- --channel, that channel's workspace against its quota.
+local function hardening_checks(r, cfg, state, opts)
+  local ok, hard = pcall(options.check_hardening, cfg.options)
+  if not ok then return end                       -- the "hardening" step said why
   local _, hard_limit = core.fd_raise()
-  r.ok("descriptors", string.format("nofile %d (the hard limit; raised at startup)", hard_limit or budget.limit))
+  r.ok("descriptors", string.format("nofile %s (the hard limit; the host raises itself to it)", tostring(hard_limit)))
   local reserve = hard.diskReserveMb * 1048576
-  for _, root in ipairs { run_root, ws_root } do
+  for _, root in ipairs { state.run_root, state.ws_root } do
     local st = root and core.fs_statfs(root)
-    if st then
-      if st.free < reserve then
-        r.fail("disk", string.format("%s: %s free, below diskReserveMb (%d MiB): every turn is refused (disk_low)",
-          root, mib(st.free), hard.diskReserveMb), errors.fix(errors.DISK_LOW))
-      else
-        r.ok("disk", string.format("%s: %s free (diskReserveMb %d)", root, mib(st.free), hard.diskReserveMb))
-      end
+    if st and st.free < reserve then
+      r.fail("disk", errors.DISK_LOW, string.format("%s: %s free, diskReserveMb %d", root, mib(st.free),
+        hard.diskReserveMb), errors.reason_fix("disk_low"))
+    elseif st then
+      r.ok("disk", string.format("%s: %s free (diskReserveMb %d)", root, mib(st.free), hard.diskReserveMb))
     end
   end
-  if channel == nil then return end
-  if not channel_key.valid(channel) then
-    r.fail("workspace", "--channel " .. channel .. " is not a channel key", errors.fix(errors.CHANNEL))
-    return
-  end
-  if not ws_root then return end
-  local dir = ws_root .. "/" .. channel_key.segment(channel)
-  local st = core.fs_lstat(dir)
-  if not st then
+  if not opts.channel or not state.ws_root then return end
+  local dir = state.ws_root .. "/" .. channel_key.segment(opts.channel)
+  if not core.fs_lstat(dir) then
     r.ok("workspace", dir .. " (not used yet)")
     return
   end
   local u = core.fs_usage(dir, disk.MAX_ENTRIES)
-  local quota = hard.workspaceQuotaMb * 1048576
+  local fix = errors.reason_fix("workspace_quota", { workspace = dir })
   if u.error or not u.complete then
-    r.fail("workspace", string.format("%s could not be measured within %d entries (counts as over the quota)",
-      dir, disk.MAX_ENTRIES), errors.fix(errors.WORKSPACE_QUOTA, { workspace = dir }))
-  elseif u.bytes > quota then
-    r.fail("workspace", string.format("%s holds %s, over workspaceQuotaMb (%d MiB): its turns are refused",
-      dir, mib(u.bytes), hard.workspaceQuotaMb), errors.fix(errors.WORKSPACE_QUOTA, { workspace = dir }))
+    r.fail("workspace", errors.WORKSPACE_QUOTA, string.format("%s could not be measured within %d entries",
+      dir, disk.MAX_ENTRIES), fix)
+  elseif u.bytes > hard.workspaceQuotaMb * 1048576 then
+    r.fail("workspace", errors.WORKSPACE_QUOTA, string.format("%s holds %s, over workspaceQuotaMb (%d MiB)",
+      dir, mib(u.bytes), hard.workspaceQuotaMb), fix)
   else
     r.ok("workspace", string.format("%s holds %s of workspaceQuotaMb %d (%d entries)", dir, mib(u.bytes),
       hard.workspaceQuotaMb, u.entries))
   end
 end
 
+-- The daemon, through the turns' own docker driver (drivers/cli.lua).
+local function docker_checks(r, cfg, state, path)
+  local o = cfg.options
+  local ctx = fix_context(o, path)
+  local dh = os.getenv("DOCKER_HOST")
+  if not contract.local_endpoint(dh) then
+    r.fail("docker", errors.REMOTE, "DOCKER_HOST=" .. tostring(dh), errors.fix(errors.REMOTE))
+    return
+  end
+  local docker = common.docker()
+  local user = common.user_name()
+  local info, why = docker:inspect_daemon()
+  if not info then
+    if why == "not found" then
+      r.fail("docker", "the docker CLI is not installed", nil, "as root: make deps (or apt-get install docker.io)")
+    elseif why == "cannot run" then
+      r.fail("docker", "cannot run docker", nil, "check that the docker CLI is installed and executable")
+    elseif why == "permission denied" then
+      r.fail("docker", user .. " may not use the Docker socket", nil,
+        string.format("as root: usermod -aG docker %s (then log in again)", user))
+    else
+      r.fail("docker", errors.DAEMON, dh and dh ~= "" and ("DOCKER_HOST=" .. dh) or nil,
+        errors.reason_fix("daemon_unavailable", ctx))
+    end
+    return
+  end
+  r.ok("docker", "daemon " .. (info.version or "?") .. " answers")
+
+  local image = o.image
+  if type(image) == "string" and image ~= "" then
+    if docker:inspect_image(image) then
+      r.ok("image", image .. " present")
+    else
+      r.fail("image", errors.IMAGE_MISSING, image .. " (turns would fail with image_missing)",
+        errors.reason_fix("image_missing", ctx))
+    end
+  end
+
+  local rr, wr = state.run_root, state.ws_root
+  if info.root and info.root ~= "" and rr and wr then
+    local dr = core.realpath(info.root) or info.root
+    local bad
+    for _, root in ipairs({ rr, wr }) do
+      if inside(root, dr) then bad = root end
+    end
+    if bad then
+      r.fail("docker data", bad .. " is inside Docker's data directory " .. dr, nil,
+        "move runRoot and workspaceRoot outside " .. dr)
+    else
+      r.ok("docker data", "roots outside " .. dr)
+    end
+  end
+
+  if rr and wr and core.fs_stat(rr) and core.fs_stat(wr) then
+    local listed, list = pcall(docker.list, docker, installation.id(wr, rr))
+    if listed then
+      if #list == 0 then
+        r.ok("stale", "no containers of this installation")
+      else
+        r.fail("stale", #list .. " container(s) of this installation exist (stale unless a host is running a turn)",
+          nil, "sbx cleanup " .. options.shq(path) .. " --force")
+      end
+    end
+  end
+end
+
+-- Calls hook once with scope and says only what came back (never the key):
+-- "returned a credential" or the failure's reason and fix. model: nil/""
+-- fail the model route; an MCP hook's nil/"" means unauthenticated.
+local function call_hook(hook, scope, sig, model)
+  local status, value = credential.call_hook(hook, scope, sig)
+  if status ~= "ok" then
+    if value == "raised" then return false, "credential_error", "the hook raised an error" end
+    return false, "credential_missing", "the hook did not return in time"
+  end
+  if credential.valid(value) then return true, "returned a credential", nil, value end
+  if not model and (value == nil or value == "") then return true, "returned none (unauthenticated calls)" end
+  local what = value == nil and "nil" or value == "" and '""' or type(value) ~= "string" and ("a " .. type(value))
+    or "a string that is not a usable credential (empty, too long, or not visible ASCII)"
+  return false, "credential_missing", "returned " .. what
+end
+
+local function scope_of(parsed)
+  return {
+    channel = parsed.channel or M.PROBE_CHANNEL,
+    speaker = parsed.speaker or M.PROBE_SPEAKER,
+  }
+end
+
+-- --channel: apiKey and each MCP apiKey, once each.
+local function key_checks(r, cfg, state, parsed)
+  local o = cfg.options
+  local auth = state.cfg and state.cfg.modelAuth or o.modelAuth or "bearer"
+  if not parsed.channel then
+    if auth ~= "none" then r.skip("apiKey call", "not called (use --channel KEY to call it once)") end
+    return nil
+  end
+  local sig = signal.new()
+  local key
+  if auth == "none" then
+    r.ok("apiKey call", 'not called: modelAuth = "none" sends no credential')
+  elseif type(o.apiKey) ~= "function" then
+    r.fail("apiKey call", errors.API_KEY_REQUIRED, nil, errors.fix(errors.API_KEY_REQUIRED))
+  else
+    local ok, why, detail, value = call_hook(o.apiKey, credential.scope(parsed.channel, parsed.speaker), sig, true)
+    if ok then
+      r.ok("apiKey call", string.format("%s for channel %s", why, parsed.channel))
+      key = value
+    else
+      r.fail("apiKey call", why, detail .. " for channel " .. parsed.channel, errors.reason_fix(why))
+    end
+  end
+  for _, s in ipairs(state.cfg and state.cfg.server_list or {}) do
+    if s.apiKey then
+      local ok, why, detail = call_hook(s.apiKey, credential.scope(parsed.channel, parsed.speaker), sig, false)
+      if ok then r.ok("mcp " .. s.name .. " apiKey", why)
+      else r.fail("mcp " .. s.name .. " apiKey", why, detail, errors.reason_fix(why)) end
+    end
+  end
+  return key
+end
+
+-- --probe: one minimal model call through the broker's own path.
+local function probe(r, cfg, state, parsed, key)
+  local bcfg = state.cfg
+  if not bcfg then
+    r.skip("probe", "needs the broker configuration")
+    return
+  end
+  if bcfg.modelAuth ~= "none" and key == nil then
+    local hook = cfg.options.apiKey
+    if type(hook) ~= "function" then
+      r.fail("probe", errors.API_KEY_REQUIRED, nil, errors.fix(errors.API_KEY_REQUIRED))
+      return
+    end
+    local sc = scope_of(parsed)
+    local status, value = credential.call_hook(hook, credential.scope(sc.channel, sc.speaker), signal.new())
+    if status ~= "ok" or not credential.valid(value) then
+      local why = status == "error" and value == "raised" and "credential_error" or "credential_missing"
+      r.fail("probe", why, "apiKey gave no credential for " .. sc.channel, errors.reason_fix(why))
+      return
+    end
+    key = value
+  end
+  local body = json.object({ "messages" }, { messages = json.array {
+    json.object({ "role", "content" }, { role = "user", content = "ping" }) } })
+  local forced = model_payload.rebuild(body, bcfg.model, 1, bcfg.outputTokensField)
+  local sig = signal.new()
+  local value, reason, info = broker.model_call(bcfg, key, forced, sig, core.now() + broker.CALL_DEADLINE_MS)
+  key = nil
+  local where = string.format("%s auth=%s %s=1", tostring(bcfg.modelHost), bcfg.modelAuth, bcfg.outputTokensField)
+  if value ~= nil then
+    r.ok("probe", string.format("status=%s %s", tostring(info.status or 200), where))
+    return
+  end
+  if reason == "upstream_status" then
+    local tokens = {}
+    for _, k in ipairs { "code", "type", "param" } do
+      if info[k] then tokens[#tokens + 1] = k .. "=" .. info[k] end
+    end
+    local fix = require("sandbox.broker._upstream_error").fix(info.status, info, broker.fix_context(bcfg))
+    r.fail("probe", "model call refused upstream", string.format("status=%s%s (%s)", tostring(info.status),
+      #tokens > 0 and (" " .. table.concat(tokens, " ")) or "", where),
+      fix or errors.reason_fix("upstream_status"))
+    return
+  end
+  r.fail("probe", reason, where, errors.reason_fix(reason))
+end
+
+function M.check(cfg, opts, out)
+  local r = reporter(out or io.stdout, opts.json)
+  local path = opts.config or "CONFIG.lua"
+  r.ok("config", path)
+  local state = construction(r, cfg, path)
+  state_file(r, cfg, state, path)
+  hardening_checks(r, cfg, state, opts)
+  if opts.no_docker then
+    r.skip("docker", "--no-docker")
+  else
+    docker_checks(r, cfg, state, path)
+  end
+  local key = key_checks(r, cfg, state, opts)
+  if opts.probe then probe(r, cfg, state, opts, key) end
+  return r
+end
+
+-- The fix for a config that did not load (an unreadable file, a missing
+-- one, a script error, a refused option).
+local function load_fix(cerr, path)
+  if cerr:find("Permission denied", 1, true) then
+    return string.format("make %s readable by %s (the account sbx runs as): e.g. as root, chgrp %s %s && chmod g+r %s",
+      path, common.user_name(), common.user_name(), options.shq(path), options.shq(path))
+  end
+  if cerr:find("No such file or directory", 1, true) then
+    return "check the path: " .. path .. " does not exist"
+  end
+  local fix = common.fix_for(cerr:match(": (.*)$"), nil, path)
+  return fix or "correct the config script (see examples/sandbox.conf.lua)"
+end
+
 function M.run(args)
-  local parsed, err = args_lib.parse(args, { interleave = true, flags = { ["no-docker"] = "bool", channel = "value" } })
+  local parsed, err = args_lib.parse(args, { interleave = true, flags = {
+    ["no-docker"] = "bool", channel = "value", speaker = "value", probe = "bool", json = "bool",
+  } })
   if not parsed then
     io.stderr:write("sbx doctor: ", err, "\n\n", M.help)
     return 2
@@ -337,22 +435,45 @@ function M.run(args)
     io.stderr:write("sbx doctor: exactly one CONFIG.lua is required\n\n", M.help)
     return 2
   end
+  local f = parsed.flags
+  local opts = { config = path, no_docker = f["no-docker"], probe = f.probe, json = f.json }
+  if f.speaker and not f.channel then
+    io.stderr:write("sbx doctor: --speaker needs --channel\n\n", M.help)
+    return 2
+  end
+  if f.channel then
+    if not channel_key.valid(f.channel) then
+      io.stderr:write("sbx doctor: invalid --channel '", f.channel, "': use a key like discord:1234\n")
+      return 2
+    end
+    opts.channel = f.channel
+    local sp, serr = args_lib.speaker(f.speaker or M.PROBE_SPEAKER.id)
+    if not sp then
+      io.stderr:write("sbx doctor: ", serr, "\n")
+      return 2
+    end
+    opts.speaker = sp
+  end
   local cfg, cerr = args_lib.load_config(path)
+  local r
   if not cfg then
-    local line = string.format("FAIL  %-16s %s", "config", cerr)
-    local fix = common.fix_for(cerr:match(": (.*)$"), nil, path)
-    io.stdout:write(line, "\n", "      fix: ", fix or "correct the config script (see examples/sandbox.conf.lua)", "\n")
-    return 1
+    r = reporter(io.stdout, opts.json)
+    r.fail("config", cerr, nil, load_fix(cerr, path))
+  else
+    r = async.run(M.check, cfg, opts, io.stdout)
   end
-  io.stdout:write(string.format("ok    %-16s %s\n", "config", path))
-  local r = async.run(M.check, cfg, { config = path, no_docker = parsed.flags["no-docker"],
-    channel = parsed.flags.channel }, io.stdout)
-  if r.fails > 0 then
+  if opts.json then
+    local list = json.array()
+    for i, c in ipairs(r.list) do
+      list[i] = json.object({ "name", "status", "detail", "message", "fix" }, c)
+    end
+    io.stdout:write(assert(json.encode(list)), "\n")
+  elseif r.fails > 0 then
     io.stdout:write(string.format("\n%d check(s) failed; apply the fixes above and run sbx doctor again\n", r.fails))
-    return 1
+  else
+    io.stdout:write("\nall checks passed\n")
   end
-  io.stdout:write("\nall checks passed\n")
-  return 0
+  return r.fails > 0 and 1 or 0
 end
 
 return M

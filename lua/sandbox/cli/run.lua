@@ -4,7 +4,6 @@
 local async = require "sandbox.async"
 local common = require "sandbox.cli._common"
 local core = require "sandbox.core"
-local json = require "sandbox.json"
 local reply_text = require "sandbox.channels._reply_text"
 
 local M = {}
@@ -14,16 +13,21 @@ usage: sbx run CONFIG.lua --channel KEY --speaker ID[:NAME[:PRINCIPAL]] [--json]
 
 Runs one sealed turn: TEXT is the guest's message, answered by a fresh
 container for channel KEY with the memory and history of that channel's
-workspace. Prints the reply on stdout and exits 0; when the turn fails, prints
-the guest-visible text ("The sandbox turn failed." or "The sandbox turn failed
-or was stopped.") on stdout, the reason on stderr, and exits 1. Operator
-errors (config, directories, docker) exit 2 (usage) or 1 and name the fix.
+workspace. Prints the reply on stdout and exits 0. When the turn fails it
+prints the guest-visible text ("The sandbox turn failed." or "The sandbox
+turn failed or was stopped.") on stdout and, on stderr,
+  sbx run: turn failed: <reason>        (spec/operations.md 1)
+    fix: <what to do>
+The operator log (one line per broker call and per turn) goes to stderr too.
+Exit status: 0 ok, 1 the turn failed, 2 usage, 3 configuration (the config,
+directories, options), 4 the Docker daemon or the image.
 
   --channel KEY     channel key, e.g. discord:1234 (^[a-z][a-z0-9_-]*:.+)
   --speaker S       ID[:NAME[:PRINCIPAL]]: the guest; NAME and PRINCIPAL
                     default to ID (PRINCIPAL never reaches the container)
   --timeout MS      turn deadline in ms (1000 to 600000; default: the
                     config's turnTimeoutMs, 120000)
+  --log-format F    text (default) or json: the operator log's format
   --json            print {"ok":...,"text":...} with the exact reply text,
                     JSON-escaped (otherwise control characters other than
                     newline and tab are printed as U+FFFD: a reply is model
@@ -62,18 +66,11 @@ function M.run(args)
     sig:stop()
     term:stop()
     if parsed.flags.json then
-      io.stdout:write(json.encode(json.object({ "ok", "text" }, { ok = settled and res.ok, text = reply })), "\n")
+      io.stdout:write(common.json_reply(settled, res, reply), "\n")
     else
       io.stdout:write(reply_text.terminal(reply), "\n")
     end
-    local code = 0
-    if not settled then
-      common.report("run", res, cfg, path)
-      code = 1
-    elseif not res.ok then
-      io.stderr:write("sbx run: the worker answered ok=false (for example its model-call limit, or a model or tool error)\n")
-      code = 1
-    end
+    local code = common.report_turn("run", res, settled, cfg, path)
     pcall(rt.dispose, rt)
     return code
   end)

@@ -198,6 +198,26 @@ function Driver:inspect_daemon()
   return { version = version, root = root }
 end
 
+-- Why `docker run` exited non-zero, from the daemon itself (contract.lua's
+-- diagnose): exit 137 and an oom event of this container since `since`
+-- -> "oom"; docker's own failure status 125 with no daemon answering ->
+-- "daemon", or with the image absent -> "image". What the container wrote
+-- decides nothing (a worker may exit 125 or 137 itself: the daemon is asked).
+function Driver:diagnose(_, c, exit, since)
+  if exit == 137 then
+    local res = self:exec({ "events", "--since", tostring(since), "--until", tostring(os.time() + 1),
+      "--filter", "container=" .. c.name, "--filter", "event=oom", "--format", "{{.Action}}" },
+      { max_stdout = M.MAX_RM_STDOUT, max_stderr = M.MAX_STDERR, kill_after_ms = M.INSPECT_TIMEOUT_MS })
+    if not res.error and res.exit_status == 0 and (res.stdout or ""):find("oom", 1, true) then return "oom" end
+    return nil
+  end
+  if exit == 125 or exit == nil then
+    if not self:inspect_daemon() then return "daemon" end
+    if not self:inspect_image(c.image) then return "image" end
+  end
+  return nil
+end
+
 -- True when the daemon has the image.
 function Driver:inspect_image(image)
   local res = self:exec({ "image", "inspect", "--format", "{{.Id}}", image },

@@ -6,8 +6,14 @@
 -- (drivers/engine.lua) are two, and a warm-turn or Kubernetes driver is a
 -- third file over the same contract, not a fork of the algorithm.
 --
---   contract.run(d, spec, turn, signal) -> {ok=, text=}   4.6 (yields; raises 4.8)
---   contract.attached(d, c, input, signal, {max_stdout=, check=}) -> stdout
+--   contract.run(d, spec, turn, signal, report) -> {ok=, text=[, truncated=true]}
+--                                       4.6 (yields; raises 4.8). report (optional)
+--                                       is filled with what the host observed, for
+--                                       the turn record (sandbox/ops/record.lua):
+--                                       running, replied, removed (core.now()),
+--                                       exit, worker_reason (a reason of the
+--                                       worker's own closed list it printed)
+--   contract.attached(d, c, input, signal, {max_stdout=, check=, report=}) -> stdout
 --                                       4.6 for any checked spec and stdin bytes
 --   contract.remove(d, name)            4.7 (yields; raises the cleanup error)
 --   contract.list(d, installation)      6.3 step 1 (yields; raises the cleanup error)
@@ -40,6 +46,16 @@
 --   d:inspect_daemon() -> {version=, root=} | nil, "not found" | "cannot run"
 --                                   | "permission denied" | "no answer"
 --   d:inspect_image(image) -> boolean
+-- Optional, for the failure reasons of spec/operations.md 1 (what the host
+-- sees, never what the container prints):
+--   d:diagnose(h, c, exit, since) -> "oom" | "image" | "daemon" | nil
+--                                   why a run with a non-zero exit failed: the
+--                                   daemon's oom event for this container since
+--                                   `since` (epoch seconds) with exit 137, the
+--                                   daemon refusing or missing the image, or the
+--                                   daemon not answering
+-- A removal that fails while d:inspect_daemon() finds no daemon raises the
+-- daemon error instead of the cleanup error (the removal could not be tried).
 --
 -- The steps are kept apart (create, start attached, read, wait, remove) so a
 -- warm driver can create and start a container ahead of its turn, write the
@@ -47,6 +63,7 @@
 local async = require "sandbox.async"
 local container = require "sandbox.runtime.container"
 local errors = require "sandbox.errors"
+local core = require "sandbox.core"
 local json = require "sandbox.json"
 
 local M = {}
@@ -56,6 +73,11 @@ M.E_WORKER = errors.WORKER
 M.E_REPLY = errors.REPLY
 M.E_CLEANUP = errors.CLEANUP
 M.E_REMOTE = errors.REMOTE
+M.E_OOM = errors.WORKER_OOM
+M.E_IMAGE = errors.IMAGE_MISSING
+M.E_DAEMON = errors.DAEMON
+
+local DIAGNOSED = { oom = errors.WORKER_OOM, image = errors.IMAGE_MISSING, daemon = errors.DAEMON }
 
 M.MAX_STDOUT = 2097152          -- 2 MiB
 M.MAX_STDERR = 131072           -- 128 KiB
@@ -103,7 +125,19 @@ function M.parse_reply(stdout)
   if not n or n > M.MAX_TEXT_CHARS then fail(M.E_REPLY) end
   local reason = v.reason
   if not M.REPAIR_REASONS[reason] then reason = nil end
-  return { ok = v.ok, text = v.text, reason = reason }
+  -- spec/providers.md 3: a reply cut at the provider's length limit says so
+  return { ok = v.ok, text = v.text, truncated = v.ok and v.truncated == true or nil, reason = reason }
+end
+
+-- The reason a failed worker printed ({"ok":false,"reason":...}, the
+-- worker's own closed list), or nil. Untrusted: the turn keeps it only
+-- when nothing the host saw contradicts it (sandbox/ops/reason.lua). Read
+-- shape-aware like any reply: a failed worker's stdout is no less hostile.
+function M.worker_reason(stdout)
+  if type(stdout) ~= "string" or #stdout > M.MAX_STDOUT then return nil end
+  local v = json.decode_shape(stdout, M.REPLY_SHAPE, M.MAX_REPLY_VALUES)
+  if v == nil or v.ok ~= false or type(v.reason) ~= "string" then return nil end
+  return errors.WORKER_REASONS[v.reason] and v.reason or nil
 end
 
 -- The removal algorithm of 4.7 for one exact name; raises the cleanup error.
@@ -138,39 +172,64 @@ local function input_of(spec, turn)
   return container.turn_json(turn)
 end
 
+-- Why a run with a non-zero exit failed, as the host sees it (the driver's
+-- diagnose primitive): the error to raise.
+local function failure_of(d, h, c, exit, since)
+  local why = type(d.diagnose) == "function" and d:diagnose(h, c, exit, since) or nil
+  return DIAGNOSED[why] or M.E_WORKER
+end
+
 -- One run of the checked spec c (runtime/container.lua check) in a fresh
 -- container, attached (4.6 steps 2-8 and 10): `input` on stdin, then stdout
 -- once the container exited 0, within o.max_stdout bytes (default
 -- MAX_STDOUT), handed to o.check (4.6 step 9) when given. Raises the abort
--- reason, `body too large`, `sandbox worker failed`, o.check's error or the
--- spawn error; a removal failure replaces any of them. The sealed turn and
+-- reason, `body too large`, `sandbox worker failed` (or, from what the
+-- daemon says, the OOM, missing-image or daemon error), o.check's error or
+-- the spawn error; a removal failure replaces any of them. o.report, when
+-- given, gets what the host observed (see the header). The sealed turn and
 -- the precheck runner (lua/sandbox/precheck/_docker.lua, its own stdout
 -- bound and answer rules) are its two callers.
 function M.attached(d, c, input, signal, o)
   o = o or {}
+  local report = o.report or {}
   if signal and signal.aborted then error(M.abort_reason(signal), 0) end  -- 2
+  local since = os.time() - 1
   local h = d:create(c, signal)                                        -- 3-4
   d:start(h, input, o.max_stdout or M.MAX_STDOUT)                       -- 3, 5
+  report.running = core.now()
   local stdout, truncated, unstarted = d:read(h)                        -- 6
+  report.replied = core.now()
   if unstarted then                                                     -- nothing started,
     d:release(h)                                                        -- nothing to remove
+    report.removed = core.now()
     error(unstarted, 0)
   end
   local exit = d:wait(h)
   d:release(h)
+  report.exit = exit
   local failed = exit ~= 0
   local ok, out = pcall(function()
     if truncated then fail(M.E_TOO_LARGE) end                           -- 6
     if signal and signal.aborted then error(M.abort_reason(signal), 0) end  -- 7
-    if failed then fail(M.E_WORKER) end                                 -- 8
+    if failed then                                                      -- 8
+      report.worker_reason = M.worker_reason(stdout)
+      fail(failure_of(d, h, c, exit, since))
+    end
     if o.check then return o.check(stdout) end                          -- 9
     return stdout
   end)
   -- 10: always, last. A removal failure replaces whatever came before.
-  M.remove(d, c.name)
-  if (signal and signal.aborted) or failed then
-    async.sleep(M.SECOND_REMOVAL_DELAY_MS)
+  local removed, rerr = pcall(function()
     M.remove(d, c.name)
+    if (signal and signal.aborted) or failed then
+      async.sleep(M.SECOND_REMOVAL_DELAY_MS)
+      M.remove(d, c.name)
+    end
+  end)
+  report.removed = core.now()
+  if not removed then
+    if type(d.inspect_daemon) == "function" and not d:inspect_daemon() then error(M.E_DAEMON, 0) end
+    error(rerr, 0)
   end
   if not ok then error(out, 0) end
   return out
@@ -178,16 +237,16 @@ end
 
 -- One turn in one fresh container (4.6). turn is the 8.2 turn (its table,
 -- or its bytes).
-function M.run(d, spec, turn, signal)
+function M.run(d, spec, turn, signal, report)
   local c = container.check(spec)                                      -- 1
   local input = input_of(spec, turn)
-  return M.attached(d, c, input, signal, { check = M.parse_reply })
+  return M.attached(d, c, input, signal, { check = M.parse_reply, report = report })
 end
 
 -- The driver methods of spec 4.1 for a driver class made of primitives:
 -- run, remove and list over the contract.
 function M.methods(Driver)
-  function Driver:run(spec, turn, signal) return M.run(self, spec, turn, signal) end
+  function Driver:run(spec, turn, signal, report) return M.run(self, spec, turn, signal, report) end
   function Driver:remove(name) return M.remove(self, name) end
   function Driver:list(installation) return M.list(self, installation) end
   return Driver

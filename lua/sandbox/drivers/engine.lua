@@ -281,6 +281,7 @@ function Driver:create(c, signal)
   h.unregister = signal and signal:on_abort(function() close_all(group) end)
   local status = self:http("POST", "/containers/create?name=" .. c.name,
     { body = container.body(c), group = group, timeout_ms = M.CONTROL_TIMEOUT_MS })
+  h.create_status = status
   if status ~= 201 then h.failed = true end
   return h
 end
@@ -329,6 +330,40 @@ function Driver:wait(h)
   local v = json.decode(wbody)
   if json.kind(v) == "object" and math.type(v.StatusCode) == "integer" then return v.StatusCode end
   return nil
+end
+
+
+-- Why the run failed, as the daemon tells it (contract.lua's diagnose): a
+-- create the daemon answered 404 -> "image", one it never answered ->
+-- "daemon"; exit 137 with an oom event of this container -> "oom".
+function Driver:diagnose(h, c, exit, since)
+  if h.failed and h.create_status == 404 then return "image" end
+  if h.failed and h.create_status == nil then return "daemon" end
+  if exit == 137 then
+    local filters = '{"container":["' .. c.name .. '"],"event":["oom"]}'
+    local status, body = self:http("GET", "/events?since=" .. since .. "&until=" .. (os.time() + 1)
+      .. "&filters=" .. urlencode(filters), { max = M.MAX_CONTROL, timeout_ms = M.CONTROL_TIMEOUT_MS })
+    if status == 200 and body:find('"oom"', 1, true) then return "oom" end
+  end
+  return nil
+end
+
+-- The daemon's version and data root (GET /info), as the CLI driver's
+-- inspect_daemon: {version=, root=} or nil, "no answer".
+function Driver:inspect_daemon()
+  local status, body = self:http("GET", "/info", { max = 1048576, timeout_ms = M.CONTROL_TIMEOUT_MS })
+  if status ~= 200 then return nil, "no answer" end
+  local v = json.decode(body)
+  if json.kind(v) ~= "object" then return nil, "no answer" end
+  return { version = type(v.ServerVersion) == "string" and v.ServerVersion or nil,
+           root = type(v.DockerRootDir) == "string" and v.DockerRootDir or nil }
+end
+
+-- True when the daemon has the image (GET /images/<name>/json).
+function Driver:inspect_image(image)
+  local status = self:http("GET", "/images/" .. urlencode(image) .. "/json",
+    { max = 1048576, timeout_ms = M.CONTROL_TIMEOUT_MS })
+  return status == 200
 end
 
 function Driver:release(h)

@@ -27,6 +27,14 @@ M.STOP_GRACE_MS = 5000
 
 local object, jsonable, json_value = json.object, json.jsonable, json.value
 
+-- A log line's fields as a JSON object, keys sorted (an empty table too).
+local function object_of(fields)
+  local names = {}
+  for k in pairs(fields or {}) do names[#names + 1] = k end
+  table.sort(names)
+  return object(names, fields or {})
+end
+
 local Engine = {}
 Engine.__index = Engine
 
@@ -46,6 +54,9 @@ local function decode_options(options_json)
   end
   if o.hostLogin ~= nil and type(o.hostLogin) ~= "boolean" then
     error("invalid options_json: hostLogin must be a boolean", 0)
+  end
+  if o.logger ~= nil and type(o.logger) ~= "boolean" then
+    error("invalid options_json: logger must be a boolean", 0)
   end
   return o
 end
@@ -115,6 +126,16 @@ function M.new(config_path, options_json, c)
   for k, v in pairs(opts.sandbox or {}) do overrides[k] = v end
   if opts.apiKey == "host" then
     overrides.apiKey = function(scope) return self:ask_key(scope, nil) end
+  end
+  if opts.logger then
+    -- the host's logger (the Bun bridge's `logger` option): every operator
+    -- line as a one-way host call, owner "logger", fn the level, args
+    -- [message, fields] (spec/operations.md 2)
+    local lg = {}
+    for _, level in ipairs { "debug", "info", "warn", "error" } do
+      lg[level] = function(msg, fields) self:notify("logger", level, { msg, object_of(fields) }) end
+    end
+    overrides.logger = lg
   end
   self.app, self.on_stop = load_app(config_path, opts, overrides)
   self.host = self:make_host(opts)

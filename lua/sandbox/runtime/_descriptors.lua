@@ -4,9 +4,9 @@
 -- broker connections, a shared pool for connections beyond them); this is
 -- how a turn takes its charge:
 --
---   descriptors.raise(log)        once per process, at the first runtime:
+--   descriptors.raise(logger)     once per process, at the first runtime:
 --                                 the soft RLIMIT_NOFILE goes up to the hard
---                                 limit, and the value is logged
+--                                 limit, and the value is logged (info)
 --   descriptors.acquire(signal)   yields until the turn's charge fits:
 --                                 first it reclaims idle pooled broker
 --                                 connections (core.broker_reclaim), then it
@@ -32,11 +32,11 @@ M.LOG_RAISED = "descriptor limit"
 
 local raised = false
 
-function M.raise(log)
+function M.raise(logger)
   if raised then return end
   raised = true
   local soft, hard = core.fd_raise()
-  if log then pcall(log, "info", M.LOG_RAISED, { nofile = soft, hard = hard }) end
+  if logger then logger:info(M.LOG_RAISED, { nofile = soft, hard = hard }) end
 end
 
 local function stop(signal, timed_out_reason)

@@ -4,15 +4,21 @@
 -- side effects only where the spec has them (step 8 creates the roots), so
 -- `sbx cleanup` can run the same checks without starting a runtime.
 --
+-- The steps are data (M.STEPS: a name and a function each), so `sbx doctor`
+-- runs the very same checks (M.check_all with dry = true: nothing created,
+-- every step run, each outcome reported with the catalogue's words, a detail
+-- and the fix), never a copy of them (spec/operations.md 5).
+--
 -- Steps 15-16 (installation lock, ids, stale sweep) are the runtime's. The
--- value checks sandbox{} shares (model, prompt, turnTimeoutMs) are here too,
--- so each option has one rule.
+-- value checks sandbox{} shares (model, prompt, turnTimeoutMs, apiKey against
+-- modelAuth) are here too, so each option has one rule.
 local broker = require "sandbox.broker"
 local broker_config = require "sandbox.broker._config"
 local cli = require "sandbox.drivers.cli"
 local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
+local log = require "sandbox.log"
 local seccomp = require "sandbox.runtime._seccomp"
 
 local M = {}
@@ -56,11 +62,14 @@ M.MAX_DISK_RESERVE_MB = 1048576
 M.DEFAULT_MENTIONS = "neutral"
 M.MAX_REPLY_CHARS = 100000
 
--- The option names of `sandbox.runtime{}` (spec/runtime.md 2.1-2.2).
+-- The option names of `sandbox.runtime{}` (spec/runtime.md 2.1-2.2,
+-- providers.md 1, operations.md 2-3).
 M.OPTIONS = {
   image = true, runRoot = true, workspaceRoot = true, model = true, modelUrl = true,
   apiKey = true, prompt = true, timeZone = true, tools = true, mcp = true, uid = true,
   gid = true, limits = true, turnTimeoutMs = true, driver = true, allowHttp = true,
+  modelAuth = true, maxOutputTokens = true, outputTokensField = true,
+  logFormat = true, logLevel = true, audit = true, logger = true,
   seccompProfile = true, workspaceQuotaMb = true, diskReserveMb = true, mentions = true,
   maxReplyChars = true,
 }
@@ -76,6 +85,12 @@ M.as_integer = as_integer
 -- Step 3 (and sandbox{}): a non-blank string.
 function M.check_model(model)
   if type(model) ~= "string" or broker_config.is_blank(model) then fail(errors.MODEL) end
+end
+
+-- After the broker check (and in sandbox{}): an apiKey with modelAuth
+-- "none" protects nothing, so it is refused (spec/providers.md 1).
+function M.check_api_key_use(api_key, cfg)
+  if cfg.modelAuth == "none" and api_key ~= nil then fail(errors.API_KEY_UNUSED) end
 end
 
 -- Step 5 (and sandbox{}): absent, or a valid UTF-8 string.
@@ -185,6 +200,8 @@ local function inside(a, b)   -- a equal to b or under it
   return a == b or a:sub(1, #b + 1) == b .. "/"
 end
 
+local OCT_077 = tonumber("077", 8)
+
 -- Step 12: a dry run of the container-argument builder, which raises the
 -- §4.2 errors in their table order; limits that did not resolve are the last.
 local function dry_run(spec, limits_ok)
@@ -192,90 +209,273 @@ local function dry_run(spec, limits_ok)
   if not limits_ok then fail(M.E_LIMITS) end
 end
 
--- Step 8 for one root: absolute dedicated path, created 0700, private.
-function M.check_root(path, uid)
+local function dirname(p)
+  local d = p:match("^(.*)/[^/]*$")
+  if d == nil or d == "" then return "/" end
+  return d
+end
+
+-- A shell word for a fix an operator pastes.
+function M.shq(s)
+  s = tostring(s)
+  if s:find("^[%w%./_%-:@]+$") then return s end
+  return "'" .. s:gsub("'", "'\\''") .. "'"
+end
+
+-- One failing step: raised as a table internally ({message, detail, fix}),
+-- turned back into the bare catalogue message by M.resolve.
+local Failure = {}
+local function refuse(message, detail, fix)
+  error(setmetatable({ message = message, detail = detail, fix = fix }, Failure), 0)
+end
+
+-- Step 8 for one root: absolute dedicated path, created 0700 (dry: nothing
+-- is created; a missing root must be creatable), private, ours.
+local function check_root(s, name, path)
+  local uid = s.puid
   if type(path) ~= "string" or path:sub(1, 1) ~= "/" or path:find("%z") or path:find("^/+$") then
-    fail(M.E_ROOT_PATH)
+    refuse(M.E_ROOT_PATH, tostring(path))
   end
-  local made = core.fs_mkdir_p(path, tonumber("700", 8))
-  local st = made and core.fs_stat(path)
-  if not st or st.type ~= "dir" or st.uid ~= uid or st.mode & tonumber("077", 8) ~= 0 then
-    fail(M.E_ROOT_PRIVATE)
+  local st = core.fs_stat(path)
+  if s.dry and uid == 0 then
+    -- as root nothing can be judged: the service account must own the roots
+    refuse(M.E_ROOT_PRIVATE, path .. " (checked as root; the service account that runs sbx must own it)")
   end
+  if not st and s.dry then
+    local parent = dirname(path)
+    while parent ~= "/" and not core.fs_stat(parent) do parent = dirname(parent) end
+    local pst = core.fs_stat(parent)
+    if pst and pst.type == "dir" and uid ~= 0
+        and (pst.uid == uid or pst.mode & 2 ~= 0 or (pst.mode & tonumber("1000", 8)) ~= 0) then
+      return path .. " (missing; created 0700 at startup)"
+    end
+    refuse(M.E_ROOT_PRIVATE, path .. " is missing and " .. parent .. " is not writable by " .. s.user,
+      uid ~= 0 and string.format("as root: install -d -m 700 -o %s %s", s.user, M.shq(path)) or nil)
+  end
+  if not st then
+    local made = core.fs_mkdir_p(path, tonumber("700", 8))
+    st = made and core.fs_stat(path)
+  end
+  if not st or st.type ~= "dir" then
+    refuse(M.E_ROOT_PRIVATE, path .. " is not a directory",
+      "point " .. name .. " at a directory, or remove " .. M.shq(path))
+  end
+  if st.uid ~= uid then
+    refuse(M.E_ROOT_PRIVATE, string.format("%s is owned by uid %d, not %s (uid %d)", path, st.uid, s.user, uid),
+      uid ~= 0 and string.format("as root: chown %s: %s", s.user, M.shq(path)) or nil)
+  end
+  if st.mode & OCT_077 ~= 0 then
+    refuse(M.E_ROOT_PRIVATE, string.format("%s has mode %04o (group/other bits set)", path, st.mode),
+      "chmod 700 " .. M.shq(path))
+  end
+  return string.format("%s (%04o, %s)", path, st.mode, s.user)
+end
+
+-- Step 8 for one root as a plain check (the precheck runner's own
+-- construction, lua/sandbox/precheck/_options.lua): raises the bare
+-- catalogue message.
+function M.check_root(path, uid)
+  local ok, err = pcall(check_root, { puid = uid, user = M.user_name(uid) }, "root", path)
+  if not ok then
+    if getmetatable(err) == Failure then err = err.message end
+    error(err, 0)
+  end
+end
+
+-- Steps 1-14 as data. Each step reads and fills the state s and returns a
+-- detail for its `ok` line, or raises its failure (refuse / the catalogue
+-- message). `after` names the step whose success it needs; a dry run skips
+-- a step whose prerequisite failed.
+M.STEPS = {
+  { name = "options", run = function(s)                                        -- 1
+    broker_config.check_option_names(s.opts, M.OPTIONS)
+  end },
+  { name = "linux", run = function(s)                                          -- 2
+    if s.opts.driver == nil and not M.is_linux() then fail(M.E_LINUX) end
+  end },
+  { name = "model", run = function(s) M.check_model(s.opts.model) return s.opts.model end },   -- 3
+  { name = "apiKey", run = function(s)                                         -- 4
+    local o = s.opts
+    if o.modelAuth == "none" then
+      if o.apiKey ~= nil then fail(errors.API_KEY_UNUSED) end
+      return 'not used (modelAuth = "none")'
+    end
+    if type(o.apiKey) ~= "function" then fail(M.E_APIKEY) end
+    return "a function (called before every model call)"
+  end },
+  { name = "prompt", run = function(s) M.check_prompt(s.opts.prompt) end },    -- 5
+  { name = "log options", run = function(s) log.check_options(s.opts) end },
+  { name = "time zone", run = function(s)                                      -- 6
+    s.zone = s.opts.timeZone == nil and M.DEFAULT_TIME_ZONE or s.opts.timeZone
+    if not M.time_zone_ok(s.zone) then refuse(M.E_TIME_ZONE, tostring(s.zone)) end
+    return s.zone
+  end },
+  { name = "turnTimeoutMs", run = function(s)                                  -- 7
+    s.timeout = M.check_turn_timeout(s.opts.turnTimeoutMs)
+    return tostring(s.timeout) .. " ms"
+  end },
+  { name = "hardening", run = function(s)                   -- shared/spec/hardening.md 3, 6
+    s.hard = M.check_hardening(s.opts)
+    return string.format("workspaceQuotaMb %d, diskReserveMb %d, mentions %s, maxReplyChars %d",
+      s.hard.workspaceQuotaMb, s.hard.diskReserveMb, s.hard.mentions, s.hard.maxReplyChars)
+  end },
+  { name = "runRoot", run = function(s) return check_root(s, "runRoot", s.opts.runRoot) end },   -- 8
+  { name = "workspaceRoot", run = function(s) return check_root(s, "workspaceRoot", s.opts.workspaceRoot) end },
+  { name = "roots", after = { "runRoot", "workspaceRoot" }, run = function(s)  -- 9
+    local o = s.opts
+    local run_root, ws_root = core.realpath(o.runRoot), core.realpath(o.workspaceRoot)
+    if s.dry then run_root, ws_root = run_root or o.runRoot, ws_root or o.workspaceRoot end
+    if not run_root or not ws_root then fail(M.E_ROOT_PRIVATE) end
+    if run_root == "/" or ws_root == "/" then fail(M.E_ROOT_PATH) end
+    if inside(run_root, ws_root) or inside(ws_root, run_root) then fail(M.E_ROOT_SEPARATE) end
+    s.run_root, s.ws_root = run_root, ws_root
+    return "separate"
+  end },
+  { name = "user", run = function(s)                                           -- 10
+    local o = s.opts
+    s.uid = o.uid == nil and s.puid or as_integer(o.uid)
+    s.gid = o.gid == nil and s.pgid or as_integer(o.gid)
+    if not s.uid or not s.gid or s.uid <= 0 or s.gid <= 0 or s.uid ~= s.puid or s.gid ~= s.pgid then
+      if s.puid == 0 then refuse(M.E_USER, "running as root") end
+      refuse(M.E_USER, string.format("uid/gid %s/%s, the process runs as %d/%d",
+        tostring(o.uid or s.puid), tostring(o.gid or s.pgid), s.puid, s.pgid))
+    end
+    return string.format("%s (uid %d, gid %d)", s.user, s.uid, s.gid)
+  end },
+  { name = "socket path", after = { "roots" }, run = function(s)              -- 11
+    if #s.run_root > M.MAX_RUN_ROOT_BYTES then
+      refuse(M.E_SOCKET, string.format("%s is %d bytes; at most %d", s.run_root, #s.run_root, M.MAX_RUN_ROOT_BYTES))
+    end
+    return string.format("%s is %d bytes (at most %d)", s.run_root, #s.run_root, M.MAX_RUN_ROOT_BYTES)
+  end },
+  { name = "seccomp", after = { "hardening" }, run = function(s)     -- 12, hardening.md 1
+    -- read once, here: a missing profile fails startup, never a fallback
+    s.profile = seccomp.load(s.hard.seccompProfile)
+    return string.format("%s (allows %d system calls; everything else fails with EPERM)",
+      s.profile.path, s.profile.count)
+  end },
+  { name = "container", after = { "roots", "user", "seccomp" }, run = function(s)   -- 12
+    local o = s.opts
+    s.limits = M.resolve_limits(o.limits)
+    local shown = s.limits or M.DEFAULT_LIMITS
+    local ok_dirs = core.fs_stat(s.run_root) and core.fs_stat(s.ws_root)
+    if s.dry and not ok_dirs then
+      -- nothing to canonicalise yet: the image and the limits alone
+      container.check_image(o.image)
+      if not s.limits then fail(M.E_LIMITS) end
+    else
+      dry_run({
+        name = M.PREFLIGHT_NAME, image = o.image, runDir = s.run_root, workspaceDir = s.ws_root,
+        uid = s.uid, gid = s.gid, memoryMb = shown.memoryMb, cpus = shown.cpus, pids = shown.pids,
+        labels = {}, seccompProfile = s.profile.path,
+      }, s.limits ~= nil)
+    end
+    return string.format("%s, %d MiB, %s CPU, %d pids", tostring(o.image), shown.memoryMb,
+      tostring(shown.cpus), shown.pids)
+  end },
+  { name = "docker endpoint", run = function(s)                               -- 13
+    s.driver, s.builtin = s.opts.driver, false
+    if s.driver == nil then
+      s.driver, s.builtin = cli.new { binary = "docker" }, true
+      s.driver:check_endpoint()
+      local dh = os.getenv("DOCKER_HOST")
+      return dh and dh ~= "" and ("DOCKER_HOST=" .. dh) or "the local default socket"
+    end
+    return "a supplied driver"
+  end },
+  { name = "broker", run = function(s)                                         -- 14
+    local o = s.opts
+    local cfg = s.checked or broker_config.check(o)
+    M.check_api_key_use(o.apiKey, cfg)
+    broker.bind(cfg, { apiKey = o.apiKey, channel = M.PREFLIGHT_CHANNEL,
+      speaker = { id = "", name = "", principalId = "" } })
+    s.cfg = cfg
+    return string.format("model route %s auth=%s output=%s limit=%d", tostring(cfg.modelHost),
+      cfg.modelAuth, cfg.outputTokensField, cfg.maxOutputTokens)
+  end },
+}
+
+local function new_state(opts, checked, dry)
+  local puid, pgid = core.getuid()
+  return { opts = opts, checked = checked, dry = dry, puid = puid, pgid = pgid,
+           user = M.user_name(puid) }
+end
+
+-- The name of the account uid runs as (from /etc/passwd), or the uid.
+function M.user_name(uid)
+  local f = io.open("/etc/passwd", "r")
+  if f then
+    for line in f:lines() do
+      local name, id = line:match("^([^:]*):[^:]*:(%d+):")
+      if id and tonumber(id) == uid then f:close() return name end
+    end
+    f:close()
+  end
+  return tostring(uid)
 end
 
 -- Runs steps 1-14 of spec/runtime.md 3.1. Returns the resolved options:
 -- {image, runRoot, workspaceRoot (canonical), model, modelUrl, allowHttp,
 -- apiKey, prompt, timeZone, tools, mcp, uid, gid, limits = {memoryMb, cpus,
 -- pids}, turnTimeoutMs, driver, builtin_driver = boolean, broker_config =
--- the checked broker configuration, seccompProfile (absolute path),
--- seccompCount, workspaceQuotaMb, diskReserveMb, mentions, maxReplyChars}.
--- `checked`, when given, is that configuration as sandbox{} already
--- checked it for these options.
+-- the checked broker configuration, logFormat, logLevel, audit, logger,
+-- seccompProfile (absolute path), seccompCount, workspaceQuotaMb,
+-- diskReserveMb, mentions, maxReplyChars}.
+-- `checked`, when given, is that configuration as sandbox{} already checked
+-- it for these same options.
 function M.resolve(opts, checked)
   if type(opts) ~= "table" then fail(errors.OPTIONS_TABLE) end
-  -- 1
-  broker_config.check_option_names(opts, M.OPTIONS)
-  -- 2
-  if opts.driver == nil and not M.is_linux() then fail(M.E_LINUX) end
-  -- 3
-  M.check_model(opts.model)
-  -- 4
-  if type(opts.apiKey) ~= "function" then fail(M.E_APIKEY) end
-  -- 5
-  M.check_prompt(opts.prompt)
-  -- 6
-  local zone = opts.timeZone == nil and M.DEFAULT_TIME_ZONE or opts.timeZone
-  if not M.time_zone_ok(zone) then fail(M.E_TIME_ZONE) end
-  -- 7, and the hardening options' values (shared/spec/hardening.md)
-  local timeout = M.check_turn_timeout(opts.turnTimeoutMs)
-  local hard = M.check_hardening(opts)
-  -- 8
-  local puid, pgid = core.getuid()
-  M.check_root(opts.runRoot, puid)
-  M.check_root(opts.workspaceRoot, puid)
-  -- 9
-  local run_root, ws_root = core.realpath(opts.runRoot), core.realpath(opts.workspaceRoot)
-  if not run_root or not ws_root then fail(M.E_ROOT_PRIVATE) end
-  if run_root == "/" or ws_root == "/" then fail(M.E_ROOT_PATH) end
-  if inside(run_root, ws_root) or inside(ws_root, run_root) then fail(M.E_ROOT_SEPARATE) end
-  -- 10
-  local uid = opts.uid == nil and puid or as_integer(opts.uid)
-  local gid = opts.gid == nil and pgid or as_integer(opts.gid)
-  if not uid or not gid or uid <= 0 or gid <= 0 or uid ~= puid or gid ~= pgid then fail(M.E_USER) end
-  -- 11
-  if #run_root > M.MAX_RUN_ROOT_BYTES then fail(M.E_SOCKET) end
-  -- 12: the container settings, the seccomp profile among them (read once
-  -- here: a missing profile fails startup, shared/spec/hardening.md 1)
-  local limits = M.resolve_limits(opts.limits)
-  local shown = limits or M.DEFAULT_LIMITS
-  local profile = seccomp.load(hard.seccompProfile)
-  dry_run({
-    name = M.PREFLIGHT_NAME, image = opts.image, runDir = run_root, workspaceDir = ws_root,
-    uid = uid, gid = gid, memoryMb = shown.memoryMb, cpus = shown.cpus, pids = shown.pids,
-    labels = {}, seccompProfile = profile.path,
-  }, limits ~= nil)
-  -- 13: the built-in CLI driver, whose daemon endpoint must be local
-  local driver, builtin = opts.driver, false
-  if driver == nil then
-    driver, builtin = cli.new { binary = "docker" }, true
-    driver:check_endpoint()
+  local s = new_state(opts, checked, false)
+  for _, step in ipairs(M.STEPS) do
+    local ok, err = pcall(step.run, s)
+    if not ok then
+      if getmetatable(err) == Failure then err = err.message end
+      error(err, 0)
+    end
   end
-  -- 14: the broker configuration, checked once here, and a throw-away
-  -- broker bound to it (no socket)
-  local cfg = checked or broker_config.check(opts)
-  broker.bind(cfg, { apiKey = opts.apiKey, channel = M.PREFLIGHT_CHANNEL,
-    speaker = { id = "", name = "", principalId = "" } })
   return {
-    image = opts.image, runRoot = run_root, workspaceRoot = ws_root, model = opts.model,
+    image = opts.image, runRoot = s.run_root, workspaceRoot = s.ws_root, model = opts.model,
     modelUrl = opts.modelUrl, allowHttp = opts.allowHttp == true, apiKey = opts.apiKey,
-    prompt = opts.prompt or M.DEFAULT_PROMPT, timeZone = zone, tools = opts.tools,
-    mcp = opts.mcp, uid = uid, gid = gid, limits = limits, turnTimeoutMs = timeout,
-    driver = driver, builtin_driver = builtin, broker_config = cfg,
-    seccompProfile = profile.path, seccompCount = profile.count,
-    workspaceQuotaMb = hard.workspaceQuotaMb, diskReserveMb = hard.diskReserveMb,
-    mentions = hard.mentions, maxReplyChars = hard.maxReplyChars,
+    prompt = opts.prompt or M.DEFAULT_PROMPT, timeZone = s.zone, tools = opts.tools,
+    mcp = opts.mcp, uid = s.uid, gid = s.gid, limits = s.limits, turnTimeoutMs = s.timeout,
+    driver = s.driver, builtin_driver = s.builtin, broker_config = s.cfg,
+    logFormat = opts.logFormat, logLevel = opts.logLevel, audit = opts.audit ~= false,
+    logger = opts.logger,
+    seccompProfile = s.profile.path, seccompCount = s.profile.count,
+    workspaceQuotaMb = s.hard.workspaceQuotaMb, diskReserveMb = s.hard.diskReserveMb,
+    mentions = s.hard.mentions, maxReplyChars = s.hard.maxReplyChars,
   }
+end
+
+-- `sbx doctor`: every step of M.resolve, without side effects (dry = true:
+-- no root is created), each reported as {name, ok = true|false|nil (skipped),
+-- message (the catalogue's words, nil when ok), detail, fix (a step's own,
+-- nil for the catalogue's)}. Returns the list and the state (the canonical
+-- roots, the driver and the broker configuration when those steps passed).
+function M.check_all(opts, checked)
+  local s = new_state(opts, checked, true)
+  local results, passed = {}, {}
+  for _, step in ipairs(M.STEPS) do
+    local missing
+    for _, need in ipairs(step.after or {}) do
+      if not passed[need] then missing = need end
+    end
+    if missing then
+      results[#results + 1] = { name = step.name, ok = nil, detail = "needs " .. missing }
+    else
+      local ok, res = pcall(step.run, s)
+      if ok then
+        passed[step.name] = true
+        results[#results + 1] = { name = step.name, ok = true, detail = res }
+      elseif getmetatable(res) == Failure then
+        results[#results + 1] = { name = step.name, ok = false, message = res.message,
+          detail = res.detail, fix = res.fix }
+      else
+        results[#results + 1] = { name = step.name, ok = false, message = tostring(res) }
+      end
+    end
+  end
+  return results, s
 end
 
 return M

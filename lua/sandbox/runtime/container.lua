@@ -83,6 +83,11 @@ local function image_ok(image)
     and not image:find("[^\33-\126]")
 end
 
+-- The image rule of 4.2 alone (sbx doctor, before the roots exist).
+function M.check_image(image)
+  if not image_ok(image) then fail(M.E_NAME_IMAGE) end
+end
+
 local function mount_path_ok(p)
   return type(p) == "string" and p:sub(1, 1) == "/" and p ~= "/" and not p:find("[,\n\r%z]")
 end

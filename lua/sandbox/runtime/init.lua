@@ -2,11 +2,27 @@
 -- 7.5, 8.2). `sandbox.runtime{...}` checks its options and returns a runtime
 -- that runs one turn per channel at a time:
 --
---   rt:run_turn(channel, speaker, text) -> {ok=, text=}   (yields; raises)
+--   rt:run_turn(channel, speaker, text) -> result   (yields)
 --   rt:stop(channel) -> boolean      rt:busy() -> sorted channel keys
 --   rt:start_fresh(channel)          rt:sweep() -> removed count (yields)
 --   rt:dispose()                     (yields until every turn has settled)
 --   rt:guest_turn(channel, speaker, text) -> the guest-visible text (5.7)
+--   rt.logger                        the one operator logger (sandbox/log.lua)
+--   rt.recorder                      the call and turn records (sandbox/ops/record.lua);
+--                                    rt.recorder:subscribe(fn) adds a reader
+--
+-- run_turn's result (spec/operations.md 1): every turn that was admitted and
+-- set up ends with exactly one reason, decided by the host
+-- (sandbox/ops/reason.lua):
+--   {ok = true, text =, truncated = true?, reason = "ok", turn = <id>}
+--   {ok = false, reason =, text = the worker's ok=false text or the guest text,
+--    guest = the guest-visible text, error = the catalogue message (if one
+--    was raised), fix =, turn =, route =, status =, code =, type =, param =
+--    (upstream_status)}
+-- It raises only for a turn that never started: the checks of 5.2 (busy,
+-- invalid channel, principal, message, sizes) and the host's own setup
+-- (the channel's workspace, the run directory, the broker socket, a turn
+-- over 256 KiB); those are the caller's or the installation's to fix.
 --
 -- One turn: wait for the stale sweep, make sure the channel's workspace is a
 -- service-owned directory, make a fresh 0700 turn dir under runRoot, serve a
@@ -34,7 +50,11 @@ local descriptors = require "sandbox.runtime._descriptors"
 local disk = require "sandbox.runtime._disk"
 local errors = require "sandbox.errors"
 local installation = require "sandbox.runtime._installation"
+local lines = require "sandbox.ops.lines"
+local log = require "sandbox.log"
 local options = require "sandbox.runtime._options"
+local reason = require "sandbox.ops.reason"
+local record = require "sandbox.ops.record"
 local reply_text = require "sandbox.channels._reply_text"
 local signal = require "sandbox.signal"
 
@@ -55,7 +75,8 @@ M.TIMED_OUT = errors.TIMED_OUT
 M.STOPPED = errors.STOPPED
 M.SETTLED = "sandbox turn settled"
 
-M.LOG_TURN_FAILED = "sandbox turn failed; inspect container cleanup and broker configuration"
+M.LOG_NOT_STARTED = "turn not started"
+M.LOG_REFUSED = "turn refused"
 M.GUEST_FAILED_OR_STOPPED = "The sandbox turn failed or was stopped."
 M.GUEST_FAILED = "The sandbox turn failed."
 M.GUEST_BUSY = "The sandbox is busy; try again shortly."
@@ -75,17 +96,12 @@ local DIR_MODE = tonumber("700", 8)
 
 local function fail(msg) error(msg, 0) end
 
--- Operator log: one line, message then `key=value` fields (never payloads).
--- Specs may replace M.log to capture lines.
-function M.log(level, msg, fields)
-  local line = msg
-  if fields then
-    local keys = {}
-    for k in pairs(fields) do keys[#keys + 1] = k end
-    table.sort(keys)
-    for _, k in ipairs(keys) do line = line .. " " .. k .. "=" .. tostring(fields[k]) end
-  end
-  core.log(level, line)
+-- The errors of a turn that never started (see the header): raised.
+local NOT_STARTED_NAMES = { WORKSPACE = true, RUN_DIR = true, BROKER_START = true,
+  SOCKET_TOO_LONG = true, TOO_LARGE = true, TURN_ENCODING = true }
+local function not_started(err)
+  local e = errors.entry(err)
+  return e ~= nil and NOT_STARTED_NAMES[e.name] == true
 end
 
 -- ---------------------------------------------------------------------------
@@ -97,9 +113,14 @@ Runtime.__index = Runtime
 -- opts: the options of spec/runtime.md 2.2. `checked` is internal: the
 -- broker configuration sandbox{} already checked for these same options
 -- (app:runtime_options), so construction does not check it a second time.
-function M.new(opts, checked)
+-- `host` (internal, optional): {log = function(level, msg, fields)}, an
+-- embedding host's log, used when the options name no logger.
+function M.new(opts, checked, host)
   local o = options.resolve(opts, checked)                          -- steps 1-14
   local cfg = o.broker_config
+  local logger = log.from_options(o, host and host.log or nil)
+  local recorder = record.recorder()
+  recorder:subscribe(lines.reader(logger, { audit = o.audit }))
   local mcp = {}
   for i, s in ipairs(cfg.server_list) do mcp[i] = { server = s.name, tools = s.tool_list } end
   local self = setmetatable({
@@ -110,9 +131,10 @@ function M.new(opts, checked)
     resets = {},        -- channel -> pending start-fresh generation
     leftovers = {},     -- turn dirs a descriptor shortage kept; retried later
     disposed = false,
+    logger = logger, recorder = recorder,
   }, Runtime)
   self.watchdog = disk.watchdog(o)
-  descriptors.raise(M.log)
+  descriptors.raise(logger)
   self.lock = installation.lock(o.runRoot)                          -- step 15
   local ok, err = pcall(function()                                  -- step 16
     self.installation = installation.id(o.workspaceRoot, o.runRoot)
@@ -136,7 +158,7 @@ function Runtime:_start_sweep()
   local task = async.spawn(function()
     local removed = installation.sweep {
       driver = self.driver, installation = self.installation, self = self.owner,
-      run_root = self.options.runRoot, active = self.run_dirs, log = M.log,
+      run_root = self.options.runRoot, active = self.run_dirs, log = self.logger:fn(),
     }
     self.sweep_ok = true
     return removed
@@ -168,7 +190,18 @@ function Runtime:_await_sweep(sig)
   if task == nil or task.done then task = self:_start_sweep() end
   async.wait_or_abort(task, sig)
   if sig.aborted then fail(sig.reason) end
-  if not self.sweep_ok then fail(M.E_CLEANUP) end
+  if not self.sweep_ok then fail(self:_cleanup_error()) end
+end
+
+-- A failed sweep or removal: the daemon's own error when it does not answer
+-- at all (the removal could not be tried), else the cleanup error.
+function Runtime:_cleanup_error()
+  local d = self.driver
+  if type(d) == "table" and type(d.inspect_daemon) == "function" then
+    local ok, info = pcall(d.inspect_daemon, d)
+    if ok and not info then return errors.DAEMON end
+  end
+  return M.E_CLEANUP
 end
 
 -- ---------------------------------------------------------------------------
@@ -234,11 +267,12 @@ function Runtime:_reply(turn, reply)
   local n = utf8.len(reply.text)
   if not n or n > o.maxReplyChars then fail(M.E_REPLY) end
   if reply.reason ~= nil then
-    M.log("warn", M.LOG_REPAIRED, { channel = turn.channel, reason = tostring(reply.reason) })
+    self.logger:warn(M.LOG_REPAIRED, { channel = turn.channel, turn = turn.record.turn,
+      reason = tostring(reply.reason) })
   end
   local text = reply.text
   if o.mentions == "neutral" then text = reply_text.neutral_mentions(text) end
-  return { ok = reply.ok, text = text }
+  return { ok = reply.ok, text = text, truncated = reply.ok and reply.truncated == true or nil }
 end
 
 -- Steps 4-10 of spec/runtime.md 5.3 once the workspace is known.
@@ -252,7 +286,8 @@ function Runtime:_in_run_dir(turn, text, workspace_dir)
   local ok, res = pcall(function()
     local socket = run_dir .. "/broker.sock"
     if #socket > broker.MAX_SOCKET_PATH then fail(broker.SOCKET_TOO_LONG) end
-    b = broker.bind(self.cfg, { apiKey = o.apiKey, channel = turn.channel, speaker = turn.speaker, signal = sig })
+    b = broker.bind(self.cfg, { apiKey = o.apiKey, channel = turn.channel, speaker = turn.speaker, signal = sig,
+      recorder = self.recorder, turn = turn.record })
     local started, err = b:start(socket)
     if not started then fail(err == broker.SOCKET_TOO_LONG and err or errors.BROKER_START) end
     -- 5.3 step 7: the turn of 8.2 and its stdin bytes, built once
@@ -263,7 +298,8 @@ function Runtime:_in_run_dir(turn, text, workspace_dir)
     }
     if #input > M.MAX_TURN_BYTES then fail(M.E_TOO_LARGE) end
     if sig.aborted then fail(sig.reason) end
-    local reply = self:_reply(turn, self.driver:run(self:_container_spec(turn, run_dir, workspace_dir), turn_obj, sig))
+    local reply = self:_reply(turn, self.driver:run(self:_container_spec(turn, run_dir, workspace_dir), turn_obj,
+      sig, turn.report))
     -- §7.4: settle the reset before cleanup.
     if reply.ok and (self.resets[turn.channel] or 0) == turn.snapshot then
       self.resets[turn.channel] = nil
@@ -271,7 +307,7 @@ function Runtime:_in_run_dir(turn, text, workspace_dir)
     return reply
   end)
   if b then b:stop() end
-  self:_remove_run_dir(run_dir)
+  self:_remove_run_dir(turn, run_dir)
   self.run_dirs[dir_name] = nil
   if not ok then error(res, 0) end
   return res
@@ -280,14 +316,15 @@ end
 -- §5.3 step 10's removal of the run directory. A failure (a descriptor
 -- shortage: the walk needs descriptors) is retried a few times, then left
 -- to the next turn and to dispose (hardening.md 2).
-function Runtime:_remove_run_dir(run_dir)
+function Runtime:_remove_run_dir(turn, run_dir)
   if core.fs_rmtree(run_dir) then return true end
   for _ = 1, M.CLEANUP_RETRIES do
     async.sleep(M.CLEANUP_RETRY_MS)
     if core.fs_rmtree(run_dir) then return true end
   end
   self.leftovers[run_dir] = true
-  M.log("error", "a sandbox turn directory could not be removed; the next turn retries")
+  self.logger:error("a sandbox turn directory could not be removed; the next turn retries",
+    { channel = turn.channel, turn = turn.record.turn })
   return false
 end
 
@@ -310,9 +347,50 @@ function Runtime:_turn(turn, text)
   return self:_in_run_dir(turn, text, workspace_dir)
 end
 
+-- The fix printed with a reason (errors.lua), with this installation's
+-- names filled in.
+function Runtime:fix_context()
+  local o = self.options
+  return { image = o.image, runRoot = o.runRoot, workspaceRoot = o.workspaceRoot,
+           docker_host = os.getenv("DOCKER_HOST") }
+end
+
+local UPSTREAM = { upstream_status = true, upstream_unreachable = true, upstream_timeout = true,
+  upstream_invalid = true, reflection = true }
+
+-- The turn record's outcome and run_turn's result from what the turn
+-- observed (ok, res: the pcall of the turn).
+function Runtime:_settle(turn, ok, res)
+  local t = turn.record
+  local outcome = { error = not ok and res or nil, reply = ok and res or nil,
+    aborted = turn.aborted, worker_reason = turn.report.worker_reason }
+  t.reason = reason.decide(t, outcome)
+  t.ok = t.reason == "ok"
+  t.worker_reason = turn.report.worker_reason
+  if not t.ok then
+    t.error = outcome.error and errors.entry(outcome.error) and outcome.error or nil
+    if UPSTREAM[t.reason] and t.last_model and t.last_model.reason == t.reason then
+      t.upstream = t.last_model
+    end
+    t.fix = t.upstream and t.upstream.fix or errors.reason_fix(t.reason, self:fix_context())
+  end
+  self.recorder:turn_end(t, turn.report)
+  if t.ok then
+    return { ok = true, text = res.text, truncated = res.truncated, reason = "ok", turn = t.turn }
+  end
+  local up = t.upstream or {}
+  return {
+    ok = false, reason = t.reason, turn = t.turn, error = t.error, fix = t.fix,
+    text = outcome.reply and outcome.reply.text or M.GUEST_FAILED_OR_STOPPED,
+    guest = outcome.reply and M.GUEST_FAILED or M.GUEST_FAILED_OR_STOPPED,
+    route = up.route, status = up.upstream_status, code = up.code, type = up.type, param = up.param,
+  }
+end
+
 function Runtime:run_turn(channel, speaker, text)
   local who = self:_admit(channel, speaker, text)                   -- checks 1-5
-  local turn = { channel = channel, signal = signal.new(), waiters = {} }
+  local turn = { channel = channel, signal = signal.new(), waiters = {}, report = {} }
+  turn.record = self.recorder:turn_begin(channel)
   turn.timer = core.timer(self.options.turnTimeoutMs, function()          -- 6
     turn.signal:abort(M.TIMED_OUT)
   end)
@@ -324,28 +402,41 @@ function Runtime:run_turn(channel, speaker, text)
   if not ok and res == signal.AbortError then res = turn.signal.reason or M.STOPPED end
   self.watchdog:remove(turn)
   if turn.charged then descriptors.release() end
+  -- a deadline or a stop the host itself saw decides a failed turn's reason
+  -- even when a driver still answered after it (5.4)
+  turn.aborted = turn.signal.aborted and turn.signal.reason or nil
   turn.signal:abort(M.SETTLED)                                      -- 5.3 step 11
   turn.timer:stop()
   self.active[channel] = nil
   local waiters = turn.waiters
   turn.waiters = nil
   for _, w in ipairs(waiters) do w() end
-  if not ok then error(res, 0) end
-  return res
+  if not ok and not_started(res) then
+    self.logger:error(M.LOG_NOT_STARTED, { channel = channel, turn = turn.record.turn, error = res,
+      fix = errors.fix(res, self:fix_context()) })
+    error(res, 0)
+  end
+  return self:_settle(turn, ok, res)
 end
 
 -- The guest-facing wrapper of spec/runtime.md 5.7 (what the claim and
 -- `sbx chat` send): the worker text when ok, `The sandbox turn failed.` for
--- ok=false (no log), and for any error `The sandbox turn failed or was
--- stopped.` plus one error line naming the channel (never the error text).
--- Returns the text and the run_turn outcome (true, reply | false, err).
+-- an ok=false reply, `The sandbox turn failed or was stopped.` for any other
+-- failure. The turn's own line (`turn finished`, spec/operations.md 2) says
+-- why; a turn refused before it started gets one line with the catalogue
+-- message. Returns the text and run_turn's outcome (true, result | false,
+-- the raised error).
 function Runtime:guest_turn(channel, speaker, text)
   local ok, res = pcall(self.run_turn, self, channel, speaker, text)
   if not ok then
-    M.log("error", M.LOG_TURN_FAILED, { channel = type(channel) == "string" and channel or "?" })
+    if not not_started(res) then
+      self.logger:error(M.LOG_REFUSED, { channel = type(channel) == "string" and channel or "?",
+        error = errors.safe_to_show(res) and res or "unexpected error" })
+    end
     return M.GUEST_FAILED_OR_STOPPED, false, res
   end
-  return res.ok and res.text or M.GUEST_FAILED, true, res
+  if res.ok then return res.text, true, res end
+  return res.guest, true, res
 end
 
 function Runtime:stop(channel)

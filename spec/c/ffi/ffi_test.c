@@ -688,6 +688,39 @@ static int t_real_app(void) {
       }
     }
   }
+  /* a turn's failure reason through the ABI: the runTurn result names it,
+   * with the provider's status, its tokens and the fix (operations.md 1) */
+  if (rc == 0) {
+    int i;
+    long key_id;
+    const char *p;
+    char ans[128];
+    static const char req[] = "{\"type\":\"service\",\"op\":\"runTurn\",\"args\":[\"discord:1\","
+      "{\"id\":\"alice\",\"name\":\"Alice\",\"principalId\":\"p_alice\"},\"refused\"]}";
+    int before = sink_count(&s, "\"type\":\"apiKey.request\"");
+    id = submit(e, req);
+    for (i = 0; i < 200 && sink_count(&s, "\"type\":\"apiKey.request\"") <= before; i++) usleep(50000);
+    key_id = -1;
+    pthread_mutex_lock(&s.mu);
+    for (i = s.n - 1; i >= 0 && key_id < 0; i--) {
+      if (strstr(s.items[i], "\"type\":\"apiKey.request\"") == NULL) continue;
+      p = strstr(s.items[i], "\"id\":");
+      key_id = p ? strtol(p + 5, NULL, 10) : -1;
+    }
+    pthread_mutex_unlock(&s.mu);
+    snprintf(ans, sizeof ans, "{\"type\":\"apiKey.result\",\"id\":%ld,\"key\":\"ts-key-2\"}", key_id);
+    submit(e, ans);
+    snprintf(want, sizeof want, "\"request\":%lld,\"ok\":true", (long long)id);
+    if (sink_wait(&s, 10000, want, "\"reason\":\"upstream_status\"", "\"status\":401",
+                  "\"code\":\"invalid_api_key\"", "\"fix\":\"check the credential apiKey returns for this channel\"",
+                  NULL) < 0) {
+      snprintf(why, sizeof why, "the runTurn result does not carry the turn's reason");
+      pthread_mutex_lock(&s.mu);
+      for (i = 0; i < s.n; i++) fprintf(stderr, "  output: %.300s\n", s.items[i]);
+      pthread_mutex_unlock(&s.mu);
+      rc = -1;
+    }
+  }
   /* stop while a real turn runs: the turn is aborted, its message request
    * still gets its own result (the guest-visible failure text) before stop
    * returns */

@@ -7,7 +7,10 @@
 -- aborted. For the text "model" it acts as
 -- the worker: it POSTs /model to the turn's broker socket and reports the
 -- broker's status and the Authorization header a loopback stand-in for the
--- model provider received (so a host-side apiKey is seen end to end).
+-- model provider received (so a host-side apiKey is seen end to end). For
+-- "refused" the stand-in answers that call 401 and the driver fails as the
+-- worker then does: the turn's reason (upstream_status) and its tokens are
+-- what the ABI's runTurn result carries (spec/operations.md 1).
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 -- The specs' raw Unix client (a test transport, not part of the product).
@@ -18,9 +21,15 @@ local opts = ...
 local root = assert(opts.root, "options_json.root is required")
 
 local seen = nil
+local reject_next = false
 local upstream = assert(core.http_server {
   on_request = function(req)
     seen = req.headers.authorization or "none"
+    if reject_next then
+      reject_next = false
+      req:reply(401, '{"error":{"message":"bad key","type":"invalid_request_error","code":"invalid_api_key"}}')
+      return
+    end
     req:reply(200, '{"id":"c1","object":"chat.completion","model":"spec-model","choices":[{"index":0,'
       .. '"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}')
   end,
@@ -46,6 +55,11 @@ function driver:run(spec, turn, signal)
       signal:on_abort(function() resume() end)
     end)
     error(signal.reason, 0)
+  end
+  if turn.text == "refused" then
+    reject_next = true
+    post_model(spec)
+    error(require("sandbox.errors").WORKER, 0)
   end
   if turn.text == "model" then
     seen = nil

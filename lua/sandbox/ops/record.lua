@@ -1,0 +1,126 @@
+-- ops/record.lua: the one record per broker call and the one record per turn
+-- (spec/operations.md 1-4). They are the single source of every operator
+-- output about a turn: the operator log's per-turn lines and the broker's
+-- payload-free audit lines (ops/lines.lua), the turn's reason and fix in
+-- rt:run_turn's result, `sbx run` and the Bun bridge. Later outputs, the
+-- Prometheus metrics of operations.md 4 (counters by reason, route kind and
+-- status, the phase histograms) and the warm-turn gauges, are READERS of
+-- these records, subscribed with recorder:subscribe(fn): they never change
+-- the code that fills them.
+--
+--   local record = require "sandbox.ops.record"
+--   local rec = record.recorder()              -- one per runtime (or broker)
+--   rec:subscribe(function(r) ... end)         -- r.kind: "turn_started", "call", "turn"
+--   local t = rec:turn_begin("discord:1")      -- admission
+--   rec:call(t, c)                             -- a settled broker call
+--   rec:turn_end(t)                            -- the turn's outcome is set
+--
+-- A call record (the broker fills it; record.call makes the skeleton):
+--   kind = "call", channel, turn (the turn id), route (the path matched, nil
+--   when none did), route_kind ("model" | "tools" | "mcp" | "other"),
+--   accepted (step 9 passed), status (what the guest got; 0 = nothing was
+--   written), reason (nil = ok; a refusal reason of operations.md 3, or the
+--   turn reason of an accepted call that failed: upstream_status,
+--   upstream_unreachable, upstream_timeout, upstream_invalid, reflection,
+--   credential_missing, credential_error, tool_failed, request_deadline,
+--   client_closed, stopped), header (a refused header's name), ms,
+--   upstream_status, code, type, param (providers.md 4 tokens), fix,
+--   bytes_in, bytes_out, and for a /model 200: reply = {message = the first
+--   choice holds a message object, finish = its finish_reason (a known value
+--   or "other"), tool_calls = it asks for tools} (facts the host checks the
+--   worker's own reason against; never text).
+-- A turn record:
+--   kind = "turn", channel, turn, started (core.now() at admission), ok,
+--   reason (operations.md 1), error (the catalogue message, nil when ok),
+--   fix, exit (the worker's exit status, when known), ms, model_calls,
+--   tool_calls, mcp_calls, refused_calls, tool_failures, ms_start (admission
+--   to container running), ms_first_call, ms_reply (stdout ended),
+--   ms_removed, worker_reason (what the worker claimed, whether kept or not),
+--   last_model (the last /model call record), upstream (the call record an
+--   upstream reason came from: its route, status and tokens).
+-- Timings are milliseconds of core.now(); counters only count. Nothing in a
+-- record is a payload: no body, header value, credential, URL path, guest
+-- text or exception text.
+local core = require "sandbox.core"
+
+local M = {}
+
+M.ROUTE_KINDS = { model = true, tools = true, mcp = true, other = true }
+
+-- A fresh turn id: 16 lowercase hex characters.
+function M.turn_id()
+  return assert(core.random_hex(8))
+end
+
+-- A call record's skeleton.
+function M.call(channel, turn, route, kind)
+  return {
+    kind = "call", channel = channel, turn = turn, route = route,
+    route_kind = M.ROUTE_KINDS[kind] and kind or "other",
+    accepted = false, status = 0, started = core.now(),
+  }
+end
+
+local Recorder = {}
+Recorder.__index = Recorder
+
+function M.recorder()
+  return setmetatable({ readers = {} }, Recorder)
+end
+
+-- Adds a reader: fn(record) for every settled call and every finished turn,
+-- in that order. A reader that raises loses that record only.
+function Recorder:subscribe(fn)
+  self.readers[#self.readers + 1] = fn
+  return fn
+end
+
+function Recorder:_emit(r)
+  for _, fn in ipairs(self.readers) do pcall(fn, r) end
+end
+
+-- A new turn record at admission; readers get {kind = "turn_started",
+-- channel, turn, record = t} (the `turn started` line, a running gauge).
+function Recorder:turn_begin(channel, id)
+  local t = {
+    kind = "turn", channel = channel, turn = id or M.turn_id(), started = core.now(),
+    model_calls = 0, tool_calls = 0, mcp_calls = 0, refused_calls = 0, tool_failures = 0,
+  }
+  self:_emit { kind = "turn_started", channel = channel, turn = t.turn, record = t }
+  return t
+end
+
+-- The turn's counters and facts from one settled call, then the readers.
+-- t may be nil (a broker outside a runtime turn: `sbx broker`).
+function Recorder:call(t, c)
+  if c.ms == nil and c.started then c.ms = core.now() - c.started end
+  if t then
+    if c.accepted then
+      if c.route_kind == "model" then t.model_calls = t.model_calls + 1
+      elseif c.route_kind == "tools" then t.tool_calls = t.tool_calls + 1
+      elseif c.route_kind == "mcp" then t.mcp_calls = t.mcp_calls + 1 end
+      if t.first_call == nil then t.first_call = c.started end
+    end
+    if c.status ~= 200 and c.reason ~= "tool_failed" then t.refused_calls = t.refused_calls + 1 end
+    if c.reason == "tool_failed" then t.tool_failures = t.tool_failures + 1 end
+    if c.route_kind == "model" then t.last_model = c end
+  end
+  self:_emit(c)
+end
+
+-- Phase timings from the driver's report (runtime/init.lua passes it), then
+-- the readers. t.reason and t.ok are set by the caller (ops/reason.lua).
+function Recorder:turn_end(t, report)
+  local now = core.now()
+  report = report or {}
+  local function since(at) return at and at - t.started or nil end
+  t.ms = now - t.started
+  t.exit = report.exit
+  t.ms_start = since(report.running)
+  t.ms_first_call = since(t.first_call)
+  t.ms_reply = since(report.replied)
+  t.ms_removed = since(report.removed)
+  self:_emit(t)
+end
+
+return M

@@ -1,0 +1,328 @@
+-- providers_spec.lua: the broker's side of spec/providers.md ("Behaviours the
+-- specs must cover" 1-4 and 6) over its real Unix socket, against a real
+-- loopback upstream (spec/fixtures/fake_upstream.mjs): the three options,
+-- the credential header each modelAuth sends, the forced body's output
+-- field, the rebuilt members real providers need (content null beside tool
+-- calls, reasoning, extra_content) and what the operator log keeps of a
+-- provider's refusal. The worker's side is spec/worker_providers_spec.lua;
+-- a sealed turn per provider family is spec/provider_turns_spec.lua.
+local async = require "sandbox.async"
+local json = require "sandbox.json"
+local sandbox = require "sandbox"
+local H = require "broker_harness"
+local C = require "log_capture"
+local fake_upstream = require "fake_upstream"
+
+local run = async.run
+local fake
+
+setup(function() fake = fake_upstream.start() end)
+teardown(function() if fake then fake:stop() end end)
+
+-- Runs fn(broker, socket, capture) against a fresh broker on the fake.
+local function with_broker(over, fn, script)
+  return run(function()
+    fake:reset()
+    if script then fake:script(script) end
+    local cap = C.new()
+    local o = H.options(fake, over)
+    if o.apiKey == false then o.apiKey = nil end        -- `apiKey = false`: no hook at all
+    o.recorder = cap.recorder
+    local b, path, dir = H.start(o)
+    local ok, err = pcall(fn, b, path, cap)
+    H.finish(b, dir)
+    if not ok then error(err, 0) end
+  end)
+end
+
+local function sent() return fake:log() end
+
+local function header_values(req, name)
+  local out = {}
+  for _, h in ipairs(req.headers) do
+    if h[1] == name then out[#out + 1] = h[2] end
+  end
+  return out
+end
+
+local function message_body(msg_json)
+  return '{"messages":[' .. msg_json .. ']}'
+end
+
+local ASSISTANT_CALL = '{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",'
+  .. '"function":{"name":"lookup","arguments":"{}"}}]}'
+
+describe("the model route's options (providers.md 1, item 1)", function()
+  local base = { model = "m", modelUrl = "https://models.example/v1/chat/completions",
+    apiKey = function() return "k" end, channel = "fake:guests", speaker = H.SPEAKER }
+  local function build(over)
+    local o = {}
+    for k, v in pairs(base) do o[k] = v end
+    for k, v in pairs(over) do o[k] = v end
+    local ok, b = pcall(sandbox.broker, o)
+    if not ok then return b end
+    return b.cfg
+  end
+
+  it("defaults to bearer, 4096 tokens in max_tokens", function()
+    local cfg = build {}
+    assert.equal("bearer", cfg.modelAuth)
+    assert.equal(4096, cfg.maxOutputTokens)
+    assert.equal("max_tokens", cfg.outputTokensField)
+  end)
+
+  it("refuses anything else with the spec's strings", function()
+    for _, v in ipairs { "Bearer", "basic", "", 1, true } do
+      assert.equal('modelAuth must be "bearer", "api-key" or "none"', build { modelAuth = v })
+    end
+    for _, v in ipairs { 0, 200001, 1.5, "4096", -1 } do
+      assert.equal("maxOutputTokens must be 1 to 200000", build { maxOutputTokens = v })
+    end
+    for _, v in ipairs { "max_output_tokens", "MAX_TOKENS", 4096 } do
+      assert.equal('outputTokensField must be "max_tokens" or "max_completion_tokens"', build { outputTokensField = v })
+    end
+    assert.equal(200000, build({ maxOutputTokens = 200000 }).maxOutputTokens)
+    assert.equal(1, build({ maxOutputTokens = 1 }).maxOutputTokens)
+  end)
+
+  it("sandbox{} takes the same names and refuses an apiKey with modelAuth none", function()
+    local o = { image = "i", runRoot = "/r", workspaceRoot = "/w", stateFile = "/s/c.json", model = "m",
+      modelUrl = "http://127.0.0.1:11434/v1/chat/completions", allowHttp = true,
+      modelAuth = "none", maxOutputTokens = 8192, outputTokensField = "max_completion_tokens" }
+    local app = sandbox(o)
+    assert.equal("none", app.broker_config.modelAuth)
+    assert.equal(8192, app.broker_config.maxOutputTokens)
+    o.apiKey = function() return "ollama" end
+    local ok, err = pcall(sandbox, o)
+    assert.is_false(ok)
+    assert.equal('apiKey is unused when modelAuth is "none"', err)
+    local bok, berr = pcall(sandbox.broker, { model = "m", modelUrl = o.modelUrl, allowHttp = true,
+      modelAuth = "none", apiKey = o.apiKey, channel = "fake:guests", speaker = H.SPEAKER })
+    assert.is_false(bok)
+    assert.equal('apiKey is unused when modelAuth is "none"', berr)
+    assert.equal('modelAuth must be "bearer", "api-key" or "none"',
+      select(2, pcall(sandbox, { model = "m", modelUrl = o.modelUrl, allowHttp = true, modelAuth = "x" })))
+  end)
+end)
+
+describe("the credential header of each modelAuth (item 2)", function()
+  it("api-key sends exactly one api-key header and no Authorization", function()
+    with_broker({ modelAuth = "api-key" }, function(_, path)
+      assert.equal(200, H.post(path, "/model").status)
+      local req = sent()[1]
+      assert.same({ H.KEY }, header_values(req, "api-key"))
+      assert.same({}, header_values(req, "authorization"))
+    end)
+  end)
+
+  it("bearer sends Authorization: Bearer and no api-key", function()
+    with_broker({}, function(_, path)
+      assert.equal(200, H.post(path, "/model").status)
+      local req = sent()[1]
+      assert.same({ "Bearer " .. H.KEY }, header_values(req, "authorization"))
+      assert.same({}, header_values(req, "api-key"))
+    end)
+  end)
+
+  it("none sends neither, never calls apiKey, and does not filter the reply", function()
+    -- Ollama's replies hold its system fingerprint `fp_ollama`; with no
+    -- credential there is nothing to reflect
+    local reply = { status = 200, body = '{"system_fingerprint":"fp_ollama","choices":[{"message":'
+      .. '{"role":"assistant","content":"ollama says hi"}}]}' }
+    with_broker({ modelAuth = "none", apiKey = false }, function(_, path)
+      local r = H.post(path, "/model")
+      assert.equal(200, r.status)
+      assert.truthy(r.body:find("fp_ollama", 1, true))
+      local req = sent()[1]
+      assert.same({}, header_values(req, "authorization"))
+      assert.same({}, header_values(req, "api-key"))
+    end, { reply })
+  end)
+
+  it("the same reply with the placeholder key as a bearer credential is refused, naming the fix", function()
+    local reply = { status = 200, body = '{"system_fingerprint":"fp_ollama","choices":[{"message":'
+      .. '{"role":"assistant","content":"hi"}}]}' }
+    with_broker({ apiKey = function() return "ollama" end }, function(_, path, cap)
+      local r = H.post(path, "/model")
+      assert.equal(502, r.status)
+      assert.equal("broker call failed", r.body)
+      local line = cap:find("model reply refused")
+      assert.truthy(line, table.concat(cap.lines, "\n"))
+      local p = C.parse_text(line)
+      assert.equal("reflection", p.fields.reason)
+      assert.equal("/model", p.fields.route)
+      assert.equal('the upstream echoed the credential; if it is not a secret (a local server\'s placeholder), '
+        .. 'use modelAuth = "none"', p.fields.fix)
+    end, { reply })
+  end)
+end)
+
+describe("the forced body (item 3)", function()
+  it("carries max_completion_tokens, not max_tokens, with the configured limit; the guest's own are dropped", function()
+    with_broker({ outputTokensField = "max_completion_tokens", maxOutputTokens = 12000 }, function(_, path)
+      local r = H.post(path, "/model",
+        '{"messages":[{"role":"user","content":"hi"}],"max_tokens":5,"max_completion_tokens":99999}')
+      assert.equal(200, r.status)
+      assert.equal('{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":false,'
+        .. '"max_completion_tokens":12000}', sent()[1].body)
+    end)
+  end)
+
+  it("keeps max_tokens by default, with the tools before stream", function()
+    with_broker({ maxOutputTokens = 7 }, function(_, path)
+      H.post(path, "/model", '{"messages":[],"tools":[],"max_completion_tokens":3}')
+      assert.equal('{"model":"test-model","messages":[],"tools":[],"stream":false,"max_tokens":7}', sent()[1].body)
+    end)
+  end)
+end)
+
+describe("the rebuilt members real providers need (item 4)", function()
+  local function status_of(path, msgs)
+    return H.post(path, "/model", message_body(msgs)).status
+  end
+
+  it("accepts content null only beside a non-empty tool_calls", function()
+    with_broker({}, function(_, path)
+      assert.equal(200, status_of(path, ASSISTANT_CALL .. ',{"role":"tool","tool_call_id":"c1","content":"x"}'))
+      assert.equal('{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",'
+        .. '"function":{"name":"lookup","arguments":"{}"}}]}',
+        json.encode(json.decode(sent()[1].body).messages[1]))
+      assert.equal(400, status_of(path, '{"role":"assistant","content":null}'))
+      assert.equal(400, status_of(path, '{"role":"assistant","content":null,"tool_calls":[]}'))
+      assert.equal(400, status_of(path, '{"role":"user","content":null}'))
+      assert.equal(400, status_of(path, '{"role":"tool","tool_call_id":"c1","content":null}'))
+      assert.equal(1, #sent())
+    end)
+  end)
+
+  it("forwards reasoning_content and reasoning unchanged within 65,536 bytes encoded, refuses more", function()
+    with_broker({}, function(_, path)
+      local fits = string.rep("r", 65536 - 2)            -- its JSON string literal: 65,536 bytes
+      local msg = '{"role":"assistant","content":null,"reasoning_content":"' .. fits .. '","reasoning":"why",'
+        .. '"tool_calls":[{"id":"c1","type":"function","function":{"name":"lookup","arguments":"{}"}}]}'
+      assert.equal(200, status_of(path, msg))
+      local fwd = json.decode(sent()[1].body).messages[1]
+      assert.equal(fits, fwd.reasoning_content)
+      assert.equal("why", fwd.reasoning)
+      local over = msg:gsub(fits, fits .. "r")
+      assert.equal(400, status_of(path, over))
+      assert.equal(400, status_of(path, '{"role":"assistant","content":"x","reasoning":5}'))
+      assert.equal(400, status_of(path, '{"role":"assistant","content":"x","reasoning_content":null}'))
+      assert.equal(400, status_of(path, '{"role":"user","content":"x","reasoning_content":"no"}'))
+      -- an escape counts as what it encodes to: 32,767 newlines are 65,534 bytes + quotes
+      assert.equal(200, status_of(path, '{"role":"assistant","content":"x","reasoning":"'
+        .. string.rep("\\n", 32767) .. '"}'))
+      assert.equal(400, status_of(path, '{"role":"assistant","content":"x","reasoning":"'
+        .. string.rep("\\n", 32768) .. '"}'))
+    end)
+  end)
+
+  it("forwards a tool call's extra_content object as parsed within 16,384 bytes, refuses more or a non-object", function()
+    with_broker({}, function(_, path)
+      local sig = '{"google":{"thought_signature":"c2lnbmF0dXJl"}}'
+      local call = '{"id":"c1","type":"function","function":{"name":"lookup","arguments":"{}"},"extra_content":%s,"index":0}'
+      local function msg(extra) return '{"role":"assistant","content":null,"tool_calls":[' .. call:format(extra) .. ']}' end
+      assert.equal(200, status_of(path, msg(sig)))
+      local fwd = json.decode(sent()[1].body).messages[1].tool_calls[1]
+      assert.equal('{"id":"c1","type":"function","function":{"name":"lookup","arguments":"{}"},'
+        .. '"extra_content":{"google":{"thought_signature":"c2lnbmF0dXJl"}}}', json.encode(fwd))
+      local fill = string.rep("s", 16384 - #'{"x":""}')
+      assert.equal(200, status_of(path, msg('{"x":"' .. fill .. '"}')))
+      assert.equal(400, status_of(path, msg('{"x":"' .. fill .. 's"}')))
+      assert.equal(400, status_of(path, msg('"c2lnbmF0dXJl"')))
+      assert.equal(400, status_of(path, msg("[]")))
+      assert.equal(400, status_of(path, msg("null")))
+    end)
+  end)
+end)
+
+describe("a provider's refusal in the operator log (providers.md 4, item 6)", function()
+  it("never forwards a non-2xx body; the log keeps only the whitelisted tokens", function()
+    local body = json.encode(json.object({ "error" }, { error = json.object({ "message", "type", "param", "code" }, {
+      message = "Incorrect API key provided: " .. H.KEY .. ". You can find your API key at https://x.example/keys",
+      type = "invalid_request_error", param = json.null, code = "invalid_api_key" }) }))
+    with_broker({}, function(_, path, cap)
+      local r = H.post(path, "/model")
+      assert.equal(502, r.status)
+      assert.equal("broker call failed", r.body)
+      local line = cap:find("model call refused upstream")
+      assert.truthy(line, table.concat(cap.lines, "\n"))
+      local p = C.parse_text(line)
+      assert.equal("401", p.fields.status)
+      assert.equal("invalid_api_key", p.fields.code)
+      assert.equal("invalid_request_error", p.fields.type)
+      assert.is_nil(p.fields.param)
+      assert.equal("check the credential apiKey returns for this channel", p.fields.fix)
+      for _, l in ipairs(cap.lines) do
+        assert.is_nil(l:find(H.KEY, 1, true), l)
+        assert.is_nil(l:find("Incorrect", 1, true), l)
+        assert.is_nil(l:find("x.example", 1, true), l)
+      end
+      local audit = C.parse_text(assert(cap:find("broker call ")))
+      assert.equal("502", audit.fields.status)
+      assert.equal("upstream_status", audit.fields.reason)
+      assert.equal("401", audit.fields.upstream_status)
+    end, { { status = 401, headers = { ["Content-Type"] = "application/json" }, body = body } })
+  end)
+
+  it("drops a token that holds the credential, and one that is not a short plain token", function()
+    local body = '{"error":{"code":"' .. H.KEY .. '","type":"has spaces","param":"' .. string.rep("p", 65) .. '"}}'
+    with_broker({}, function(_, path, cap)
+      assert.equal(502, H.post(path, "/model").status)
+      local p = C.parse_text(assert(cap:find("model call refused upstream")))
+      assert.same({ "channel", "turn", "route", "status", "fix" }, p.order)
+      assert.is_nil(table.concat(cap.lines, "\n"):find(H.KEY, 1, true))
+    end, { { status = 403, body = body } })
+  end)
+
+  it("names the outputTokensField fix for a 400 unsupported_parameter max_tokens", function()
+    local body = '{"error":{"message":"Unsupported parameter: \'max_tokens\' is not supported with this model. '
+      .. 'Use \'max_completion_tokens\' instead.","type":"invalid_request_error","param":"max_tokens",'
+      .. '"code":"unsupported_parameter"}}'
+    with_broker({}, function(_, path, cap)
+      assert.equal(502, H.post(path, "/model").status)
+      local line = assert(cap:find("model call refused upstream"))
+      assert.truthy(line:find(' status=400 code=unsupported_parameter ', 1, true)
+        or line:find('status=400', 1, true), line)
+      local p = C.parse_text(line)
+      assert.equal("unsupported_parameter", p.fields.code)
+      assert.equal("max_tokens", p.fields.param)
+      assert.equal('set outputTokensField = "max_completion_tokens"', p.fields.fix)
+      assert.truthy(line:find('fix="set outputTokensField = \\"max_completion_tokens\\""', 1, true), line)
+    end, { { status = 400, body = body } })
+  end)
+
+  it("names modelAuth api-key for a 401 to a bearer key on an Azure host; 429 and 404 get theirs", function()
+    local azure = "myres.openai.azure.com"
+    local url = string.format("http://%s:%d/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21",
+      azure, fake.port)
+    local seam = { connectTo = { string.format("%s:%d:127.0.0.1:%d", azure, fake.port, fake.port) } }
+    with_broker({ modelUrl = url, transport = seam }, function(_, path, cap)
+      assert.equal(502, H.post(path, "/model").status)
+      assert.equal('set modelAuth = "api-key"', C.parse_text(assert(cap:find("model call refused"))).fields.fix)
+      cap:clear()
+      assert.equal(502, H.post(path, "/model").status)
+      assert.equal("the provider is rate limiting or out of quota",
+        C.parse_text(assert(cap:find("model call refused"))).fields.fix)
+      cap:clear()
+      assert.equal(502, H.post(path, "/model").status)
+      assert.equal("check modelUrl and model", C.parse_text(assert(cap:find("model call refused"))).fields.fix)
+    end, {
+      { status = 401, body = '{"error":{"code":"401","message":"Access denied due to invalid subscription key."}}' },
+      { status = 429, body = '{"error":{"code":"rate_limit_exceeded"}}' },
+      { status = 404, body = '{"error":{"code":"DeploymentNotFound"}}' },
+    })
+  end)
+
+  it("reads at most 4,096 bytes of the body: a longer one keeps no tokens and still fails closed", function()
+    local long = '{"error":{"code":"late_code","message":"' .. string.rep("m", 5000) .. '"}}'
+    local short = '{"error":"insufficient_quota"}'
+    with_broker({}, function(_, path, cap)
+      assert.equal(502, H.post(path, "/model").status)
+      assert.is_nil(C.parse_text(assert(cap:find("model call refused"))).fields.code)
+      cap:clear()
+      assert.equal(502, H.post(path, "/model").status)
+      assert.equal("insufficient_quota", C.parse_text(assert(cap:find("model call refused"))).fields.code)
+    end, { { status = 500, body = long }, { status = 429, body = short } })
+  end)
+end)
