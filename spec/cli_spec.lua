@@ -395,7 +395,7 @@ describe("sbx run and sbx chat with a fake driver", function()
     assert.equal(1, r.code)
     assert.equal("The sandbox turn failed or was stopped.\n", r.out)
     assert.matches("sbx run: turn failed: invalid_reply\n  fix: the image is not this engine's worker, or it was "
-      .. "tampered with\n", r.err, 1, true)
+      .. "tampered with\n  error: body too large\n", r.err, 1, true)
     assert.is_nil(r.err:find("unexpected error", 1, true))
   end)
 

@@ -220,7 +220,8 @@ describe("the worker's repaired stores (hardening.md 8)", function()
     end
     assert.truthy(found, "no repair line")
     assert.equal("warn", found.level)
-    assert.same({ channel = "fake:a", turn = reply.turn, reason = "memory_store" }, found.fields)
+    assert.same({ channel = "fake:a", turn = reply.turn, reason = "memory_store",
+      fix = errors.reason_fix("memory_store") }, found.fields)
     run(function() rt:dispose() end)
   end)
 end)
@@ -283,7 +284,7 @@ describe("bounded queues (hardening.md 4; behaviour 4)", function()
       if l[2] == "turn refused" then
         refused = refused + 1
         assert.equal("warn", l[1])
-        assert.same({ channel = "discord:1", reason = "queue_full" }, l[3])
+        assert.same({ channel = "discord:1", reason = "queue_full", fix = errors.reason_fix("queue_full") }, l[3])
       end
     end
     assert.equal(2, refused)

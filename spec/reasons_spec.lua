@@ -141,6 +141,7 @@ describe("reasons decided from a real cause (no container)", function()
       assert.equal("warn", line.level)
       assert.equal(c[3], line.fields.reason)
       assert.equal(r.turn, line.fields.turn)
+      assert.truthy(line.fields.fix)
     end
     -- one the worker cannot move aside (a read-only workspace) fails the
     -- turn with the worker's own reason

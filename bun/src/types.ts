@@ -185,6 +185,12 @@ export type TurnReason =
   | "cleanup_failed"
   | "daemon_unavailable"
   | "image_missing"
+  // the hostile-guest bounds (README "Hardening against a hostile guest")
+  | "workspace_quota"
+  | "disk_low"
+  | "host_descriptors"
+  | "queue_full"
+  | "state_write_failed"
   | (string & {});
 
 /** `runtime.runTurn`'s result: the reply, or why the turn failed. */

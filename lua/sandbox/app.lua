@@ -310,7 +310,8 @@ function App:handle(event, admission)
   local speaker = claim.admit(event, admission)
   local res, full = self.queue:run_turn(key, speaker.id, self._answer, self, key, event, speaker)
   if full then
-    self:_log("warn", runtime.LOG_REFUSED, { channel = key, reason = errors.entry(errors.QUEUE_FULL).reason })
+    local why = errors.entry(errors.QUEUE_FULL).reason
+    self:_log("warn", runtime.LOG_REFUSED, { channel = key, reason = why, fix = errors.reason_fix(why) })
     return self:_replies(runtime.GUEST_BUSY)
   end
   return res

@@ -15,8 +15,9 @@
 -- write (a full filesystem: shared/spec/hardening.md 3) loses nothing: the
 -- old file stays valid, the in-memory change is rolled back, `routing state
 -- could not be saved` is raised and the operator log gets the line
--- `routing state could not be saved reason=state_write_failed errno=<E...>`. A corrupt or unreadable file stops startup: the state is never
--- treated as empty. Turning a channel off touches no workspace file: its
+-- `routing state could not be saved reason=state_write_failed errno=<E...>
+-- fix=...` (error). A corrupt or unreadable file stops startup: the state is
+-- never treated as empty. Turning a channel off touches no workspace file: its
 -- memory stays for when it is turned on again.
 local channel_key = require "sandbox.channels._key"
 local core = require "sandbox.core"
@@ -115,7 +116,8 @@ function Store:_save()
   local ok, _, code = self.write(self.path, bytes)
   if ok == true then return true end
   if self.log then
-    pcall(self.log, "error", M.LOG_SAVE, { reason = errors.entry(M.E_SAVE).reason, errno = code or "EIO" })
+    local why = errors.entry(M.E_SAVE).reason
+    pcall(self.log, "error", M.LOG_SAVE, { reason = why, errno = code or "EIO", fix = errors.reason_fix(why) })
   end
   return false
 end

@@ -67,7 +67,8 @@ end
 
 -- The report of one turn on stderr (spec/operations.md 1): a turn refused
 -- before it started as the catalogue error, else `sbx <cmd>: turn failed:
--- <reason>`, the provider's status line when there is one and the fix.
+-- <reason>`, the provider's status line when there is one, the fix and the
+-- catalogue message the host raised, if any (`  error: body too large`).
 -- Returns the `sbx run` exit status of its class.
 function M.report_turn(cmd, res, settled, cfg, config_path)
   if not settled then                    -- refused before it started
@@ -87,6 +88,8 @@ function M.report_turn(cmd, res, settled, cfg, config_path)
   end
   local fix = M.fix_for_reason(res, cfg, config_path)
   if fix then io.stderr:write("  fix: ", fix, "\n") end
+  -- the cause behind the reason, never "unexpected error" (hardening.md 9)
+  if res.error and errors.safe_to_show(res.error) then io.stderr:write("  error: ", res.error, "\n") end
   return errors.exit_status(res.reason)
 end
 

@@ -24,9 +24,10 @@ continues the conversation.
   --speaker S       ID[:NAME[:PRINCIPAL]] of the guest you speak as
   --timeout MS      turn deadline in ms (1000 to 600000)
   --log-format F    text (default) or json: the operator log on stderr
-  --json            one line {"ok":...,"text":...} per reply, the exact text
-                    JSON-escaped (otherwise control characters other than
-                    newline and tab are printed as U+FFFD)
+  --json            one line {"ok":...,"text":...,"reason":...} per reply,
+                    the exact text JSON-escaped (otherwise control
+                    characters other than newline and tab are printed as
+                    U+FFFD)
 
 In the chat:
   /quit, /exit      leave (end of input leaves too, after queued turns)

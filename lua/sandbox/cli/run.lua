@@ -28,10 +28,10 @@ directories, options), 4 the Docker daemon or the image.
   --timeout MS      turn deadline in ms (1000 to 600000; default: the
                     config's turnTimeoutMs, 120000)
   --log-format F    text (default) or json: the operator log's format
-  --json            print {"ok":...,"text":...} with the exact reply text,
-                    JSON-escaped (otherwise control characters other than
-                    newline and tab are printed as U+FFFD: a reply is model
-                    output and must not drive your terminal)
+  --json            print {"ok":...,"text":...,"reason":...} with the exact
+                    reply text, JSON-escaped (otherwise control characters
+                    other than newline and tab are printed as U+FFFD: a
+                    reply is model output and must not drive your terminal)
   TEXT              the message; several words are joined with spaces;
                     "-" reads it from stdin
 

@@ -267,8 +267,9 @@ function Runtime:_reply(turn, reply)
   local n = utf8.len(reply.text)
   if not n or n > o.maxReplyChars then fail(M.E_REPLY) end
   if reply.reason ~= nil then
-    self.logger:warn(M.LOG_REPAIRED, { channel = turn.channel, turn = turn.record.turn,
-      reason = tostring(reply.reason) })
+    local why = tostring(reply.reason)
+    self.logger:warn(M.LOG_REPAIRED, { channel = turn.channel, turn = turn.record.turn, reason = why,
+      fix = errors.reason_fix(why, self:fix_context()) })
   end
   local text = reply.text
   if o.mentions == "neutral" then text = reply_text.neutral_mentions(text) end
