@@ -34,10 +34,12 @@ local server = assert(core.http_server {
 local cli = require("sandbox.drivers.cli") { binary = "docker" }
 -- Docker's default profile: the same spec without the project's profile.
 local default_profile = {
-  run = function(_, spec, turn, signal)
+  run = function(_, spec, turn, signal, report)
     spec.seccompProfile = nil
-    return cli:run(spec, turn, signal)
+    return cli:run(spec, turn, signal, report)
   end,
+  list = function(_, ...) return cli:list(...) end,
+  remove = function(_, ...) return cli:remove(...) end,
 }
 
 local function runtime(name, over)
@@ -45,6 +47,7 @@ local function runtime(name, over)
     image = IMAGE, runRoot = root .. "/" .. name .. "/run", workspaceRoot = root .. "/" .. name .. "/work",
     model = "bench-model", modelUrl = server:url("/v1/chat/completions"),
     apiKey = function() return "bench-key" end, allowHttp = true, driver = cli,
+    logLevel = "warn",                    -- the per-turn info lines are not the bench's output
   }
   for k, v in pairs(over or {}) do o[k] = v end
   return sandbox.runtime(o)

@@ -35,9 +35,9 @@ local server = assert(core.http_server {
 
 local cli = require("sandbox.drivers.cli") { binary = "docker" }
 local driver = {
-  run = function(_, spec, turn, signal)
+  run = function(_, spec, turn, signal, report)
     if turn.text == "HOLD" then spec.image = hostile_image end
-    return cli:run(spec, turn, signal)
+    return cli:run(spec, turn, signal, report)
   end,
   list = function(_, ...) return cli:list(...) end,
   remove = function(_, ...) return cli:remove(...) end,

@@ -79,10 +79,10 @@ describe("hostile guests on real Docker", function()
 
   local function driver_for(d)
     return {
-      run = function(_, spec, turn, signal)
+      run = function(_, spec, turn, signal, report)   -- report: what the host observed (exit, ...)
         local mode = turn.text and turn.text:match("ATTACK:(%a+)")
         if mode then spec.image = assert(images[mode]) end
-        return d:run(spec, turn, signal)
+        return d:run(spec, turn, signal, report)
       end,
       list = function(_, ...) return d:list(...) end,
       remove = function(_, ...) return d:remove(...) end,

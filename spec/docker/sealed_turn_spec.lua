@@ -87,10 +87,10 @@ describe("sealed turn guarantees on real Docker", function()
     })
     local cli = require("sandbox.drivers.cli") { binary = "docker" }
     local driver = {
-      run = function(_, spec, turn, signal)
+      run = function(_, spec, turn, signal, report)
         local mode = turn.text and turn.text:match("PROBE:(%a+)")
         if mode then spec.image = assert(images[mode]) end
-        return cli:run(spec, turn, signal)
+        return cli:run(spec, turn, signal, report)
       end,
       list = function(_, ...) return cli:list(...) end,
       remove = function(_, ...) return cli:remove(...) end,
