@@ -366,11 +366,14 @@ size_t sbx__route_find(const sbx__route_t *routes, size_t nroutes, const char *t
   return nroutes;
 }
 
-/* A refusal with its audit reason (spec/operations.md 3). */
-static void refuse(sbx__head_result_t *out, int step, int status, const char *body,
-                   const char *reason) {
+void sbx__head_refuse_why(sbx__head_result_t *out, int step, int status, const char *body,
+                          const char *reason) {
   sbx__head_refuse(out, step, status, body);
   out->reason = reason;
+}
+
+const char *sbx__head_frame_reason(const sbx__head_facts_t *f, const char *head, size_t len) {
+  return f->line_ok || head == NULL || len > SBX_MAX_HEAD_BYTES ? "header" : "method";
 }
 
 void sbx__head_decide(const char *head, size_t len, const sbx__head_ctx_t *ctx,
@@ -382,38 +385,37 @@ void sbx__head_decide(const char *head, size_t len, const sbx__head_ctx_t *ctx,
   if (sbx__head_scan(head, len, &f) != 0) {
     /* step 0's audit reason: "method" while the request line is at fault,
        "header" from the header lines on (the head as a whole included) */
-    refuse(out, 0, 400, SBX_BODY_BAD_REQUEST, f.line_ok || head == NULL || len > SBX_MAX_HEAD_BYTES
-           ? "header" : "method");
+    sbx__head_refuse_why(out, 0, 400, SBX_BODY_BAD_REQUEST, sbx__head_frame_reason(&f, head, len));
     return;
   }
-  if (f.bad_url) { refuse(out, 1, 400, SBX_BODY_INVALID_URL, "unknown_route"); return; }
-  if (!f.is_post) { refuse(out, 2, 404, SBX_BODY_NOT_FOUND, "method"); return; }
+  if (f.bad_url) { sbx__head_refuse_why(out, 1, 400, SBX_BODY_INVALID_URL, "unknown_route"); return; }
+  if (!f.is_post) { sbx__head_refuse_why(out, 2, 404, SBX_BODY_NOT_FOUND, "method"); return; }
   if (memchr(f.target, '?', f.target_len) != NULL || memchr(f.target, '#', f.target_len) != NULL) {
-    refuse(out, 2, 404, SBX_BODY_NOT_FOUND, "query");
+    sbx__head_refuse_why(out, 2, 404, SBX_BODY_NOT_FOUND, "query");
     return;
   }
   if (f.header_refused) {
-    refuse(out, 3, 403, SBX_BODY_FORBIDDEN_HDR, "header");
+    sbx__head_refuse_why(out, 3, 403, SBX_BODY_FORBIDDEN_HDR, "header");
     out->header = f.refused_name;
     out->header_len = f.refused_len;
     return;
   }
-  if (f.auth_bad) { refuse(out, 4, 403, SBX_BODY_FORBIDDEN_CRED, "credential_header"); return; }
+  if (f.auth_bad) { sbx__head_refuse_why(out, 4, 403, SBX_BODY_FORBIDDEN_CRED, "credential_header"); return; }
   if (!sbx__head_host_ok(&f)) {
-    refuse(out, 5, 403, SBX_BODY_FORBIDDEN_HOST, "header");
+    sbx__head_refuse_why(out, 5, 403, SBX_BODY_FORBIDDEN_HOST, "header");
     out->header = "host";
     out->header_len = 4;
     return;
   }
   i = ctx != NULL ? sbx__route_find(ctx->routes, ctx->nroutes, f.target, f.target_len) : 0;
   if (ctx == NULL || i == ctx->nroutes) {
-    refuse(out, 6, 404, SBX_BODY_NOT_FOUND, "unknown_route");
+    sbx__head_refuse_why(out, 6, 404, SBX_BODY_NOT_FOUND, "unknown_route");
     return;
   }
   out->route = i;            /* steps 7 and 8 refuse a known route */
   out->routed = 1;
-  if (ctx->turn_ended) { refuse(out, 7, 410, SBX_BODY_TURN_ENDED, "after_turn"); return; }
-  if (ctx->busy) { refuse(out, 8, 429, SBX_BODY_BUSY, ctx->no_budget ? "budget" : "busy"); return; }
+  if (ctx->turn_ended) { sbx__head_refuse_why(out, 7, 410, SBX_BODY_TURN_ENDED, "after_turn"); return; }
+  if (ctx->busy) { sbx__head_refuse_why(out, 8, 429, SBX_BODY_BUSY, ctx->no_budget ? "budget" : "busy"); return; }
 
   sbx__head_accept(out, 9, i, &f);
 }

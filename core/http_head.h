@@ -87,6 +87,13 @@ int sbx__head_scan(const char *head, size_t len, sbx__head_facts_t *f);
 /* What both orders of checks write: a refusal at `step`, or an acceptance
  * (status 0) at `step` of `route` with the head's Content-Length. */
 void sbx__head_refuse(sbx__head_result_t *out, int step, int status, const char *body);
+/* The same with its audit reason (spec/operations.md 3; a static string). */
+void sbx__head_refuse_why(sbx__head_result_t *out, int step, int status, const char *body,
+                          const char *reason);
+/* Step 0's audit reason for a head sbx__head_scan refused: "method" while
+   the request line is at fault, "header" from the header lines on (the head
+   as a whole included). */
+const char *sbx__head_frame_reason(const sbx__head_facts_t *f, const char *head, size_t len);
 void sbx__head_accept(sbx__head_result_t *out, int step, size_t route, const sbx__head_facts_t *f);
 
 /* Host present and exactly `broker`. */

@@ -6,7 +6,9 @@
  * listener finds it and decided under all eight run states (ended, in
  * flight, exhausted). Invariants, checked on every decision:
  *
- *  - status, row and fixed body agree with the table of 5.1;
+ *  - status, row and fixed body agree with the table of 5.1; every refusal
+ *    carries its audit reason (spec/operations.md 3), and from row 3 on the
+ *    route it refused (the audit line names it);
  *  - rows 0-4 do not depend on the run state; with it, 410 comes before
  *    409, which comes before 429;
  *  - against the sealed broker's decision over the same bytes and routes
@@ -28,7 +30,26 @@ static const sbx__route_t routes[] = {{"/mcp/health", 11}, {"/mcp/google", 11}, 
 
 #define CHECK(c) do { if (!(c)) abort(); } while (0)
 
+static int is(const char *a, const char *b) { return a != NULL && strcmp(a, b) == 0; }
+
+static void check_reason(const sbx__head_result_t *r) {
+  if (r->status == 0) { CHECK(r->reason == NULL); return; }
+  switch (r->step) {
+  case 0: CHECK(is(r->reason, "method") || is(r->reason, "header")); break;
+  case 1: CHECK(is(r->reason, "unknown_route")); break;
+  case 2: CHECK(is(r->reason, "method") || is(r->reason, "credential_header") || is(r->reason, "query")
+                || is(r->reason, "unknown_route")); break;
+  case 3: case 4: CHECK(is(r->reason, "header") && r->header != NULL); break;
+  case 5: CHECK(is(r->reason, "after_turn")); break;
+  case 6: CHECK(is(r->reason, "busy")); break;
+  case 7: CHECK(is(r->reason, "budget")); break;
+  default: abort();
+  }
+  CHECK(r->step < 3 ? !r->routed : (r->routed && r->route < NROUTES));
+}
+
 static void check_table(const sbx__head_result_t *r) {
+  check_reason(r);
   switch (r->step) {
   case 0: CHECK(r->status == 400 && strcmp(r->body, SBX_BODY_BAD_REQUEST) == 0); break;
   case 1: CHECK(r->status == 400 && strcmp(r->body, SBX_BODY_INVALID_URL) == 0); break;

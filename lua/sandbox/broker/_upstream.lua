@@ -69,6 +69,15 @@ function M.post(opts, signal)
   return res
 end
 
+-- The turn reason of M.post's failure `why` (operations.md 1), or nil for
+-- the call signal's own abort: what a caller records of a failed post.
+function M.reason_of(why)
+  if why == "call deadline" then return "upstream_timeout" end
+  local r = BY_ERROR[why] or "upstream_unreachable"
+  if r == "aborted" then return nil end
+  return r
+end
+
 -- M.post, then the strict parse and, when opts.credential is set, the
 -- reflection filter. Returns the decoded value and info, or nil, the turn
 -- reason and info; info = {status = the upstream's status when one
@@ -82,12 +91,11 @@ function M.post_json(opts, signal)
   local info = { status = status or (res and res.status) }
   local filter = opts.credential and core.reflect_filter(opts.credential) or nil
   if not res then
-    if why == "call deadline" then return nil, "upstream_timeout", info end
     if why == "status" then
       local t = upstream_error.tokens(failed and failed.error_body, filter)
       info.code, info.type, info.param = t.code, t.type, t.param
     end
-    return nil, BY_ERROR[why] or "upstream_unreachable", info
+    return nil, M.reason_of(why) or "aborted", info
   end
   info.bytes = #res.body
   local value, err = json.decode(res.body, filter)

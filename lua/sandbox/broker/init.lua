@@ -294,8 +294,12 @@ function Broker:_refused(r)
   rec.status, rec.reason, rec.header = r.status, r.reason, r.header
   rec.accepted = r.accepted == true
   rec.ms = 0
-  self:_settle(rec)
+  settle(self, rec)
 end
+
+-- Shared with the precheck broker as M.refused: any object with
+-- route_list (the routes as data), channel, turn_id and recorder.
+M.refused = Broker._refused
 
 -- Called by the listener once steps 0-12 passed for an accepted call, with
 -- the route it matched (step 13 runs that route's handler) and the body's

@@ -20,6 +20,10 @@
 --         refused_calls=… tool_failures=… exit=0 ms_start=… ms_first_call=… ms_reply=… ms_removed=…
 --   warn  the same with the failure's reason, its fix and, for upstream_status, route, status and
 --         the code/type/param tokens
+-- Per precheck run (lua/sandbox/precheck), after its container was removed:
+--   info  precheck finished channel=… turn=<run id> reason=ok schedule=13 ms=… mcp_calls=… refused_calls=…
+--   warn  the same with reason=script_error|deadline|stopped|… and its fix
+--   (its broker's requests have the same audit lines as a turn's)
 -- A route is the configured path (never a guest's unknown target: those show as route=-); a
 -- host shows as its name only.
 local M = {}
@@ -93,12 +97,27 @@ local function turn_line(logger, t)
   logger:warn("turn finished", f)
 end
 
+-- A precheck run (ops/record.lua run_end): info when ok, warn otherwise.
+local function precheck_line(logger, r)
+  local f = {
+    channel = r.channel, turn = r.turn, reason = r.reason, schedule = r.schedule, ms = r.ms,
+    mcp_calls = r.mcp_calls, refused_calls = r.refused_calls,
+  }
+  if r.reason == "ok" then
+    logger:info("precheck finished", f)
+    return
+  end
+  f.fix = r.fix
+  logger:warn("precheck finished", f)
+end
+
 -- The reader: fn(record). opts.audit (default true) writes the audit lines.
 function M.reader(logger, opts)
   local audit = not (opts and opts.audit == false)
   return function(r)
     if r.kind == "call" then call_lines(logger, r, audit)
     elseif r.kind == "turn" then turn_line(logger, r)
+    elseif r.kind == "precheck" then precheck_line(logger, r)
     elseif r.kind == "turn_started" then logger:debug("turn started", { channel = r.channel, turn = r.turn }) end
   end
 end

@@ -14,6 +14,7 @@
 --   local t = rec:turn_begin("discord:1")      -- admission
 --   rec:call(t, c)                             -- a settled broker call
 --   rec:turn_end(t)                            -- the turn's outcome is set
+--   local r = rec:run_begin(channel, schedule) -- a precheck run; rec:run_end(r)
 --
 -- A call record (the broker fills it; record.call makes the skeleton):
 --   kind = "call", channel, turn (the turn id), route (the path matched, nil
@@ -120,6 +121,26 @@ function Recorder:turn_end(t, report)
   t.ms_first_call = since(t.first_call)
   t.ms_reply = since(report.replied)
   t.ms_removed = since(report.removed)
+  self:_emit(t)
+end
+
+-- A precheck run's record (lua/sandbox/precheck/_run.lua): the same
+-- counters as a turn's, moved by its broker's calls; readers get
+-- {kind = "precheck", channel, turn (the run id), schedule, ok, reason,
+-- fix, ms, mcp_calls, refused_calls} once the run settled (its container
+-- removed). reason: ok, script_error (the script answered an error: its
+-- text is the core's, never logged), or a turn reason of operations.md 1
+-- (deadline, stopped, invalid_reply, cleanup_failed, daemon_unavailable,
+-- image_missing, worker_failed).
+function Recorder:run_begin(channel, schedule)
+  return {
+    kind = "precheck", channel = channel, turn = M.turn_id(), schedule = schedule, started = core.now(),
+    model_calls = 0, tool_calls = 0, mcp_calls = 0, refused_calls = 0, tool_failures = 0,
+  }
+end
+
+function Recorder:run_end(t)
+  t.ms = core.now() - t.started
   self:_emit(t)
 end
 

@@ -14,10 +14,17 @@
 -- needles are core/reflect.c's six forms.
 --
 --   local b = precheck_broker.start(path, servers, {maxCalls=, signal=,
---     scope=, allowHttp=, fetchImpl=})   -> broker | nil, err
+--     scope=, allowHttp=, fetchImpl=, recorder=, run=})   -> broker | nil, err
 --   b:stats()  b:stop()
 --
 -- servers: the run's filtered grant {name, url, tools={...}, token=fn|nil}.
+-- Every request makes one call record (sandbox/ops/record.lua), as the
+-- sealed broker's do: the listener's refusals (rows 0-9) through
+-- broker.refused, the accepted calls through broker.dispatch, with the
+-- reason of rows 10-16 set here (payload, credential_missing/_error,
+-- upstream_*, reflection). The runner's recorder turns them into the audit
+-- lines of spec/operations.md 3, with channel = the schedule's channel and
+-- turn = the run id.
 -- Nothing here logs a URL, header, token or payload; no refusal carries one.
 local broker = require "sandbox.broker"
 local core = require "sandbox.core"
@@ -53,20 +60,24 @@ local function accepted_call(server, body)
 end
 
 -- Row 11: the token hook, on the host, bounded by the call signal. Returns
--- the token ("" for none), or nil when the hook failed or gave a bad value.
+-- the token ("" for none), or nil and the record's reason when the hook
+-- raised (credential_error), gave a bad value (credential_missing) or was
+-- cut by the call signal (nil).
 function Broker:_token(server, sig)
   if server.token == nil then return "" end
   local hook = server.token
   local scope = {}
   for k, v in pairs(self.scope) do scope[k] = v end
   local status, value = credential.call_hook(function(s) return hook(s, { signal = sig }) end, scope, sig)
-  if status ~= "ok" or type(value) ~= "string" or value:find("[\r\n%z]") then return nil end
+  if status ~= "ok" then return nil, value == "raised" and "credential_error" or nil end
+  if type(value) ~= "string" or value:find("[\r\n%z]") then return nil, "credential_missing" end
   return value
 end
 
 -- Row 12: the upstream POST (or the fetchImpl seam). Returns {status, body,
--- content_type} for a 2xx, or nil and the refusal body of rows 12/13.
-function Broker:_post(server, headers, body, sig, deadline)
+-- content_type} for a 2xx, or nil, the refusal body of rows 12/13 and the
+-- record's reason; rec.upstream_status gets the status when one came.
+function Broker:_post(server, headers, body, sig, deadline, rec)
   if self.fetchImpl then
     local hdrs = {}
     for _, line in ipairs(headers) do
@@ -75,28 +86,40 @@ function Broker:_post(server, headers, body, sig, deadline)
     end
     local ok, res = pcall(self.fetchImpl, { url = server.url, method = "POST", headers = hdrs, body = body }, sig)
     if not ok or sig.aborted or type(res) ~= "table" or math.type(res.status) ~= "integer" then
-      return nil, M.FAILED
+      return nil, M.FAILED, (not sig.aborted) and "upstream_unreachable" or nil
     end
-    if res.status >= 300 and res.status <= 399 then return nil, M.FAILED end
-    if res.status < 200 or res.status > 299 then return nil, M.UPSTREAM_REFUSED end
-    if type(res.body) ~= "string" or #res.body > M.MAX_UPSTREAM_BYTES then return nil, M.FAILED end
+    rec.upstream_status = res.status
+    if res.status >= 300 and res.status <= 399 then return nil, M.FAILED, "upstream_status" end
+    if res.status < 200 or res.status > 299 then return nil, M.UPSTREAM_REFUSED, "upstream_status" end
+    if type(res.body) ~= "string" or #res.body > M.MAX_UPSTREAM_BYTES then return nil, M.FAILED, "upstream_invalid" end
     return { status = res.status, body = res.body, content_type = res.contentType }
   end
   local res, why, status = upstream.post({
     url = server.url, headers = headers, body = body, deadline = deadline,
     allow_http = self.allowHttp, content_type = true,
   }, sig)
+  rec.upstream_status = status or (res and res.status)
   if res then return res end
-  if why == "status" and status and (status < 300 or status > 399) then return nil, M.UPSTREAM_REFUSED end
-  return nil, M.FAILED
+  local reason = upstream.reason_of(why)
+  if why == "status" and status and (status < 300 or status > 399) then
+    return nil, M.UPSTREAM_REFUSED, reason
+  end
+  return nil, M.FAILED, reason
 end
 
--- Rows 10-17 for one accepted call to `server`. Returns status[, body].
-function Broker:_call(server, body, sig, deadline)
+-- Rows 10-17 for one accepted call to `server`. Returns status[, body];
+-- rec (the call record) gets the reason of a refusal.
+function Broker:_call(server, body, sig, deadline, rec)
   local tool, args = accepted_call(server, body)                       -- 10
-  if not tool then return 403, M.MCP_REFUSED end
-  local token = self:_token(server, sig)                               -- 11
-  if token == nil then return 502 end
+  if not tool then
+    rec.reason = "payload"
+    return 403, M.MCP_REFUSED
+  end
+  local token, why = self:_token(server, sig)                          -- 11
+  if token == nil then
+    rec.reason = why
+    return 502
+  end
   local filter
   if token ~= "" then
     filter = core.reflect_filter(token)
@@ -109,12 +132,19 @@ function Broker:_call(server, body, sig, deadline)
     params = json.object({ "name", "arguments" }, { name = tool, arguments = args }),
   }))
   if not encoded then return 502 end
-  local res, refusal = self:_post(server, headers, encoded, sig, deadline)   -- 12, 13
-  if not res then return 502, refusal end
-  if filter and filter:hit(res.body) then return 502, M.REFLECTED end   -- 14
+  local res, refusal, reason = self:_post(server, headers, encoded, sig, deadline, rec)   -- 12, 13
+  if not res then
+    rec.reason = reason
+    return 502, refusal
+  end
+  local function refuse(r, text)
+    rec.reason = r
+    return 502, text
+  end
+  if filter and filter:hit(res.body) then return refuse("reflection", M.REFLECTED) end   -- 14
   local msg = message.extract(res.body, res.content_type)             -- 15
-  if msg == nil then return 502, M.NO_MESSAGE end
-  if filter and message.reflects(filter, msg) then return 502, M.REFLECTED end  -- 16
+  if msg == nil then return refuse("upstream_invalid", M.NO_MESSAGE) end
+  if filter and message.reflects(filter, msg) then return refuse("reflection", M.REFLECTED) end  -- 16
   local out = json.encode(msg, broker.MAX_REPLY_BYTES)                 -- 17
   if out == nil then return 502 end
   return 200, out
@@ -122,11 +152,15 @@ end
 
 -- Binds the socket (mode 0600) and starts serving. opts: maxCalls, signal
 -- (the run signal: from its abort on, every route answers 410 and calls in
--- progress are cut), scope (what token hooks see), allowHttp, fetchImpl.
+-- progress are cut), scope (what token hooks see), allowHttp, fetchImpl,
+-- recorder (the runner's, sandbox/ops/record.lua) and run (the run's record,
+-- whose counters the calls move; its turn is the run id).
 function M.start(path, servers, opts)
+  local run = opts.run
   local self = setmetatable({
     turn_signal = opts.signal, scope = opts.scope or {}, allowHttp = opts.allowHttp == true,
-    fetchImpl = opts.fetchImpl,
+    fetchImpl = opts.fetchImpl, recorder = opts.recorder, turn = run,
+    channel = run and run.channel, turn_id = run and run.turn,
   }, Broker)
   -- The routes as data, as the sealed broker hands them to the listener:
   -- {path, kind, handle}; C matches the path and names the index.
@@ -136,13 +170,15 @@ function M.start(path, servers, opts)
     for _, t in ipairs(s.tools) do set[t] = true end
     local server = { name = s.name, url = s.url, token = s.token, tool_set = set }
     routes[i] = { path = "/mcp/" .. s.name, kind = "mcp",
-                  handle = function(b, body, sig, deadline) return b:_call(server, body, sig, deadline) end }
+                  handle = function(b, body, sig, deadline, rec) return b:_call(server, body, sig, deadline, rec) end }
     paths[i] = routes[i].path
   end
+  self.route_list = routes
   local listener, err = core.broker_listen {
     path = path, routes = paths, max_calls = opts.maxCalls, policy = "precheck",
     max_body = M.MAX_BODY,
-    on_call = function(call, i) broker.dispatch(self, call, routes[i]) end,
+    on_call = function(call, i, n) broker.dispatch(self, call, routes[i], n) end,
+    on_refused = function(r) broker.refused(self, r) end,
   }
   if not listener then return nil, err end
   self.listener = listener

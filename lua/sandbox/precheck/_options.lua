@@ -8,6 +8,9 @@ local broker_config = require "sandbox.broker._config"
 local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
+local lines = require "sandbox.ops.lines"
+local log = require "sandbox.log"
+local record = require "sandbox.ops.record"
 local runtime_options = require "sandbox.runtime._options"
 
 local M = {}
@@ -34,6 +37,8 @@ M.OPTIONS = {
   image = true, runRoot = true, uid = true, gid = true, grant = true, toolName = true,
   entrypoint = true, timeoutMs = true, maxCalls = true, allowHttpMcp = true, limits = true,
   driver = true, fetchImpl = true,
+  -- the operator log and audit of spec/operations.md 2-3, as sandbox{} has them
+  logFormat = true, logLevel = true, audit = true, logger = true,
 }
 
 M.ENTRYPOINT = { "/usr/local/bin/bun", "/app/precheck-main.mjs" }
@@ -75,7 +80,10 @@ end
 
 -- Runs rows 1-10 of 2.1 and returns the resolved options: {image, runRoot
 -- (canonical), uid, gid, grant, toolName, entrypoint, timeoutMs (nil when
--- not given), maxCalls, allowHttpMcp, limits, driver, fetchImpl}.
+-- not given), maxCalls, allowHttpMcp, limits, driver, fetchImpl, logger
+-- (sandbox/log.lua), recorder (sandbox/ops/record.lua: its reader writes
+-- the broker's audit lines)}. The log options are checked after the
+-- table's rows, with sandbox{}'s own strings.
 function M.resolve(opts)
   if type(opts) ~= "table" then fail(M.E_OPTIONS) end
   broker_config.check_option_names(opts, M.OPTIONS, M.E_UNKNOWN)
@@ -132,6 +140,10 @@ function M.resolve(opts)
     fail(M.E_DRIVER)
   end
   resolved.driver = driver
+  log.check_options(opts)
+  resolved.logger = log.from_options(opts)
+  resolved.recorder = record.recorder()
+  resolved.recorder:subscribe(lines.reader(resolved.logger, { audit = opts.audit }))
   return resolved
 end
 

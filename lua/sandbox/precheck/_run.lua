@@ -73,11 +73,14 @@ local function cut(s, n)
   return s:sub(1, stop - 1)
 end
 
--- Step 9: {"ok":true,"result":...} -> result; {"ok":false,"error":...} raises.
-function M.read_answer(stdout)
+-- Step 9: {"ok":true,"result":...} -> result; {"ok":false,"error":...} raises
+-- (and sets outcome.script_error, when given: the text is the script's own,
+-- which may spell any catalogue message).
+function M.read_answer(stdout, outcome)
   local v = type(stdout) == "string" and json.decode(stdout) or nil
   if v == nil or json.kind(v) ~= "object" or type(v.ok) ~= "boolean" then fail(M.E_UNREADABLE) end
   if not v.ok then
+    if outcome then outcome.script_error = true end
     if type(v.error) ~= "string" then fail(M.E_SCRIPT_FAILED) end
     fail(cut(v.error, M.MAX_ERROR_CHARS))
   end
@@ -90,7 +93,7 @@ local function container_name(id)
 end
 
 -- Steps 5-10 once nothing remains that can refuse without creating.
-local function contained(o, servers, input, id, scope, run_sig)
+local function contained(o, servers, input, id, scope, run_sig, record)
   local root = o.runRoot
   local run_dir = core.fs_mkdtemp(root .. "/precheck-XXXXXX")
   local ws_dir = run_dir and core.fs_mkdtemp(root .. "/precheck-ws-XXXXXX")
@@ -102,7 +105,7 @@ local function contained(o, servers, input, id, scope, run_sig)
     local err                                                                 -- 6
     broker, err = precheck_broker.start(path, servers, {
       maxCalls = o.maxCalls, signal = run_sig, scope = scope, allowHttp = o.allowHttpMcp,
-      fetchImpl = o.fetchImpl,
+      fetchImpl = o.fetchImpl, recorder = o.recorder, run = record,
     })
     if not broker then fail(err) end
     timer = core.timer(o.timeoutMs or options.DEFAULT_TIMEOUT_MS, function()  -- 7
@@ -112,7 +115,7 @@ local function contained(o, servers, input, id, scope, run_sig)
     spec.entrypoint = options.copy_list(o.entrypoint)
     local stdout = o.driver.exec(spec, input, run_sig, { stdoutBytes = M.MAX_STDOUT_BYTES })  -- 8
     if run_sig.aborted then error(run_sig.reason, 0) end
-    return M.read_answer(stdout)                                                     -- 9
+    return M.read_answer(stdout, record)                                             -- 9
   end)
   -- 10: always. Cleanup errors are ignored and never replace the answer.
   if timer then timer:stop() end
@@ -122,6 +125,35 @@ local function contained(o, servers, input, id, scope, run_sig)
   if run_dir then pcall(core.fs_rmtree, run_dir) end
   if not ok then error(res, 0) end
   return res
+end
+
+-- The run record's reason and fix for how contained() ended (the operator
+-- log's `precheck finished` line; ops/record.lua run_begin). A script's own
+-- error text is the core's to show, never the log's.
+M.RUN_DIR_FIX = "check that runRoot is writable by the service account and its filesystem has free space"
+
+local function settle(o, rec, ok, res, run_sig, parent)
+  rec.ok = ok
+  local ctx = { image = o.image }
+  if ok then
+    rec.reason = "ok"
+  elseif run_sig.aborted and run_sig.reason == M.E_TIMED_OUT then
+    rec.reason, rec.fix = "deadline", errors.fix(M.E_TIMED_OUT)
+  elseif run_sig.aborted and parent and parent.aborted then
+    rec.reason = "stopped"
+  elseif rec.script_error then
+    rec.reason = "script_error"
+  elseif res == M.E_UNREADABLE then
+    rec.reason, rec.fix = "invalid_reply", errors.reason_fix("invalid_reply", ctx)
+  elseif res == M.E_RUN_DIR or res == M.E_SOCKET then
+    rec.reason, rec.fix = "run_dir", M.RUN_DIR_FIX
+  else
+    local e = errors.entry(res)
+    rec.reason = e and e.reason or "worker_failed"
+    rec.fix = (e and errors.fix(res, ctx)) or errors.reason_fix(rec.reason, ctx)
+  end
+  rec.script_error = nil
+  o.recorder:run_end(rec)
 end
 
 function M.run(o, script, context)
@@ -141,7 +173,9 @@ function M.run(o, script, context)
   local input = M.input_json(script, context, id, servers)
   if parent and parent.aborted then error(parent.reason, 0) end
   local run_sig = signals.child(parent)
-  local ok, res = pcall(contained, o, servers, input, id, scope, run_sig)
+  local rec = o.recorder:run_begin(type(schedule.channel) == "string" and schedule.channel or nil, id)
+  local ok, res = pcall(contained, o, servers, input, id, scope, run_sig, rec)
+  settle(o, rec, ok, res, run_sig, parent)
   run_sig:detach()
   if not ok then error(res, 0) end
   return res
