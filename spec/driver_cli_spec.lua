@@ -255,10 +255,19 @@ describe("driver:run", function()
     fake:set("run.sleep", 60)
     local sig = signal.new()
     local ok, err, ms = async.run(function()
-      core.timer(200, function() sig:abort("sandbox turn stopped") end)
-      local t0 = core.now()
+      -- abort once the fake has recorded its run call (run.count is written
+      -- after its argv), however long a loaded machine takes to start it
+      local aborted_at
+      async.spawn(function()
+        for _ = 1, 3000 do
+          if core.fs_lstat(fake.dir .. "/run.count") then break end
+          async.sleep(10)
+        end
+        aborted_at = core.now()
+        sig:abort("sandbox turn stopped")
+      end)
       local ok, err = pcall(driver(fake).run, driver(fake), spec_for(fake), TURN, sig)
-      return ok, err, core.now() - t0
+      return ok, err, aborted_at and core.now() - aborted_at or -1
     end)
     assert.is_false(ok)
     assert.equal("sandbox turn stopped", err)

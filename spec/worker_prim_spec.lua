@@ -370,7 +370,9 @@ describe("sbxw.broker_request against a byte-exact peer", function()
     end
     pid = sh(string.format("%s/worker/sbxw-test-peer '%s' '%s/request' '%s' %d %d >/dev/null 2>&1 & echo $!",
       B, sock, dir, resp, slice or 0, delay_ms or 0))
-    for _ = 1, 200 do
+    -- the peer renames its socket into place once it listens; a loaded
+    -- machine may take seconds to start it
+    for _ = 1, 3000 do
       if os.execute("test -S '" .. sock .. "'") then break end
       sleep(0.01)
     end

@@ -9,8 +9,9 @@
 -- The hostile workers are FROM-scratch images of
 -- spec/fixtures/hostile/attack.c (pi-roundtable-sandbox-test/harden-<mode>),
 -- chosen per turn by a driver wrapper (a trusted seam) from the message
--- text; the bystanders run the real worker image (SBX_TEST_IMAGE, default
--- pi-roundtable-sandbox:local) against a fake model on loopback. The disk
+-- text; the bystanders run the real worker image, built from this tree as
+-- pi-roundtable-sandbox-test/harden-worker:<tag> (or SBX_TEST_IMAGE), against
+-- a fake model on loopback. The disk
 -- case needs a small loop filesystem the service account owns, given as
 -- SBX_TEST_LOOPFS (scripts/check.sh makes one as root; the case fails
 -- without it). Opt-in with SANDBOX_DOCKER_TEST=1.
@@ -25,7 +26,7 @@ local probe_images = require "probe_images"
 local spec_fs = require "spec_fs"
 
 local ENABLED = os.getenv("SANDBOX_DOCKER_TEST") == "1"
-local IMAGE = os.getenv("SBX_TEST_IMAGE") or "pi-roundtable-sandbox:local"
+local IMAGE                  -- the real worker's image (setup)
 local LOOPFS = os.getenv("SBX_TEST_LOOPFS")
 local KEY = "hostile-spec-key"
 local TAG = core.random_hex(4)
@@ -108,10 +109,12 @@ describe("hostile guests on real Docker", function()
   end
 
   setup(function()
-    probe_images.require_docker(IMAGE)
     root = spec_fs.tmpdir("sb-hostile", roots, spec_fs.short_tmp())
+    local own
+    IMAGE, own = probe_images.worker(root, "pi-roundtable-sandbox-test/harden-worker:" .. TAG)
     images = probe_images.build(root, "spec/fixtures/hostile/attack.c", MODES,
       function(mode) return "pi-roundtable-sandbox-test/harden-" .. mode .. ":" .. TAG end)
+    for _, name in ipairs(own) do images.worker = name end      -- removed with the probes
     server = assert(core.http_server {
       on_request = function(req)
         local body = json.decode(req.body or "")

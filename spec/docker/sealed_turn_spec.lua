@@ -7,7 +7,9 @@
 --   * memory and history survive between turns and stay in their channel.
 -- The misbehaving workers are FROM-scratch images of
 -- spec/fixtures/hostile/probe.c, chosen per turn by a driver wrapper (a
--- trusted seam) from the message text. Opt-in with SANDBOX_DOCKER_TEST=1.
+-- trusted seam) from the message text; the well-behaved turns run the real
+-- worker built from this tree as sbx-sealed-spec-worker:<tag> (or
+-- SBX_TEST_IMAGE). Opt-in with SANDBOX_DOCKER_TEST=1.
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
@@ -16,7 +18,7 @@ local sandbox = require "sandbox"
 local spec_fs = require "spec_fs"
 
 local ENABLED = os.getenv("SANDBOX_DOCKER_TEST") == "1"
-local IMAGE = os.getenv("SBX_TEST_IMAGE") or "pi-roundtable-sandbox:local"
+local IMAGE                  -- the real worker's image (setup)
 local KEY = "sealed-spec-key"
 local TAG = core.random_hex(4)
 local MODES = { "net", "write", "fork", "oom" }
@@ -66,10 +68,12 @@ describe("sealed turn guarantees on real Docker", function()
   end
 
   setup(function()
-    probe_images.require_docker(IMAGE)
     root = spec_fs.tmpdir("sb-sealed")
+    local own
+    IMAGE, own = probe_images.worker(root, "sbx-sealed-spec-worker:" .. TAG)
     images = probe_images.build(root, "spec/fixtures/hostile/probe.c", MODES,
       function(mode) return "sbx-sealed-spec-" .. mode .. ":" .. TAG end)
+    for _, name in ipairs(own) do images.worker = name end
     server = assert(core.http_server {
       on_request = function(req)
         in_flight = in_flight + 1

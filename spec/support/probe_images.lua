@@ -6,6 +6,8 @@
 --
 --   local P = require "probe_images"
 --   P.require_docker(image)                      asserts, naming the fix
+--   local worker = P.worker(dir, "name:" .. tag) the real worker image of this
+--                                                tree under the spec's own name
 --   local images = P.build(dir, "spec/fixtures/hostile/probe.c", modes,
 --                          function(mode) return "name:" .. tag end)
 --   P.remove(images)                             containers first, then images
@@ -27,6 +29,25 @@ function M.require_docker(image)
     _, rc = sh("docker image inspect " .. image)
     assert.equal(0, rc, "make image first (" .. image .. ")")
   end
+end
+
+-- The real worker image built from this tree's build (worker/image.sh, the
+-- `make image` recipe) under `name`, so another checkout's `make image`
+-- retagging pi-roundtable-sandbox:local meanwhile cannot swap the worker
+-- under test; SBX_TEST_IMAGE names a prebuilt image instead. Returns the
+-- image and the list P.remove takes ({} for SBX_TEST_IMAGE's).
+function M.worker(dir, name)
+  local given = os.getenv("SBX_TEST_IMAGE")
+  if given and given ~= "" then
+    M.require_docker(given)
+    return given, {}
+  end
+  M.require_docker()
+  local build = package.cpath:match("(build[%w%-]*)/lua/%?%.so") or "build"
+  local out, rc = sh("SBX_IMAGE=" .. q(name) .. " SBX_IMAGE_CONTEXT=" .. q(dir .. "/worker-ctx")
+    .. " bash worker/image.sh " .. q(build))
+  assert.equal(0, rc, "the worker image recipe (worker/image.sh) failed: " .. out)
+  return name, { name }
 end
 
 -- Compiles src statically into dir/ctx and builds one image per mode;
