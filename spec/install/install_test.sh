@@ -34,6 +34,8 @@ VERSION="$(cat VERSION)"
 IMAGE="${SBX_TEST_IMAGE:-pi-roundtable-sandbox:local}"
 DOCKER=0; [ "${SANDBOX_DOCKER_TEST:-}" = 1 ] && DOCKER=1
 TEST_TAG="roundtable-install-test-image:$$"
+CHECKOUT_TAG="roundtable-install-test-checkout:$$"   # this checkout's make image context, built apart
+                                                     # (another worktree may rebuild $IMAGE meanwhile)
 
 passed=0 failed=0 skipped=0
 ok()   { passed=$((passed + 1)); echo "ok   $1"; }
@@ -68,7 +70,7 @@ if is_root; then
   RUN=(runuser -u "$SBX_USER" -- env "HOME=$(getent passwd "$SBX_USER" | cut -d: -f6)")
 fi
 cleanup() {
-  [ "$DOCKER" = 1 ] && docker image rm "$TEST_TAG" >/dev/null 2>&1
+  [ "$DOCKER" = 1 ] && docker image rm "$TEST_TAG" "$CHECKOUT_TAG" >/dev/null 2>&1
   rm -rf "$BASE"
   (cd "$SBX_ROOT/bun" && rm -rf native lua worker) 2>/dev/null  # a pack that died before postpack
 }
@@ -196,7 +198,9 @@ docker_case "a missing image: the installed sbx names the installed build-image 
 build_image() {
   local out want have
   out="$(as_user env SBX_IMAGE="$TEST_TAG" "$P/share/pi-roundtable-sandbox/build-image" 2>&1)" || { echo "$out"; return 1; }
-  want="$(docker image inspect --format '{{ index .Config.Labels "pi-roundtable-sandbox.context" }}' "$IMAGE")"
+  out="$(env SBX_IMAGE="$CHECKOUT_TAG" SBX_IMAGE_CONTEXT="$BASE/checkout-ctx" bash "$SBX_ROOT/worker/image.sh" build 2>&1)" ||
+    { echo "$out"; return 1; }
+  want="$(docker image inspect --format '{{ index .Config.Labels "pi-roundtable-sandbox.context" }}' "$CHECKOUT_TAG")"
   have="$(docker image inspect --format '{{ index .Config.Labels "pi-roundtable-sandbox.context" }}' "$TEST_TAG")"
   [ -n "$have" ] && [ "$have" = "$want" ] || { echo "context $have, make image's $want"; return 1; }
 }
