@@ -18,6 +18,7 @@ static const struct {
   {"reflect", sbx__open_reflect},
   {"reflect_stream", sbx__open_reflect_stream},
   {"sse_watch", sbx__open_sse_watch},
+  {"fdbudget", sbx__open_fdbudget},
   {"listener", sbx__open_listener},
   {"listener_stream", sbx__open_listener_stream},
   {"upstream", sbx__open_upstream},
@@ -29,6 +30,7 @@ static const struct {
   {"unix_stream", sbx__open_unix_stream},
   {"docker_demux", sbx__open_docker_demux},
   {"fs", sbx__open_fs},
+  {"fs_usage", sbx__open_fs_usage},
   {"atomic_file", sbx__open_atomic_file},
   {"scrub", sbx__open_scrub},
 };
