@@ -36,6 +36,18 @@
 #define SBX_SSE_MAX_EVENT_BYTES        65536      /* an unfinished event beyond it is dropped */
 #define SBX_DOCKER_CALL_MS             15000
 
+/* The host's descriptors as a budget (shared/spec/hardening.md 2; fdbudget.c).
+ * A running turn costs TURN_COST descriptors of the host's own (its listener,
+ * the docker child's three pipes, one upstream socket, one for the workspace
+ * walk and the run directory's removal) plus GUARANTEED_CONNS broker
+ * connections; HOST_RESERVE more stay free for the host's own work (its
+ * spawns' transient pipes, log and state files, host tools); TURN_HEADROOM
+ * turns' worth stays free of the shared pool, so a new turn starts at once. */
+#define SBX_FD_HOST_RESERVE        24
+#define SBX_FD_TURN_COST           6
+#define SBX_FD_GUARANTEED_CONNS    2
+#define SBX_FD_TURN_HEADROOM       1
+
 /* Listener internals (listener.c), not spec numbers. */
 #define SBX_LISTEN_BACKLOG         128     /* pending connects queued by the kernel */
 #define SBX_LINGER_MS              2000    /* after a reply: drain client bytes, then close */

@@ -907,6 +907,142 @@ static int enc_value(enc_t *e, int idx) {
 }
 
 /* ------------------------------------------------------------------ */
+/* Shape-aware decoding of one flat object (shared/spec/hardening.md 7) */
+/* ------------------------------------------------------------------ */
+
+/*
+ * An untrusted document that must be one object of known scalar members
+ * (the worker's reply): each member name is looked up in the shape before
+ * its value is read, so an unknown member, a value of another kind (an
+ * array, an object) or a value past max_values is refused at its first
+ * byte and nothing of it is ever built. Memory: the member values only.
+ */
+#define SHAPE_DEFAULT_MAX_VALUES 1024
+
+enum { K_BOOLEAN, K_STRING, K_NUMBER, K_NULL, K_BAD };
+
+static int shape_kind(lua_State *L, int shape) {
+  const char *k;
+  int t;
+  lua_pushvalue(L, -1);                          /* the member name */
+  t = lua_rawget(L, shape);
+  k = t == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+  lua_pop(L, 1);
+  if (k == NULL) return -1;                      /* unknown member */
+  if (strcmp(k, "boolean") == 0) return K_BOOLEAN;
+  if (strcmp(k, "string") == 0) return K_STRING;
+  if (strcmp(k, "number") == 0) return K_NUMBER;
+  if (strcmp(k, "null") == 0) return K_NULL;
+  return K_BAD;
+}
+
+/* Pushes the value of kind k at d->p, or fails with "wrong type". */
+static const char *shape_value(dec_t *d, int k) {
+  const unsigned char c = d->p < d->end ? *d->p : 0;
+  int rc = SBX_EINVAL;
+  if (k == K_BOOLEAN && c == 't' && match_literal(d, "true", 4)) {
+    lua_pushboolean(d->L, 1);
+    return NULL;
+  }
+  if (k == K_BOOLEAN && c == 'f' && match_literal(d, "false", 5)) {
+    lua_pushboolean(d->L, 0);
+    return NULL;
+  }
+  if (k == K_NULL && c == 'n' && match_literal(d, "null", 4)) {
+    lua_pushlightuserdata(d->L, NULL);
+    return NULL;
+  }
+  if (k == K_STRING && c == '"') {
+    d->p++;
+    rc = parse_string(d);
+  } else if (k == K_NUMBER && (c == '-' || (c >= '0' && c <= '9'))) {
+    rc = parse_number(d);
+  } else {
+    return "wrong type";
+  }
+  return rc == 0 ? NULL : "invalid json";
+}
+
+/* The object at d->p into the table at the top; NULL or why it is refused. */
+static const char *shape_object(dec_t *d, int shape, lua_Integer max_values) {
+  lua_State *L = d->L;
+  int out = lua_gettop(L);
+  lua_Integer values = 1;                        /* the object itself */
+  skip_ws(d);
+  if (d->p >= d->end || *d->p != '{') return "not an object";
+  d->p++;
+  skip_ws(d);
+  if (d->p < d->end && *d->p == '}') {
+    d->p++;
+    return NULL;
+  }
+  for (;;) {
+    const char *why;
+    int k;
+    skip_ws(d);
+    if (d->p >= d->end || *d->p != '"') return "invalid json";
+    d->p++;
+    if (parse_string(d) != 0) return "invalid json";         /* name at top */
+    if ((k = shape_kind(L, shape)) < 0) return "unknown member";
+    if (k == K_BAD) return "wrong type";
+    lua_pushvalue(L, -1);
+    if (lua_rawget(L, out) != LUA_TNIL) return "invalid json";   /* repeated */
+    lua_pop(L, 1);
+    skip_ws(d);
+    if (d->p >= d->end || *d->p != ':') return "invalid json";
+    d->p++;
+    skip_ws(d);
+    if (++values > max_values) return "too many values";
+    if ((why = shape_value(d, k)) != NULL) return why;
+    lua_rawset(L, out);
+    skip_ws(d);
+    if (d->p >= d->end) return "invalid json";
+    if (*d->p == ',') {
+      d->p++;
+      continue;
+    }
+    if (*d->p == '}') {
+      d->p++;
+      return NULL;
+    }
+    return "invalid json";
+  }
+}
+
+/* core.json_decode_shape(s, shape [, max_values]) -> table | nil, why
+ * shape = {name = "boolean"|"string"|"number"|"null", ...}; why is "not an
+ * object", "unknown member", "wrong type", "too many values" or "invalid
+ * json". The table is a plain one holding the members present. */
+static int l_json_decode_shape(lua_State *L) {
+  size_t len;
+  const char *s = luaL_checklstring(L, 1, &len);
+  lua_Integer max = luaL_optinteger(L, 3, SHAPE_DEFAULT_MAX_VALUES);
+  const char *why;
+  dec_t d;
+  luaL_checktype(L, 2, LUA_TTABLE);
+  luaL_argcheck(L, max >= 1, 3, "max_values must be positive");
+  lua_settop(L, 2);
+  luaL_checkstack(L, JSON_SLOTS_PER_LEVEL, "json decode");
+  memset(&d, 0, sizeof d);
+  d.L = L;
+  d.p = (const unsigned char *)s;
+  d.end = d.p + len;
+  lua_newtable(L);                                         /* 3: the result */
+  why = shape_object(&d, 2, max);
+  if (why == NULL) {
+    skip_ws(&d);
+    if (d.p != d.end) why = "invalid json";                /* trailing bytes */
+  }
+  if (why != NULL) {
+    lua_pushnil(L);
+    lua_pushstring(L, why);
+    return 2;
+  }
+  lua_settop(L, 3);
+  return 1;
+}
+
+/* ------------------------------------------------------------------ */
 /* Lua functions                                                       */
 /* ------------------------------------------------------------------ */
 
@@ -987,7 +1123,7 @@ static int l_utf8_valid(lua_State *L) {
 void sbx__open_json(lua_State *L) {
   static const luaL_Reg fns[] = {
     {"json_decode", l_json_decode}, {"json_encode", l_json_encode},
-    {"utf8_valid", l_utf8_valid}, {NULL, NULL}};
+    {"json_decode_shape", l_json_decode_shape}, {"utf8_valid", l_utf8_valid}, {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
   ensure_registry(L);
   lua_pushlightuserdata(L, NULL);

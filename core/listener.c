@@ -32,6 +32,16 @@
  * so a client still writing its refused body reads the reply instead of a
  * reset.
  *
+ * Connections are budgeted (shared/spec/hardening.md 2, fdbudget.c): the
+ * first SBX_FD_GUARANTEED_CONNS open connections of a listener are its
+ * turn's own; each one beyond them (up to SBX_MAX_CONNECTIONS) is taken from
+ * the process's shared pool, and one the pool cannot carry is accepted and
+ * closed at once, like one over the cap. An accept that fails with EMFILE or
+ * ENFILE never stops the listener: the reserved descriptor is given up to
+ * accept and close what is pending, then taken again. Every listener is on
+ * one list, so core.broker_reclaim can close idle pooled connections (ones
+ * still waiting for their head, no call) when a new turn needs the room.
+ *
  * A listener made with opts.policy "precheck" (lua/sandbox/precheck) decides
  * heads with precheck_head.c instead (the precheck broker's rows 0-7), caps
  * bodies at opts.max_body and hands any strict-JSON body to on_call; the
@@ -58,6 +68,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fdbudget.h"
 #include "http_head.h"
 #include "json.h"
 #include "loop.h"
@@ -104,6 +115,7 @@ struct lst {
   char *route_bytes;
   conn_t *conns;
   int nconns;
+  lst_t *all_prev, *all_next;  /* every listener not yet stopped (reclaim) */
 };
 
 enum { C_HEAD, C_BODY, C_CALL, C_WRITING, C_SHUTDOWN, C_LINGER, C_CLOSING };
@@ -121,6 +133,7 @@ struct conn {
   int holds_slot;          /* accepted (step 9) and no call owns the slot yet */
   int peer_eof;            /* read side ended (peer half-closed or left) */
   int polling;             /* timer repeats to look for a hang-up */
+  int pooled;              /* counted in the shared descriptor pool */
   uint64_t deadline;       /* loop time the current phase ends */
   char *buf;               /* head (SBX_MAX_HEAD_BYTES + 1), then body */
   size_t len;
@@ -141,6 +154,7 @@ struct call {
 };
 
 static char drain_buf[16384];   /* bytes we read only to throw away */
+static lst_t *all_listeners;    /* the list core.broker_reclaim walks */
 
 /* ---- helpers ----------------------------------------------------------- */
 
@@ -227,6 +241,7 @@ static void conn_handle_closed(uv_handle_t *h) {
   if (c->prev) c->prev->next = c->next; else lst->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   lst->nconns--;
+  if (c->pooled) sbx__fd_pool_give();
   free(c->buf);
   free(c->reply);      /* normally freed by the write callback already */
   free(c);
@@ -688,17 +703,32 @@ static void stop_read(conn_t *c) {
 static void on_connection(uv_stream_t *server, int status) {
   lst_t *lst = server->data;
   conn_t *c;
+  int pooled = 0;
+  if (status == UV_EMFILE || status == UV_ENFILE) {
+    /* libuv's own reserve was not enough: ours, then keep listening. */
+    uv_os_fd_t fd;
+    int n = 0;
+    if (!lst->stopped && uv_fileno((uv_handle_t *)server, &fd) == 0) n = sbx__fd_emfile_drain(fd);
+    while (n-- > 0) report(lst, "connections", 0, -1, 0, NULL, 0);
+    return;
+  }
   if (status < 0 || lst->stopped) return;
-  if (lst->nconns >= SBX_MAX_CONNECTIONS) {
-    sbx__pipe_refuse(server);   /* over the cap: closed at once, nothing written */
+  if (lst->nconns >= SBX_FD_GUARANTEED_CONNS && lst->nconns < SBX_MAX_CONNECTIONS) {
+    pooled = sbx__fd_pool_take();
+  }
+  if (lst->nconns >= SBX_MAX_CONNECTIONS || (lst->nconns >= SBX_FD_GUARANTEED_CONNS && !pooled)) {
+    /* Over the cap, or over the turn's share with the pool empty: closed at
+       once, nothing written. */
+    sbx__pipe_refuse(server);
     report(lst, "connections", 0, -1, 0, NULL, 0);
     return;
   }
   c = calloc(1, sizeof *c);
-  if (c == NULL) return;
+  if (c == NULL) { if (pooled) sbx__fd_pool_give(); return; }
   c->buf = malloc(SBX_MAX_HEAD_BYTES + 1);
-  if (c->buf == NULL) { free(c); return; }
+  if (c->buf == NULL) { free(c); if (pooled) sbx__fd_pool_give(); return; }
   c->lst = lst;
+  c->pooled = pooled;
   c->call_ref = LUA_NOREF;
   c->why = "client_closed";
   c->state = C_HEAD;
@@ -729,6 +759,20 @@ static void server_closed(uv_handle_t *h) {
  * and destroys every connection, firing pending calls' on_close on L (when L
  * is non-NULL). Idempotent.
  */
+static void all_add(lst_t *lst) {
+  lst->all_prev = NULL;
+  lst->all_next = all_listeners;
+  if (all_listeners) all_listeners->all_prev = lst;
+  all_listeners = lst;
+}
+
+static void all_remove(lst_t *lst) {
+  if (lst->all_prev) lst->all_prev->all_next = lst->all_next;
+  else if (all_listeners == lst) all_listeners = lst->all_next;
+  if (lst->all_next) lst->all_next->all_prev = lst->all_prev;
+  lst->all_prev = lst->all_next = NULL;
+}
+
 static void lst_stop(lst_t *lst, lua_State *L) {
   conn_t *c;
   call_t *calls[SBX_MAX_CONNECTIONS];
@@ -736,6 +780,7 @@ static void lst_stop(lst_t *lst, lua_State *L) {
   int n = 0, i;
   if (lst->stopped) return;
   lst->stopped = 1;
+  all_remove(lst);
   uv_close((uv_handle_t *)&lst->server, server_closed);
   /* Close every connection first, then run the handlers: a handler may run
      the loop, whose close callbacks free connections. At most
@@ -868,9 +913,38 @@ static int l_broker_listen(lua_State *L) {
   if (lua_type(L, -2) == LUA_TFUNCTION) lst->on_call_ref = sbx__ref(L, -2);
   if (lua_getfield(L, 1, "on_refused") == LUA_TFUNCTION) lst->on_refused_ref = sbx__ref(L, -1);
   lua_pop(L, 1);                                /* the box is the result again */
+  all_add(lst);
   sbx__box_bind(box, lst, NULL);                /* the listener outlives its box */
   lst->refs++;                                  /* the userdata's */
   lst->self_ref = sbx__ref(L, -1);
+  return 1;
+}
+
+/*
+ * core.broker_reclaim(n) -> closed: closes up to n pooled connections that
+ * hold nothing (still waiting for their head: no request, no call), from
+ * the listeners holding the most connections first, so a new turn's charge
+ * fits (fdbudget.c). Nothing is written to them and no Lua runs.
+ */
+static int l_broker_reclaim(lua_State *L) {
+  lua_Integer want = luaL_checkinteger(L, 1);
+  int closed = 0;
+  while (closed < want) {
+    lst_t *most = NULL, *l;
+    conn_t *c, *victim = NULL;
+    for (l = all_listeners; l != NULL; l = l->all_next) {
+      int idle = 0;
+      for (c = l->conns; c != NULL && !idle; c = c->next)
+        if (c->pooled && c->state == C_HEAD) idle = 1;
+      if (idle && (most == NULL || l->nconns > most->nconns)) most = l;
+    }
+    if (most == NULL) break;
+    for (c = most->conns; c != NULL; c = c->next)
+      if (c->pooled && c->state == C_HEAD) victim = c;
+    conn_destroy(victim, NULL, 0);
+    closed++;
+  }
+  lua_pushinteger(L, closed);
   return 1;
 }
 
@@ -1012,4 +1086,6 @@ void sbx__open_listener(lua_State *L) {
   sbx__class(L, CALL_MT, call_methods, l_call_gc);
   lua_pushcfunction(L, l_broker_listen);
   lua_setfield(L, -2, "broker_listen");
+  lua_pushcfunction(L, l_broker_reclaim);
+  lua_setfield(L, -2, "broker_reclaim");
 }

@@ -20,8 +20,9 @@ void sbx__open_json(lua_State *L);          /* core.json_decode, json_encode, ut
 void sbx__open_reflect(lua_State *L);       /* core.reflect_filter */
 void sbx__open_reflect_stream(lua_State *L); /* core.reflect_stream */
 void sbx__open_sse_watch(lua_State *L);     /* core.sse_watch */
+void sbx__open_fdbudget(lua_State *L);      /* core.fd_raise, fd_count, fd_budget, fd_turn_acquire/release */
+void sbx__open_listener(lua_State *L);      /* core.broker_listen, broker_reclaim */
 void sbx__open_docker_demux(lua_State *L);  /* core.docker_demux */
-void sbx__open_listener(lua_State *L);      /* core.broker_listen */
 void sbx__open_listener_stream(lua_State *L); /* core.stream_listen */
 void sbx__open_upstream(lua_State *L);      /* core.http_post */
 void sbx__open_upstream_stream(lua_State *L); /* core.http_stream */
@@ -31,6 +32,7 @@ void sbx__open_http_server(lua_State *L);   /* core.http_server, read_lines */
 void sbx__open_process(lua_State *L);       /* core.spawn */
 void sbx__open_unix_stream(lua_State *L);   /* core.unix_stream */
 void sbx__open_fs(lua_State *L);            /* core.fs_*, realpath, lock_dir */
+void sbx__open_fs_usage(lua_State *L);      /* core.fs_usage, fs_statfs */
 void sbx__open_atomic_file(lua_State *L);   /* core.write_file_atomic, read_file_nofollow */
 void sbx__open_dir_handle(lua_State *L);    /* core.dir_open (handle:write_new, close) */
 void sbx__open_scrub(lua_State *L);         /* core.scrub_diagnostic, scrub_trim, scrub_valid_limit */

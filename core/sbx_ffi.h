@@ -118,8 +118,13 @@
  *   {"type":"message","event":EVENT,"admission":ADMISSION}
  *       app:claim, a "claim" event, then (when claimed) app:handle as a task
  *       on the loop (runs the turn; typing events). value:
- *       {"claim":{...},"result":{"replies":["...",...]}|null}
- *       (result null: not claimed, dropped, or switched off meanwhile)
+ *       {"claim":{...},"result":{"replies":["...",...],
+ *        "allowedMentions":{"parse":[]}}|null}
+ *       (result null: not claimed, dropped, or switched off meanwhile).
+ *       The reply text is the worker's, delivered unchanged (control
+ *       characters included) but for the mention neutralising of
+ *       mentions = "neutral" (then allowedMentions is present): the host's
+ *       chat adapter renders it, and passes allowedMentions on.
  *   {"type":"command","event":EVENT,"admission":ADMISSION}
  *       app:command (`/<root> sandbox on|off|status`, event.subcommand);
  *       value: {"replies":["..."],"ephemeral":true}

@@ -320,8 +320,15 @@ static void on_tick(uv_timer_t *t) {
     free(p);
   }
   if (!c->dead && !c->finished && c->curl_paused && !c->user_paused && c->plen == 0) {
+    CURLcode prc;
     c->curl_paused = 0;
-    curl_easy_pause(c->easy, CURLPAUSE_CONT);   /* may write at once: a new tick */
+    prc = curl_easy_pause(c->easy, CURLPAUSE_CONT);   /* may write at once: a new tick */
+    /* The bytes curl held while paused are written inside curl_easy_pause;
+     * a write refusing them (over max_bytes) fails the transfer, but only
+     * its return says so: the multi never reports it, and no socket event
+     * is left to wake it (the whole body was read). Finish it here. */
+    if (!c->dead && !c->finished && (prc != CURLE_OK || c->kind != 0))
+      call_done(&c->x, prc != CURLE_OK ? prc : CURLE_WRITE_ERROR);
   }
   /* The end: once every byte was delivered after a success; at once after a
    * failure, paused or not (bytes not yet delivered are dropped: the

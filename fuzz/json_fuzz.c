@@ -7,7 +7,11 @@
  * success whose value the filter walk does not hit; an unfiltered success
  * that the filter refuses must be a value the walk hits). A decoded value
  * is encoded, the encoding decoded and encoded again: both encodings must
- * be byte-identical (round-trip stability). Any disagreement aborts.
+ * be byte-identical (round-trip stability). The shape-aware decoder of the
+ * worker's reply (core.json_decode_shape with the reply's members) must
+ * agree with the full decoder: it accepts exactly the documents the full
+ * decoder reads as an object of those members only, each of its kind, with
+ * the same values (hardening.md 7). Any disagreement aborts.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -32,6 +36,54 @@ static sbx_reflect_t *fuzz_filter[2];
 static void die(const char *what) {
   fprintf(stderr, "json_fuzz: %s\n", what);
   abort();
+}
+
+static int shape_ref = LUA_NOREF;   /* {ok="boolean", text="string", ...} */
+
+/* 1 when the decoded value at idx is an object whose every member is one
+ * of the reply's, of its kind. */
+static int reply_shaped(lua_State *L, int idx) {
+  int ok = 1;
+  idx = lua_absindex(L, idx);
+  if (!sbx__json_is_object(L, idx)) return 0;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, shape_ref);
+  lua_pushnil(L);
+  while (ok && lua_next(L, idx) != 0) {
+    const char *kind = NULL;
+    if (lua_type(L, -2) == LUA_TSTRING) {
+      lua_pushvalue(L, -2);
+      if (lua_rawget(L, -4) == LUA_TSTRING) kind = lua_tostring(L, -1);
+      lua_pop(L, 1);
+    }
+    if (kind == NULL) ok = 0;
+    else if (strcmp(kind, "boolean") == 0) ok = lua_type(L, -1) == LUA_TBOOLEAN;
+    else ok = lua_type(L, -1) == LUA_TSTRING;
+    lua_pop(L, 1);
+  }
+  if (!ok) lua_pop(L, 1);                                    /* the key */
+  lua_pop(L, 1);                                             /* the shape */
+  return ok;
+}
+
+/* The shape decoder against the full one (plain == 0: its value at 3). */
+static void check_shape(lua_State *L, const char *buf, size_t len, int plain) {
+  int top = lua_gettop(L), shaped, expected = plain == 0 && reply_shaped(L, 3);
+  if (lua_getfield(L, 1, "json_decode_shape") != LUA_TFUNCTION) die("json_decode_shape missing");
+  lua_pushlstring(L, buf, len);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, shape_ref);
+  lua_call(L, 2, 2);
+  shaped = lua_istable(L, -2);
+  if (shaped != expected) die(shaped ? "the shape decoder accepted what is not a reply" : "the shape decoder refused a reply");
+  if (shaped) {
+    lua_pushnil(L);
+    while (lua_next(L, 3) != 0) {                            /* every member, the same value */
+      lua_pushvalue(L, -2);
+      lua_rawget(L, top + 1);
+      if (!lua_rawequal(L, -1, -2)) die("the shape decoder read another value");
+      lua_pop(L, 2);
+    }
+  }
+  lua_settop(L, top);
 }
 
 /* Calls core[fn](value at idx [, extra]) and leaves its results (2 slots). */
@@ -82,6 +134,7 @@ static int one_input(lua_State *L) {
   } else if (filtered != plain) {
     die("filtered and plain decodes disagree");
   }
+  check_shape(L, buf, len, plain);
   if (plain != 0) return 0;
 
   /* Round trip: encode, decode, encode; the two encodings must be equal. */
@@ -107,6 +160,16 @@ static void setup(void) {
     if (sbx_reflect_new(fuzz_keys[i], strlen(fuzz_keys[i]), &fuzz_filter[i]) != 0)
       die("no filter");
   }
+  lua_createtable(L, 0, 4);
+  lua_pushliteral(L, "boolean");
+  lua_setfield(L, -2, "ok");
+  lua_pushliteral(L, "string");
+  lua_setfield(L, -2, "text");
+  lua_pushliteral(L, "boolean");
+  lua_setfield(L, -2, "truncated");
+  lua_pushliteral(L, "string");
+  lua_setfield(L, -2, "reason");
+  shape_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   fuzz_L = L;
 }
 

@@ -38,4 +38,6 @@ if [ "${BENCH_DOCKER:-1}" = 1 ]; then
   as_sbx build/sbx lua bench/worker_rss.lua
   echo "== precheck run (one granted MCP call) vs bare docker run --rm of the precheck image (bench/precheck_bench.lua)"
   as_sbx build/sbx lua bench/precheck_bench.lua "${BENCH_PRECHECKS:-20}"
+  echo "== hardening: the seccomp profile vs Docker's default, the disk watchdog on vs off (bench/hardening_bench.lua)"
+  as_sbx build/sbx lua bench/hardening_bench.lua "${BENCH_TURNS:-20}"
 fi

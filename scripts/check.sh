@@ -16,6 +16,9 @@
 #   fuzz         every fuzz/*_fuzz.c for FUZZ_SECONDS (default 10); one test each
 #   docker       (hook) spec/docker/*_spec.lua, real Docker (the sealed image and the
 #                rich images, both built first); runs when present
+#                (as root, with a 512 MiB ext4 loop filesystem for the disk
+#                attack of hostile_spec.lua: SBX_TEST_LOOPFS, unmounted and
+#                deleted at the end)
 #   bun          (hook) `bun test` in bun/; runs when bun/package.json exists
 #   install      spec/install/install_test.sh: make install DESTDIR, pkg-config,
 #                luarocks make, bun pm pack + bun add, used from temporary trees
@@ -77,7 +80,15 @@ RUN_AS=()         # prefix that runs a command as the spec user
 WORK="$SBX_ROOT"  # the tree the specs run in
 SPEC_TMP=""       # fresh TMPDIR, owned by the spec user
 runner_ok=1
-cleanup() { [ -n "$SPEC_TMP" ] && rm -rf "$SPEC_TMP"; [ -n "${COPY_DIR:-}" ] && rm -rf "$COPY_DIR"; }
+LOOPFS=""        # the small filesystem of the disk attack (root only)
+cleanup() {
+  [ -n "$SPEC_TMP" ] && rm -rf "$SPEC_TMP"
+  [ -n "${COPY_DIR:-}" ] && rm -rf "$COPY_DIR"
+  if [ -n "$LOOPFS" ]; then
+    umount "$LOOPFS" 2>/dev/null || umount -l "$LOOPFS" 2>/dev/null
+    rm -rf "$LOOPFS" "$LOOPFS.img"
+  fi
+}
 trap cleanup EXIT
 
 SPEC_TMP="$(mktemp -d /tmp/sbx-check.XXXXXX)" || die "mktemp failed"
@@ -371,8 +382,23 @@ if [ ${#DOCKER_SPECS[@]} -gt 0 ] && can_run docker build; then
   else
     say check "suite docker: ${#DOCKER_SPECS[@]} spec files against real Docker"
     BUSTED_ENV=("${DOCKER_ENV[@]}")
+    # The disk attack needs a small filesystem of its own, which only root can
+    # mount; the spec fails (never skips) without it.
+    if is_root && have mkfs.ext4 && LOOPFS="$(mktemp -d /tmp/sbx-loopfs.XXXXXX)"; then
+      if truncate -s 512M "$LOOPFS.img" && mkfs.ext4 -q -F "$LOOPFS.img" >/dev/null 2>&1 &&
+         mount -o loop "$LOOPFS.img" "$LOOPFS" && chown "$SBX_USER:" "$LOOPFS" && chmod 0700 "$LOOPFS"; then
+        BUSTED_ENV+=("SBX_TEST_LOOPFS=$LOOPFS")
+      else
+        say check "could not make the loop filesystem of the disk attack"
+      fi
+    fi
     run_busted docker "$LOGS/docker.log" --cpath='build/lua/?.so' "${DOCKER_SPECS[@]}"
     BUSTED_ENV=()
+    if [ -n "$LOOPFS" ]; then
+      umount "$LOOPFS" 2>/dev/null || umount -l "$LOOPFS" 2>/dev/null
+      rm -rf "$LOOPFS" "$LOOPFS.img"
+      LOOPFS=""
+    fi
   fi
 fi
 

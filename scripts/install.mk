@@ -12,8 +12,8 @@
 #     LUACDIR/sandbox/core.so             PREFIX/lib/lua/5.4: where Debian's
 #                                         lua5.4 looks under /usr/local and /usr
 #     IMAGEDIR/                           the worker image's build context:
-#                                         Dockerfile, sbx-worker, lua/**,
-#                                         image_lib.sh, and build-image
+#                                         Dockerfile, seccomp.json, sbx-worker,
+#                                         lua/**, image_lib.sh, and build-image
 #                                         (worker/image.sh), which
 #                                         builds pi-roundtable-sandbox:local
 #     DOCDIR/                             README.md, docs/*.md, the systemd example
@@ -27,6 +27,8 @@
 #     make rock B=build/rock              sandbox.core against the system's
 #                                         libraries (LUA_INCDIR from luarocks)
 #     make install-rock ROCK_LUADIR=… ROCK_LIBDIR=…   the modules into the rock
+#                                         (and the seccomp profile beside them:
+#                                         sandbox/seccomp.json, no image context)
 
 PREFIX     ?= /usr/local
 DESTDIR    ?=
@@ -80,6 +82,7 @@ install: all $(B)/sbx.pc
 	$(call copy_tree,lua,$(DESTDIR)$(LUADIR),$(HOST_LUA:lua/%=%))
 	install -D -m 0755 $(B)/lua/sandbox/core.so "$(DESTDIR)$(LUACDIR)/sandbox/core.so"
 	install -D -m 0644 worker/Dockerfile "$(DESTDIR)$(IMAGEDIR)/Dockerfile"
+	install -D -m 0644 worker/seccomp.json "$(DESTDIR)$(IMAGEDIR)/seccomp.json"
 	install -D -m 0755 $(B)/worker/sbx-worker "$(DESTDIR)$(IMAGEDIR)/sbx-worker"
 	install -D -m 0755 worker/image.sh "$(DESTDIR)$(IMAGEDIR)/build-image"
 	install -D -m 0644 scripts/image_lib.sh "$(DESTDIR)$(IMAGEDIR)/image_lib.sh"
@@ -108,4 +111,5 @@ install-rock: rock
 	@if [ -z "$(ROCK_LUADIR)" ] || [ -z "$(ROCK_LIBDIR)" ]; then \
 	  echo "make install-rock: ROCK_LUADIR and ROCK_LIBDIR are luarocks' (luarocks make)" >&2; exit 1; fi
 	$(call copy_tree,lua,$(ROCK_LUADIR),$(HOST_LUA:lua/%=%))
+	install -D -m 0644 worker/seccomp.json "$(ROCK_LUADIR)/sandbox/seccomp.json"
 	install -D -m 0755 $(B)/lua/sandbox/core.so "$(ROCK_LIBDIR)/sandbox/core.so"

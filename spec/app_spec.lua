@@ -16,6 +16,12 @@ local sandbox = require "sandbox"
 local fake = require "fake_driver"
 local fake_upstream = require "fake_upstream"
 
+-- A guest reply as the app returns it: the pieces and, with the default
+-- mentions = "neutral", the allowedMentions to pass on (hardening.md 6).
+local function guest(...)
+  return { replies = { ... }, allowedMentions = { parse = {} } }
+end
+
 local run = async.run
 local HOST_KEY = "real-test-key"
 
@@ -213,7 +219,7 @@ describe("sandbox{} entry point (2.1, 3.2)", function()
         up:reset()
         return r.route(message(), MEMBER)
       end)
-      assert.same({ replies = { "Sealed." } }, reply)
+      assert.same(guest("Sealed."), reply)
       assert.equal(1, #driver.calls)
       local call = driver.calls[1]
       assert.is_nil(json.encode(call.spec):find(HOST_KEY, 1, true))
@@ -299,7 +305,7 @@ describe("claim and routing through the app (9)", function()
       { id = "alice", name = "Alice", principalId = "p_alice" },
     }, seen)
     assert.equal(0, r.host_runs)
-    assert.same({ { replies = { "Sealed." } }, { replies = { "Sealed." } }, { replies = { "Sealed." } } }, replies)
+    assert.same({ guest("Sealed."), guest("Sealed."), guest("Sealed.") }, replies)
     assert.equal("sandbox", app:start_fresh("fake:guests"))
   end)
 
@@ -316,7 +322,7 @@ describe("claim and routing through the app (9)", function()
       assert.is_true(app:stop("fake:guests"))
       local ok, reply = async.wait(task)
       assert.is_true(ok)
-      assert.same({ replies = { "The sandbox turn failed." } }, reply)
+      assert.same(guest("The sandbox turn failed."), reply)
     end)
   end)
 
@@ -351,7 +357,7 @@ describe("claim and routing through the app (9)", function()
       driver = fake.new(function() error("secret detail /var/run/docker.sock", 0) end),
     })
     local reply = run(function() return fail_app:handle(message(), MEMBER) end)
-    assert.same({ replies = { "The sandbox turn failed or was stopped." } }, reply)
+    assert.same(guest("The sandbox turn failed or was stopped."), reply)
     assert.equal(1, #lines)
     assert.same({ "warn", "turn finished", "fake:guests", "worker_failed" },
       { lines[1][1], lines[1][2], lines[1][3].channel, lines[1][3].reason })
@@ -362,7 +368,7 @@ describe("claim and routing through the app (9)", function()
       driver = fake.new(fake.reply(false, "model limit reached")),
     })
     reply = run(function() return no_app:handle(message(), MEMBER) end)
-    assert.same({ replies = { "The sandbox turn failed." } }, reply)
+    assert.same(guest("The sandbox turn failed."), reply)
     assert.equal(1, #lines)
     assert.same({ "warn", "turn finished", "budget_exhausted" }, { lines[1][1], lines[1][2], lines[1][3].reason })
   end)
@@ -387,11 +393,11 @@ describe("claim and routing through the app (9)", function()
     if not service_account() then return end
     local long = string.rep("a", 1500) .. "\n\n" .. string.rep("b", 1500)
     local app = start_app(tmproot(), { initialChannels = { "fake:guests" }, driver = fake.new(fake.reply(true, long)) })
-    assert.same({ replies = { string.rep("a", 1500), string.rep("b", 1500) } },
+    assert.same(guest(string.rep("a", 1500), string.rep("b", 1500)),
       run(function() return app:handle(message(), MEMBER) end))
     local app2 = start_app(tmproot(), { initialChannels = { "fake:guests" }, driver = fake.new(fake.reply(true, "x y")) },
       default_host { split = function(t) return { t:match("^(%S+)"), t:match("(%S+)$") } end })
-    assert.same({ replies = { "x", "y" } }, run(function() return app2:handle(message(), MEMBER) end))
+    assert.same(guest("x", "y"), run(function() return app2:handle(message(), MEMBER) end))
   end)
 
   it("messages of one channel run one after another; another channel runs in parallel", function()
@@ -413,9 +419,9 @@ describe("claim and routing through the app (9)", function()
       local _, r1 = async.wait(t1)
       local _, r2 = async.wait(t2)
       local _, r3 = async.wait(t3)
-      assert.same({ replies = { "echo one" } }, r1)
-      assert.same({ replies = { "echo three" } }, r3)
-      assert.same({ replies = { "echo two" } }, r2)
+      assert.same(guest("echo one"), r1)
+      assert.same(guest("echo three"), r3)
+      assert.same(guest("echo two"), r2)
     end)
     assert.same({ "one", "three", "two" }, { driver.calls[1].turn.text, driver.calls[2].turn.text, driver.calls[3].turn.text })
   end)
@@ -433,7 +439,7 @@ describe("claim and routing through the app (9)", function()
       g.release()
       local _, r1 = async.wait(t1)
       local ok2, r2 = async.wait(t2)
-      assert.same({ replies = { "echo one" } }, r1)
+      assert.same(guest("echo one"), r1)
       assert.is_true(ok2)
       assert.is_nil(r2)
     end)
@@ -519,8 +525,8 @@ describe("services, status and disposal (5.6, 10)", function()
       wait_for(function() return #app:status().busy == 1 end, "the turn")
       app.services.lifecycle.stop()
       local _, reply = async.wait(task)
-      assert.same({ replies = { "The sandbox turn failed." } }, reply)
-      assert.same({ replies = { "The sandbox turn failed or was stopped." } }, app:handle(message(), MEMBER))
+      assert.same(guest("The sandbox turn failed."), reply)
+      assert.same(guest("The sandbox turn failed or was stopped."), app:handle(message(), MEMBER))
       app:dispose()
       assert.is_true(app:status().disposed)
     end)

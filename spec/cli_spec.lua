@@ -66,6 +66,10 @@ function driver:run(spec, turn, signal)
   local text = turn.text
   if text == "raise" then error("driver exploded", 0) end
   if text == "not ok" then return { ok = false, text = "The sandbox turn reached its model-call limit." } end
+  if text == "big" then error("body too large", 0) end
+  if text == "controls" then
+    return { ok = true, text = "\27]0;title\7\27]52;c;AAAA\7 a\tb\nc\r\194\133\127 @everyone" }
+  end
   local ms = text == "slow" and 3000 or 50
   local why = async.await(function(resume)
     local t = core.timer(ms, function() resume("done") end)
@@ -251,6 +255,36 @@ describe("sbx doctor", function()
     assert.matches("skip  docker", r.out, 1, true)
     assert.matches("all checks passed", r.out, 1, true)
     assert.is_nil(core.fs_stat(dir .. "/run"))
+    -- the hardening checks (hardening.md 1-3)
+    assert.matches("ok    seccomp          [^\n]*/worker/seccomp%.json %(allows %d+ system calls", r.out)
+    assert.matches("ok    descriptors      nofile %d+", r.out)
+    assert.matches("ok    disk             " .. dir .. "/ws: ", r.out, 1, true)
+  end)
+
+  it("--channel shows the channel workspace's size against workspaceQuotaMb", function()
+    if not non_root() then return end
+    local path = config(dir, "workspaceQuotaMb = 1,")
+    local ws = dir .. "/ws/" .. core.sha256_hex("demo:1")
+    local r = sbx({ "doctor", path, "--no-docker", "--channel", "demo:1" })
+    assert.equal(0, r.code, r.out)
+    assert.matches("ok    workspace        " .. ws .. " (not used yet)", r.out, 1, true)
+    os.execute("mkdir -p -m 0700 " .. shq(ws) .. " && head -c 2097152 /dev/zero > " .. shq(ws .. "/big"))
+    r = sbx({ "doctor", path, "--no-docker", "--channel", "demo:1" })
+    assert.equal(1, r.code, r.out)
+    assert.matches("FAIL  workspace        sandbox workspace is over its quota: " .. ws
+      .. " holds 2.0 MiB, over workspaceQuotaMb (1 MiB)", r.out, 1, true)
+    assert.matches("fix: an operator must free space in this channel's workspace " .. ws, r.out, 1, true)
+    os.remove(ws .. "/big")
+    r = sbx({ "doctor", path, "--no-docker", "--channel", "demo:1" })
+    assert.matches("ok    workspace        " .. ws .. " holds 0.0 MiB of workspaceQuotaMb 1", r.out, 1, true)
+  end)
+
+  it("reports a missing seccomp profile with the fix", function()
+    if not non_root() then return end
+    local r = sbx({ "doctor", config(dir, "seccompProfile = " .. string.format("%q", dir .. "/none.json") .. ","), "--no-docker" })
+    assert.equal(1, r.code)
+    assert.matches("FAIL  seccomp          seccomp profile missing: " .. dir .. "/none.json", r.out, 1, true)
+    assert.matches("fix: restore worker/seccomp.json", r.out, 1, true)
   end)
 
   it("reports group bits on the state directory and workspaceRoot", function()
@@ -337,6 +371,32 @@ describe("sbx run and sbx chat with a fake driver", function()
     -- the turn left nothing in runRoot; the workspace exists
     assert.same({}, core.fs_readdir(dir .. "/run"))
     assert.equal(1, #core.fs_readdir(dir .. "/ws"))
+  end)
+
+  it("run prints control characters other than \\n and \\t as U+FFFD, mentions neutralised; --json prints the exact text (hardening.md 6)", function()
+    if not non_root() then return end
+    local F, Z = "\239\191\189", "\226\128\139"
+    local r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "controls" })
+    assert.equal(0, r.code, r.err)
+    assert.equal(F .. "]0;title" .. F .. F .. "]52;c;AAAA" .. F .. " a\tb\nc" .. F .. F .. F .. " @" .. Z .. "everyone\n", r.out)
+    r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "--json", "controls" })
+    assert.equal(0, r.code, r.err)
+    assert.equal('{"ok":true,"text":"\\u001b]0;title\\u0007\\u001b]52;c;AAAA\\u0007 a\\tb\\nc\\r\194\133\127 @'
+      .. Z .. 'everyone","reason":"ok"}\n', r.out)
+    r = sbx({ "chat", path, "--channel", "demo:1", "--speaker", "a" }, "controls\n")
+    assert.equal(0, r.code, r.err)
+    assert.equal("sandbox: " .. F .. "]0;title" .. F .. F .. "]52;c;AAAA" .. F .. " a\tb\nc" .. F .. F .. F .. " @" .. Z
+      .. "everyone\n", r.out)
+  end)
+
+  it("run reports a worker outcome by its reason, never as an unexpected error (hardening.md 9)", function()
+    if not non_root() then return end
+    local r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "big" })
+    assert.equal(1, r.code)
+    assert.equal("The sandbox turn failed or was stopped.\n", r.out)
+    assert.matches("sbx run: turn failed: invalid_reply\n  fix: the image is not this engine's worker, or it was "
+      .. "tampered with\n  error: body too large\n", r.err, 1, true)
+    assert.is_nil(r.err:find("unexpected error", 1, true))
   end)
 
   it("run reads TEXT from stdin with -", function()

@@ -8,6 +8,7 @@ local spec_fs = require "spec_fs"
 local async = require "sandbox.async"
 local commands = require "sandbox.channels.commands"
 local core = require "sandbox.core"
+local errors = require "sandbox.errors"
 local sandbox = require "sandbox"
 local fake = require "fake_driver"
 
@@ -176,16 +177,22 @@ describe("/<root> sandbox on|off|status (7.3, 9.5)", function()
     assert.is_true(app:owns("discord:123456789"))
   end)
 
-  it("a failed save becomes the generic panel, logs `owner command failed`, and changes nothing", function()
+  it("a failed save becomes the generic panel, logs state_write_failed with the errno and `owner command failed`, and changes nothing", function()
     if not service_account() then return end
     local root = tmproot()
-    local lines = {}
-    local app = start_app(root, nil, { log = function(level, msg) lines[#lines + 1] = level .. " " .. msg end })
+    local lines, fixes = {}, {}
+    local app = start_app(root, nil, { log = function(level, msg, fields)
+      lines[#lines + 1] = level .. " " .. msg .. (fields and fields.reason and (" reason=" .. fields.reason
+        .. " errno=" .. fields.errno) or "")
+      fixes[#lines] = fields and fields.fix
+    end })
     assert(core.fs_mkdir(root .. "/state/channels.json.tmp"))
     run(function()
       assert.same(panel(commands.FAILED), app:command(cmd("on"), OWNER))
     end)
-    assert.same({ "error owner command failed" }, lines)
+    assert.same({ "error routing state could not be saved reason=state_write_failed errno=EISDIR",
+      "error owner command failed" }, lines)
+    assert.equal(errors.reason_fix("state_write_failed"), fixes[1])
     assert.is_false(app:owns("discord:123456789"))
     assert.equal("[]", read(root .. "/state/channels.json"))
   end)

@@ -5,6 +5,7 @@ local core = require "sandbox.core"
 local json = require "sandbox.json"
 local spec_fs = require "spec_fs"
 
+local W_read = spec_fs.read
 local INST = string.rep("0123456789abcdef", 4)
 local OWNER = "0f8fad5b-d9cb-469f-a165-70867728950e:4242:123456"
 
@@ -180,6 +181,93 @@ describe("container", function()
       local v = json.decode((container.engine_body(spec { cpus = 0.3 })))
       assert.equal(300000000, v.HostConfig.NanoCpus)
       assert.equal("integer", math.type(v.HostConfig.NanoCpus))
+    end)
+  end)
+
+  describe("the seccomp profile (hardening.md 1)", function()
+    local seccomp = require "sandbox.runtime._seccomp"
+    local PROFILE = seccomp.default_path()
+
+    it("the shipped profile is found beside the Lua tree and loads", function()
+      assert.matches("/worker/seccomp%.json$", PROFILE)
+      local p = seccomp.load(PROFILE)
+      assert.is_true(p.count > 40 and p.count < 120, tostring(p.count))
+      local v = json.decode(p.json)
+      assert.equal("SCMP_ACT_ERRNO", v.defaultAction)
+      assert.equal(1, v.defaultErrnoRet)
+    end)
+
+    it("adds --security-opt seccomp=<absolute path> right after no-new-privileges (44, image last)", function()
+      local a = container.args(spec { seccompProfile = PROFILE })
+      assert.equal(44, #a)
+      assert.same({ "--security-opt", "no-new-privileges:true", "--security-opt", "seccomp=" .. PROFILE,
+        "--user", "1000:1001" }, { table.unpack(a, 20, 25) })
+      assert.equal("pi-roundtable-sandbox:local", a[44])
+      -- every other element is the 42 of the table, in order
+      local plain = container.args(spec())
+      table.remove(a, 22)
+      table.remove(a, 22)
+      assert.same(plain, a)
+    end)
+
+    it("puts the profile's JSON inline in the Engine API SecurityOpt", function()
+      local v = json.decode((container.engine_body(spec { seccompProfile = PROFILE })))
+      local opts = v.HostConfig.SecurityOpt
+      assert.equal(2, #opts)
+      assert.equal("no-new-privileges:true", opts[1])
+      local inline = assert(opts[2]:match("^seccomp=(.*)$"))
+      assert.same(json.plain(json.decode(W_read(PROFILE))), json.plain(json.decode(inline)))
+    end)
+
+    it("a missing or malformed profile fails with its path", function()
+      local missing = dir .. "/no-such-profile.json"
+      local ok, err = pcall(container.args, spec { seccompProfile = missing })
+      assert.is_false(ok)
+      assert.equal("seccomp profile missing: " .. missing, err)
+      local bad = dir .. "/bad.json"
+      local f = assert(io.open(bad, "w"))
+      f:write('{"defaultAction":"SCMP_ACT_ERRNO"}')
+      f:close()
+      ok, err = pcall(seccomp.load, bad)
+      assert.is_false(ok)
+      assert.equal("seccomp profile invalid: " .. bad, err)
+      ok, err = pcall(seccomp.load, "relative.json")
+      assert.equal("seccomp profile missing: relative.json", err)
+    end)
+
+    it("allows none of the never-allowed calls and filters the mode and clone arguments", function()
+      local v = json.decode(W_read(PROFILE))
+      local allowed, never = {}, {}
+      for _, rule in ipairs(v.syscalls) do
+        for _, n in ipairs(rule.names) do
+          if rule.action == "SCMP_ACT_ALLOW" then
+            allowed[n] = allowed[n] or {}
+            table.insert(allowed[n], rule.args or false)
+          else
+            never[n] = true
+            assert.equal(1, rule.errnoRet)
+          end
+        end
+      end
+      for _, n in ipairs { "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
+        "io_uring_setup", "io_uring_enter", "io_uring_register", "keyctl", "add_key", "request_key", "mq_open",
+        "userfaultfd", "perf_event_open", "bpf", "ptrace", "mount", "unshare", "setns", "clone3", "mknod",
+        "mknodat" } do
+        assert.is_nil(allowed[n], n)
+        assert.is_true(never[n], n)
+      end
+      -- every allowed form of a mode-carrying call is conditional, one masked comparison
+      for _, n in ipairs { "chmod", "fchmod", "fchmodat", "mkdir", "mkdirat", "open", "openat", "creat", "clone" } do
+        assert.truthy(allowed[n], n)
+        for _, args in ipairs(allowed[n]) do
+          assert.truthy(args, n .. " is allowed unconditionally")
+          assert.equal(1, #args)
+          assert.equal("SCMP_CMP_MASKED_EQ", args[1].op)
+          assert.equal(0, args[1].valueTwo)
+        end
+        assert.is_true(never[n], n)
+      end
+      assert.equal(2114060288, allowed.clone[1][1].value)          -- every CLONE_NEW* bit
     end)
   end)
 

@@ -79,7 +79,7 @@ describe("contract.run (spec/runtime.md 4.6)", function()
   teardown(function() spec_fs.rmdir(dir, "sbx-spec") end)
 
   it("creates, starts with the turn's bytes, reads, waits, releases, then removes once", function()
-    local d = scripted { stdout = '{"ok":true,"text":"Done.","x":1}', exit = 0 }
+    local d = scripted { stdout = '{"ok":true,"text":"Done."}', exit = 0 }
     local ok, res = run(d)
     assert.is_true(ok, tostring(res))
     assert.same({ ok = true, text = "Done." }, res)

@@ -112,14 +112,14 @@ describe("driver:run", function()
   after_each(function() fake:cleanup() end)
 
   it("passes the 4.3 argv, the compact turn on stdin and returns only {ok, text}", function()
-    fake:set("run.out", '{"ok":true,"text":"Done.","extra":1}')
+    fake:set("run.out", '{"ok":true,"text":"Done.","truncated":false}')
     local ok, res = run(driver(fake), spec_for(fake))
     assert.is_true(ok, tostring(res))
     assert.same({ ok = true, text = "Done." }, res)
     local calls = fake:calls()
     assert.equal(2, #calls)
     assert.same(container.args(spec_for(fake)), calls[1].argv)
-    assert.equal(42, #calls[1].argv)
+    assert.equal(#container.args(spec_for(fake)), #calls[1].argv)
     assert.equal('{"text":"hello","speaker":{"id":"guest","name":"Guest"},"model":"fake",'
       .. '"prompt":"Use the supplied tools","timeZone":"Asia/Taipei","reset":false,"tools":[],"mcp":[]}',
       calls[1].stdin)
@@ -255,10 +255,19 @@ describe("driver:run", function()
     fake:set("run.sleep", 60)
     local sig = signal.new()
     local ok, err, ms = async.run(function()
-      core.timer(200, function() sig:abort("sandbox turn stopped") end)
-      local t0 = core.now()
+      -- abort once the fake has recorded its run call (run.count is written
+      -- after its argv), however long a loaded machine takes to start it
+      local aborted_at
+      async.spawn(function()
+        for _ = 1, 3000 do
+          if core.fs_lstat(fake.dir .. "/run.count") then break end
+          async.sleep(10)
+        end
+        aborted_at = core.now()
+        sig:abort("sandbox turn stopped")
+      end)
       local ok, err = pcall(driver(fake).run, driver(fake), spec_for(fake), TURN, sig)
-      return ok, err, core.now() - t0
+      return ok, err, aborted_at and core.now() - aborted_at or -1
     end)
     assert.is_false(ok)
     assert.equal("sandbox turn stopped", err)
@@ -369,10 +378,25 @@ describe("reply parsing (25, 8.3-8.4)", function()
     bad(string.rep("[", 65) .. string.rep("]", 65))
   end)
 
-  it("accepts 100,000 multi-byte characters and drops extra fields", function()
+  it("accepts 100,000 multi-byte characters and the known members only (hardening.md 7)", function()
     local text = string.rep("\u{4e2d}", 100000)
-    assert.same({ ok = true, text = text }, parse('{"ok":true,"text":"' .. text .. '","x":[1]}'))
+    assert.same({ ok = true, text = text, truncated = true }, parse('{"ok":true,"text":"' .. text .. '","truncated":true}'))
     assert.same({ ok = false, text = "" }, parse(' {"ok":false,"text":""}\n'))
+    assert.same({ ok = true, text = "t", reason = "memory_store" }, parse('{"ok":true,"text":"t","reason":"memory_store"}'))
+    -- a reason outside the repairs the worker may report is not passed on
+    assert.same({ ok = true, text = "t" }, parse('{"ok":true,"text":"t","reason":"deadline"}'))
+  end)
+
+  it("refuses an unknown member, or a known one of another kind, before building it (hardening.md 7)", function()
+    for _, s in ipairs {
+      '{"ok":true,"text":"x","x":[1]}', '{"ok":true,"text":"x","pad":{}}', '{"ok":true,"text":"x","x":1}',
+      '{"ok":true,"text":"x","reason":["memory_store"]}', '{"ok":true,"text":"x","truncated":"yes"}',
+      '{"ok":true,"text":["x"]}', '{"ok":true,"text":"x","pad":[' .. string.rep("{},", 100000) .. '{}]}',
+    } do
+      local ok, err = pcall(parse, s)
+      assert.is_false(ok)
+      assert.equal("invalid sandbox reply", err)
+    end
   end)
 end)
 

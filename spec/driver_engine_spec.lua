@@ -95,7 +95,7 @@ describe("Engine API driver (fake daemon)", function()
 
   -- the fake restarts its DELETE answers at every create
   it("makes the 4.3 body, attaches before start, writes stdin after 101 and returns only {ok, text}", function()
-    reset { stdout = '{"ok":true,"text":"Done.","x":1}', deletes = { { status = 404, body = "{}" } } }
+    reset { stdout = '{"ok":true,"text":"Done."}', deletes = { { status = 404, body = "{}" } } }
     local s = spec()
     local ok, res = run(s)
     assert.is_true(ok, tostring(res))

@@ -125,16 +125,35 @@ describe("reasons decided from a real cause (no container)", function()
     local rt = runtime { driver = W.driver(nil, function() return '{"text":5}' end) }
     assert.equal("invalid_turn", turn(rt).reason)
     async.run(function() rt:dispose() end)
-    local root
-    rt, _, root = runtime()
+    local cap, root
+    rt, cap, root = runtime()
     local ws = root .. "/work/" .. core.sha256_hex("fake:reasons")
     os.execute("mkdir -m 700 '" .. ws .. "'")
-    spec_fs.write(ws .. "/memory.json", "[1]")
-    assert.equal("memory_store", turn(rt).reason)
-    os.remove(ws .. "/memory.json")
-    spec_fs.write(ws .. "/history.json", "{}")
-    script {}
-    assert.equal("history", turn(rt).reason)
+    -- an invalid store is moved aside and the turn goes on (hardening.md 8):
+    -- the turn is ok, the host's warn line names the worker's reason
+    for _, c in ipairs { { "memory.json", "[1]", "memory_store" }, { "history.json", "{}", "history" } } do
+      spec_fs.write(ws .. "/" .. c[1], c[2])
+      script {}
+      cap:clear()
+      local r = turn(rt)
+      assert.equal("ok", r.reason)
+      local line = C.parse_text(assert(cap:find("worker repaired a store")))
+      assert.equal("warn", line.level)
+      assert.equal(c[3], line.fields.reason)
+      assert.equal(r.turn, line.fields.turn)
+      assert.truthy(line.fields.fix)
+    end
+    -- one the worker cannot move aside (a read-only workspace) fails the
+    -- turn with the worker's own reason
+    for _, c in ipairs { { "memory.json", "[1]", "memory_store" }, { "history.json", "{}", "history" } } do
+      os.execute("chmod 700 '" .. ws .. "'")
+      for _, name in ipairs(core.fs_readdir(ws)) do os.remove(ws .. "/" .. name) end
+      spec_fs.write(ws .. "/" .. c[1], c[2])
+      os.execute("chmod 500 '" .. ws .. "'")
+      script {}
+      assert.equal(c[3], turn(rt).reason)
+    end
+    os.execute("chmod 700 '" .. ws .. "'")
     async.run(function() rt:dispose() end)
   end)
 

@@ -898,7 +898,7 @@ describe("the runtime with the built-in CLI driver and a fake docker binary", fu
     f:write(([[#!/bin/sh
 echo "$1" >> %s/calls
 case "$1" in
-  run) cat > %s/stdin; printf '{"ok":true,"text":"Done.","extra":1}' ;;
+  run) cat > %s/stdin; printf '{"ok":true,"text":"Done."}' ;;
   rm) exit 0 ;;
   ps) exit 0 ;;
   *) exit 2 ;;

@@ -153,6 +153,40 @@ describe("core.http_stream (rich-mode.md 11.5)", function()
     end)
   end)
 
+  it("ends with too large when max_bytes is crossed by the bytes curl held while paused", function()
+    -- curl writes what it held inside curl_easy_pause(CONT); a write that
+    -- refuses them fails the transfer only there: the multi never reports it
+    -- and, the whole body read, no socket event is left to wake it
+    async.run(function()
+      up:reset()
+      up:script({ { status = 200, body = ("x"):rep(1024), ["repeat"] = 256 } })
+      local paused_once = false
+      local res = async.await(function(resume)
+        local done = false
+        local call
+        local guard = core.timer(15000, function()
+          if not done then done = true call:cancel() resume({ ok = false, error = "no on_done within 15 s" }) end
+        end)
+        call = assert(core.http_stream(base("/v1/messages", { max_bytes = 70000, timeout_ms = 120000,
+          on_head = function() end,
+          on_chunk = function()
+            if paused_once then return end
+            paused_once = true
+            call:pause()
+            core.timer(200, function() call:resume() end)   -- the rest is read and held by then
+          end,
+          on_done = function(r)
+            if done then return end
+            done = true
+            guard:stop()
+            resume(r)
+          end })))
+      end)
+      assert.is_true(paused_once)
+      assert.are.equal("too large", res.error)
+    end)
+  end)
+
   it("delivers nothing while paused, then everything after resume", function()
     local size = 4 * MIB
     async.run(function()

@@ -243,15 +243,57 @@ describe("sbxw files", function()
   end)
 
   it("fails and keeps the previous file when a step fails", function()
-    local f = dir .. "/memory.json"
+    local ro = dir .. "/ro"
+    local f = ro .. "/memory.json"
+    os.execute("mkdir '" .. ro .. "'")
     write(f, "old")
-    os.execute("mkdir '" .. f .. ".tmp' && touch '" .. f .. ".tmp/x'")
+    os.execute("chmod 500 '" .. ro .. "'")
     assert.same({ nil, "write failed" }, { w.write_file_atomic(f, "new") })
+    os.execute("chmod 700 '" .. ro .. "'")
     assert.equal("old", read(f))
     assert.same({ nil, "write failed" }, { w.write_file_atomic(dir .. "/no/such/file", "x") })
     os.execute("mkdir '" .. dir .. "/isdir'")
     assert.same({ nil, "write failed" }, { w.write_file_atomic(dir .. "/isdir", "x") })
     assert.equal("directory", sh("stat -c %F '" .. dir .. "/isdir'"))
+  end)
+
+  it("moves a directory squatting on the tmp name aside and writes (hardening.md 8)", function()
+    local f = dir .. "/history.json"
+    write(f, "old")
+    os.execute("mkdir '" .. f .. ".tmp' && touch '" .. f .. ".tmp/x'")
+    assert.is_true(w.write_file_atomic(f, "new"))
+    assert.equal("new", read(f))
+    local names = sh("cd '" .. dir .. "' && ls -d history.json.tmp*")
+    assert.matches("^history%.json%.tmp%.invalid%-%d+T%d+Z\n?$", names)
+  end)
+
+  it("move_aside renames any entry without following it and keeps the newest three", function()
+    local d = dir .. "/aside"
+    os.execute("mkdir -p '" .. d .. "' && echo outside > '" .. dir .. "/target'")
+    os.execute("ln -s '" .. dir .. "/target' '" .. d .. "/memory.json'")
+    local name = assert(w.move_aside(d .. "/memory.json"))
+    assert.matches("^memory%.json%.invalid%-%d%d%d%d%d%d%d%dT%d%d%d%d%d%dZ$", name)
+    assert.equal("link", w.entry_kind(d .. "/" .. name))
+    assert.equal("outside\n", read(dir .. "/target"))
+    assert.equal("missing", w.entry_kind(d .. "/memory.json"))
+    -- the same second: a numbered name, never a replaced one
+    os.execute("mkfifo '" .. d .. "/memory.json'")
+    assert.equal("fifo", w.entry_kind(d .. "/memory.json"))
+    local second = assert(w.move_aside(d .. "/memory.json"))
+    assert.is_not.equal(name, second)
+    -- older ones beyond three go, a directory with its content (no link followed)
+    os.execute("mkdir -p '" .. d .. "/memory.json.invalid-19990101T000000Z/sub' && ln -s '" .. dir
+      .. "/target' '" .. d .. "/memory.json.invalid-19990101T000000Z/sub/l'")
+    write(d .. "/memory.json.invalid-19980101T000000Z", "older")
+    write(d .. "/memory.json", "garbage")
+    assert.truthy(w.move_aside(d .. "/memory.json"))
+    assert.equal(3, tonumber(sh("ls '" .. d .. "' | grep -c '^memory.json.invalid-'")))
+    assert.equal("missing", w.entry_kind(d .. "/memory.json.invalid-19990101T000000Z"))
+    assert.equal("missing", w.entry_kind(d .. "/memory.json.invalid-19980101T000000Z"))
+    assert.equal("outside\n", read(dir .. "/target"))
+    assert.same({ nil, "aside failed" }, { w.move_aside(d .. "/no-such-store") })
+    assert.equal("dir", w.entry_kind(d))
+    assert.equal("file", w.entry_kind(dir .. "/target"))
   end)
 
   it("creates missing directories with mode 0700", function()
@@ -328,7 +370,9 @@ describe("sbxw.broker_request against a byte-exact peer", function()
     end
     pid = sh(string.format("%s/worker/sbxw-test-peer '%s' '%s/request' '%s' %d %d >/dev/null 2>&1 & echo $!",
       B, sock, dir, resp, slice or 0, delay_ms or 0))
-    for _ = 1, 200 do
+    -- the peer renames its socket into place once it listens; a loaded
+    -- machine may take seconds to start it
+    for _ = 1, 3000 do
       if os.execute("test -S '" .. sock .. "'") then break end
       sleep(0.01)
     end

@@ -655,6 +655,56 @@ describe("memory", function()
     assert.equal('[{"key":"drink","text":"Tea"}]', store_call(store, "memory_get", { scope = "speaker", key = "drink" }))
   end)
 
+  it("refuses a speaker's 33rd key while another speaker still saves; an own key is replaced (hardening.md 5)", function()
+    local dir = workspace()
+    local store = open(dir)
+    for i = 1, 32 do
+      assert.equal("Saved.", store_call(store, "memory_set", { scope = "speaker", key = "k" .. i, text = "x" }, "mallory"))
+    end
+    local before = W.read(dir .. "/memory.json")
+    local ok, err = store_call(store, "memory_set", { scope = "speaker", key = "k33", text = "x" }, "mallory")
+    assert.is_nil(ok)
+    assert.equal("memory capacity reached", err)
+    assert.equal(before, W.read(dir .. "/memory.json"))
+    -- replacing an own key still works; another speaker and the channel still save
+    assert.equal("Saved.", store_call(store, "memory_set", { scope = "speaker", key = "k1", text = "y" }, "mallory"))
+    assert.equal("Saved.", store_call(store, "memory_set", { scope = "speaker", key = "drink", text = "Tea" }, "alice"))
+    assert.equal("Saved.", store_call(store, "memory_set", { scope = "channel", key = "note", text = "z" }, "mallory"))
+    assert.equal(34, #W.decode(W.read(dir .. "/memory.json")))
+    -- a new store on the same file keeps counting (startFresh does not clear memory)
+    store = open(dir)
+    assert.is_nil((store_call(store, "memory_set", { scope = "speaker", key = "k34", text = "x" }, "mallory")))
+    -- 64 KiB per speaker: a 2,048-character CJK text is ~6.2 KiB encoded, so
+    -- ten fit (61,911 bytes) and the eleventh would not (68,100)
+    dir = workspace()
+    store = open(dir)
+    local cjk = string.rep("\u{4e2d}", 2048)
+    for i = 1, 10 do
+      assert.equal("Saved.", store_call(store, "memory_set", { scope = "speaker", key = "c" .. i, text = cjk }, "mallory"))
+    end
+    ok, err = store_call(store, "memory_set", { scope = "speaker", key = "c11", text = cjk }, "mallory")
+    assert.is_nil(ok)
+    assert.equal("memory capacity reached", err)
+    assert.equal("Saved.", store_call(store, "memory_set", { scope = "speaker", key = "c11", text = cjk }, "bob"))
+    assert.equal("Forgotten.", store_call(store, "memory_remove", { scope = "speaker", key = "c1" }, "mallory"))
+    assert.equal("Saved.", store_call(store, "memory_set", { scope = "speaker", key = "c11", text = cjk }, "mallory"))
+  end)
+
+  it("keeps the channel totals above the speakers' shares: 8 speakers of 32 fill 256", function()
+    local dir = workspace()
+    local entries = {}
+    for s = 1, 8 do
+      for i = 1, 32 do entries[#entries + 1] = { "speaker:s" .. s, "k" .. i, "x" } end
+    end
+    memory_file(dir, entries)
+    local store = open(dir)
+    local ok, err = store_call(store, "memory_set", { scope = "speaker", key = "k1", text = "x" }, "s9")
+    assert.is_nil(ok)
+    assert.equal("memory capacity reached", err)
+    assert.is_nil((store_call(store, "memory_set", { scope = "channel", key = "c", text = "x" }, "s9")))
+    assert.equal("Saved.", store_call(store, "memory_set", { scope = "speaker", key = "k1", text = "y" }, "s1"))
+  end)
+
   it("refuses the 257th entry and a store over 512 KiB without writing; removal still works (item 30)", function()
     local dir = workspace()
     local entries = {}
@@ -684,7 +734,7 @@ describe("memory", function()
     assert.equal("Saved.", store_call(store, "memory_set", { scope = "speaker", key = "one", text = cjk }))
   end)
 
-  it("writes through memory.json.tmp and a rename; refuses a symlinked or non-regular store (item 31)", function()
+  it("writes through memory.json.tmp and a rename; moves a symlinked or non-regular store aside (item 31, hardening.md 8)", function()
     local dir = workspace()
     local outside = workspace() .. "/target"
     W.write(outside, "keep")
@@ -695,17 +745,30 @@ describe("memory", function()
     assert.same({ "memory.json" }, W.files(dir))
     assert.equal("600", W.sh("stat -c %a '" .. dir .. "/memory.json'"))
 
+    -- a link in the store's place is moved aside as a link (never followed)
     local linked = workspace()
     os.execute(string.format("ln -s '%s/memory.json' '%s/memory.json'", dir, linked))
-    assert.same({ nil, "invalid memory store" }, { memory.open(linked) })
-    local r = turn { dir = linked }
-    assert.equal("invalid memory store", r.err)
-    local nondir = workspace()
-    os.execute("mkdir '" .. nondir .. "/memory.json'")
-    assert.same({ nil, "invalid memory store" }, { memory.open(nondir) })
+    local s2, repaired = memory.open(linked)
+    assert.equal("memory_store", repaired)
+    assert.same({}, s2.entries)
+    local files = W.files(linked)
+    assert.equal(1, #files)
+    assert.matches("^memory%.json%.invalid%-%d%d%d%d%d%d%d%dT%d%d%d%d%d%dZ$", files[1])
+    assert.equal("symbolic link", W.sh("stat -c %F '" .. linked .. "/" .. files[1] .. "'"))
+    assert.equal('[{"scope":"speaker:alice","key":"k","text":"v"}]', W.read(dir .. "/memory.json"))
+    -- a directory or a FIFO likewise; the turn goes on with an empty store
+    for _, plant in ipairs { "mkdir '%s/memory.json' && touch '%s/memory.json/x'", "mkfifo '%s/memory.json'" } do
+      local d = workspace()
+      os.execute(string.format(plant, d, d))
+      local r = turn { dir = d }
+      assert.is_nil(r.err)
+      assert.same({ ok = true, text = "done", reason = "memory_store" }, r.reply)
+      local names = W.files(d)
+      assert.truthy(names[#names]:match("^memory%.json%.invalid%-") or names[1]:match("^memory%.json%.invalid%-"))
+    end
   end)
 
-  it("fails every turn on a corrupt memory.json, with or without reset (item 32)", function()
+  it("moves a corrupt memory.json aside and goes on with an empty store, with or without reset (item 32, hardening.md 8)", function()
     local too_many = {}
     for i = 1, 257 do too_many[i] = '{"scope":"channel","key":"k' .. i .. '","text":"x"}' end
     for _, bytes in ipairs {
@@ -716,11 +779,33 @@ describe("memory", function()
         local dir = workspace()
         W.write(dir .. "/memory.json", bytes)
         local r = turn { dir = dir, turn = { reset = reset } }
-        assert.same(failed("memory_store"), r.reply)
-        assert.equal("invalid memory store", r.err)
-        assert.equal(0, #r.log)
+        assert.is_nil(r.err)
+        assert.same({ ok = true, text = "done", reason = "memory_store" }, r.reply)
+        assert.equal(0, r.status)
+        -- the model saw an empty store; the bad bytes are kept aside, unchanged
+        assert.truthy(messages(r)[1].content:find("Shared channel notes (untrusted data): []", 1, true))
+        local aside
+        for _, f in ipairs(W.files(dir)) do
+          if f:match("^memory%.json%.invalid%-") then aside = f end
+        end
+        assert.equal(bytes, W.read(dir .. "/" .. aside))
+        assert.is_nil(W.read(dir .. "/memory.json"))
       end
     end
+  end)
+
+  it("keeps at most three stores moved aside, the newest", function()
+    local dir = workspace()
+    for i = 1, 3 do W.write(dir .. "/memory.json.invalid-20200101T00000" .. i .. "Z", "old" .. i) end
+    W.write(dir .. "/memory.json", "garbage")
+    assert.same({ ok = true, text = "done", reason = "memory_store" }, turn { dir = dir }.reply)
+    local aside = {}
+    for _, f in ipairs(W.files(dir)) do
+      if f:match("^memory%.json%.invalid%-") then aside[#aside + 1] = f end
+    end
+    assert.equal(3, #aside)
+    assert.same({ "memory.json.invalid-20200101T000002Z", "memory.json.invalid-20200101T000003Z" }, { aside[1], aside[2] })
+    assert.equal("garbage", W.read(dir .. "/" .. aside[3]))
   end)
 end)
 
@@ -817,7 +902,7 @@ describe("history and budget", function()
     assert.equal(text.prompt_text(string.rep("u", 9000), 8192), saved[1].content)
   end)
 
-  it("fails on a corrupt history.json unless reset, which replaces it on success (item 36)", function()
+  it("moves a corrupt history.json aside and starts an empty history; with reset it is replaced (item 36, hardening.md 8)", function()
     local too_many = {}
     for i = 1, 21 do too_many[i] = { "user", "x" } end
     local cases = { "not json", "{}", '[{"role":"system","content":"x"}]', '[{"role":"user","content":null}]', "[1]" }
@@ -825,24 +910,43 @@ describe("history and budget", function()
       local dir = workspace()
       W.write(dir .. "/history.json", bytes)
       local r = turn { dir = dir }
-      assert.equal("invalid history", r.err)
-      assert.same(failed("history"), r.reply)
-      assert.equal(bytes, W.read(dir .. "/history.json"))
+      assert.is_nil(r.err)
+      assert.same({ ok = true, text = "done", reason = "history" }, r.reply)
+      assert.equal(2, #messages(r))                   -- system and the current user: nothing earlier
+      assert.equal(2, #W.decode(W.read(dir .. "/history.json")))
+      local aside
+      for _, f in ipairs(W.files(dir)) do
+        if f:match("^history%.json%.invalid%-") then aside = f end
+      end
+      assert.equal(bytes, W.read(dir .. "/" .. aside))
+      -- with reset the file is not read: garbage is simply replaced
+      W.write(dir .. "/history.json", bytes)
       r = turn { dir = dir, turn = { reset = true } }
-      assert.is_true(r.reply.ok)
+      assert.same({ ok = true, text = "done" }, r.reply)
       assert.equal(2, #W.decode(W.read(dir .. "/history.json")))
     end
     local dir = workspace()
     history_file(dir, too_many)
-    assert.equal("invalid history", turn { dir = dir }.err)
-    dir = workspace()
-    os.execute("mkdir '" .. dir .. "/history.json'")
-    assert.equal("invalid history", turn { dir = dir }.err)
+    assert.equal("history", turn { dir = dir }.reply.reason)
+    for _, reset in ipairs { false, true } do
+      dir = workspace()
+      os.execute("mkdir '" .. dir .. "/history.json'")
+      local r = turn { dir = dir, turn = { reset = reset } }
+      assert.same({ ok = true, text = "done", reason = "history" }, r.reply)
+      assert.equal(2, #W.decode(W.read(dir .. "/history.json")))
+    end
     dir = workspace()
     local other = workspace()
     history_file(other, { { "user", "x" } })
     os.execute(string.format("ln -s '%s/history.json' '%s/history.json'", other, dir))
-    assert.equal("invalid history", turn { dir = dir }.err)
+    assert.equal("history", turn { dir = dir }.reply.reason)
+    assert.equal(1, #W.decode(W.read(other .. "/history.json")))   -- the link's target untouched
+    -- both stores invalid: both moved aside, memory_store reported
+    dir = workspace()
+    W.write(dir .. "/memory.json", "x")
+    W.write(dir .. "/history.json", "y")
+    assert.equal("memory_store", turn { dir = dir }.reply.reason)
+    assert.equal(3, #W.files(dir))                    -- both aside, and the new history.json
   end)
 
   it("keeps every request under 192 KiB with 144 notes, 20 long entries and a CJK message (item 37)", function()

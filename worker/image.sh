@@ -21,6 +21,10 @@
 # timestamps fixed, so the context checksum depends only on content (the
 # same in both layouts).
 #
+# The context also carries seccomp.json (worker/seccomp.json, beside the
+# Dockerfile, not in rootfs/): the profile every sealed container of this
+# image runs under (shared/spec/hardening.md 1), shipped with it.
+#
 # Skips the build when the image already carries the label
 # pi-roundtable-sandbox.context=<sha256 of the context>; prints the size.
 set -euo pipefail
@@ -34,7 +38,7 @@ if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
 fi
 if [ -x "$HERE/sbx-worker" ] && [ -f "$HERE/Dockerfile" ]; then
   . "$HERE/image_lib.sh"
-  WORKER_BIN="$HERE/sbx-worker" WORKER_LUA="$HERE/lua" DOCKERFILE="$HERE/Dockerfile"
+  WORKER_BIN="$HERE/sbx-worker" WORKER_LUA="$HERE/lua" DOCKERFILE="$HERE/Dockerfile" SECCOMP="$HERE/seccomp.json"
   if [ -n "${SBX_IMAGE_CONTEXT:-}" ]; then
     CTX="$SBX_IMAGE_CONTEXT"
   else
@@ -45,7 +49,7 @@ else
   B="${1:-build}"
   cd "$HERE/.."
   . scripts/image_lib.sh
-  WORKER_BIN="$B/worker/sbx-worker" WORKER_LUA="worker/lua" DOCKERFILE="worker/Dockerfile"
+  WORKER_BIN="$B/worker/sbx-worker" WORKER_LUA="worker/lua" DOCKERFILE="worker/Dockerfile" SECCOMP="worker/seccomp.json"
   CTX="${SBX_IMAGE_CONTEXT:-$B/image}"   # a writable dir when build/ is not ours
   [ -x "$WORKER_BIN" ] || { echo "image: $WORKER_BIN missing (make worker)" >&2; exit 1; }
 fi
@@ -55,6 +59,7 @@ FS="$CTX/rootfs"
 rm -rf "$CTX"
 mkdir -p "$FS/app/worker/lua" "$FS/usr/share/zoneinfo" "$FS/broker" "$FS/workspace" "$FS/tmp"
 cp "$DOCKERFILE" "$CTX/Dockerfile"
+cp "$SECCOMP" "$CTX/seccomp.json"
 cp "$WORKER_BIN" "$FS/app/worker/sbx-worker"
 
 # The worker's Lua, layout kept (worker/lua/a/b.lua -> /app/worker/lua/a/b.lua).
@@ -78,6 +83,7 @@ done < <(find "$FS/usr/share/zoneinfo" -type f -print0)
 
 find "$FS" -type d -exec chmod 0755 {} +
 find "$FS" -type f -exec chmod 0644 {} +
+chmod 0644 "$CTX/seccomp.json"
 chmod 0755 "$FS/app/worker/sbx-worker"
 chmod 1777 "$FS/tmp"
 image_build "$CTX" "$IMAGE"

@@ -5,8 +5,10 @@
  *
  *   sbxw-test-peer SOCKET REQUEST_OUT RESPONSE_FILE [SLICE [DELAY_MS]]
  *
- * Listens on SOCKET, accepts one connection, reads one request (head up to
- * the blank line, then content-length bytes), writes those bytes to
+ * Listens on SOCKET (bound as SOCKET.tmp and renamed once it listens, so a
+ * client that sees SOCKET never meets a socket that refuses it), accepts one
+ * connection, reads one request (head up to the blank line, then
+ * content-length bytes), writes those bytes to
  * REQUEST_OUT, then sends RESPONSE_FILE's bytes (in SLICE-byte writes with
  * DELAY_MS between them when given) and closes. An empty RESPONSE_FILE means
  * close without answering; RESPONSE_FILE "-" means never answer (hold the
@@ -64,11 +66,12 @@ static long read_request(int fd) {
 
 int main(int argc, char **argv) {
   struct sockaddr_un sa;
+  char ready[sizeof sa.sun_path];
   size_t slice, rlen = 0;
   long delay_ms, qlen;
   int ls, fd, out, hold;
   FILE *f;
-  if (argc < 4 || strlen(argv[1]) >= sizeof sa.sun_path) return 1;
+  if (argc < 4 || strlen(argv[1]) + 4 >= sizeof sa.sun_path) return 1;
   slice = argc > 4 ? strtoul(argv[4], NULL, 10) : 0;
   delay_ms = argc > 5 ? strtol(argv[5], NULL, 10) : 0;
   hold = strcmp(argv[3], "-") == 0;
@@ -79,9 +82,12 @@ int main(int argc, char **argv) {
   }
   memset(&sa, 0, sizeof sa);
   sa.sun_family = AF_UNIX;
-  strcpy(sa.sun_path, argv[1]);
+  strcpy(ready, argv[1]);
+  strcat(ready, ".tmp");
+  strcpy(sa.sun_path, ready);
   ls = socket(AF_UNIX, SOCK_STREAM, 0);
   if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(ls, 4) != 0) return 1;
+  if (rename(ready, argv[1]) != 0) return 1;
   fd = accept(ls, NULL, NULL);
   if (fd < 0 || (qlen = read_request(fd)) < 0) return 1;
   out = open(argv[2], O_WRONLY | O_CREAT | O_TRUNC, 0600);

@@ -2,7 +2,7 @@
 // (spec/operations.md 6): native/libsbx.so (the engine library the bridge
 // loads), lua/ (the engine's host Lua tree, found by the library beside
 // native/) and worker/ (the worker image's build context: Dockerfile,
-// sbx-worker, lua/, image_lib.sh, build-image, which builds
+// seccomp.json, sbx-worker, lua/, image_lib.sh, build-image, which builds
 // pi-roundtable-sandbox:local).
 //
 //   bun run build        in the engine's checkout (this package is its bun/):
@@ -94,6 +94,7 @@ function buildFromCheckout(): void {
   const worker = join(PKG, "worker");
   const workerLua = copyTree(join(CHECKOUT, "worker", "lua"), join(worker, "lua"));
   copy(join(CHECKOUT, "worker", "Dockerfile"), join(worker, "Dockerfile"));
+  copy(join(CHECKOUT, "worker", "seccomp.json"), join(worker, "seccomp.json"));
   copy(join(CHECKOUT, "build", "worker", "sbx-worker"), join(worker, "sbx-worker"), 0o755);
   copy(join(CHECKOUT, "worker", "image.sh"), join(worker, "build-image"), 0o755);
   copy(join(CHECKOUT, "scripts", "image_lib.sh"), join(worker, "image_lib.sh"));

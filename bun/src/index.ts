@@ -150,6 +150,12 @@ const SANDBOX_KEYS = [
   "logFormat",
   "logLevel",
   "audit",
+  "seccompProfile",
+  "workspaceQuotaMb",
+  "diskReserveMb",
+  "maxQueuedTurns",
+  "mentions",
+  "maxReplyChars",
 ] as const;
 
 /** Options of this bridge itself (everything else is refused like sandbox{} does). */

@@ -126,9 +126,17 @@ export interface ClaimDecision {
   action?: "answer" | "drop" | "command";
 }
 
-/** What `handle` returns for an answered message: the reply pieces (2,000 characters at most each). */
+/**
+ * What `handle` returns for an answered message: the reply pieces (2,000
+ * characters at most each). The text is the worker's, unchanged but for the
+ * mention neutralising of `mentions = "neutral"` (a zero-width space after the
+ * `@` of @everyone/@here and after the `<` of <@…>, <@&…>, <#…>): the chat
+ * adapter renders it, and passes `allowedMentions` (then `{ parse: [] }`) to
+ * Discord with every piece, so nothing in a reply pings anyone.
+ */
 export interface HandleResult {
   replies: string[];
+  allowedMentions?: { parse: string[] };
 }
 
 /** What `command` returns: one ephemeral panel. */
@@ -177,6 +185,12 @@ export type TurnReason =
   | "cleanup_failed"
   | "daemon_unavailable"
   | "image_missing"
+  // the hostile-guest bounds (README "Hardening against a hostile guest")
+  | "workspace_quota"
+  | "disk_low"
+  | "host_descriptors"
+  | "queue_full"
+  | "state_write_failed"
   | (string & {});
 
 /** `runtime.runTurn`'s result: the reply, or why the turn failed. */
@@ -289,6 +303,18 @@ export interface SandboxOptions {
   audit?: boolean;
   /** The engine's operator lines go here instead of stderr: each (message, fields); debug is optional. */
   logger?: SandboxLogger;
+  /** The sealed containers' seccomp profile (absolute path); default: the shipped worker/seccomp.json. */
+  seccompProfile?: string;
+  /** A channel workspace's quota in MiB (default 256, 1-1048576): its turns are refused above it. */
+  workspaceQuotaMb?: number;
+  /** Free space kept on the roots' filesystems in MiB (default 1024, 0-1048576): below it every turn is refused. */
+  diskReserveMb?: number;
+  /** Guest turns waiting per channel (default 8, 1-1000); 2 per speaker. Beyond: the busy text. */
+  maxQueuedTurns?: number;
+  /** "neutral" (default): mentions in replies are made inert and allowedMentions is { parse: [] }; "allow": as written. */
+  mentions?: "neutral" | "allow";
+  /** The longest reply in characters (default and at most 100,000); a longer one fails the turn. */
+  maxReplyChars?: number;
 
   // ---- the embedding host (not sandbox{} options) ----
   /** The host login reader used when neither this nor the config sets apiKey. */

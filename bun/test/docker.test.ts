@@ -13,7 +13,7 @@ import { createHash } from "node:crypto";
 import { readdirSync, realpathSync } from "node:fs";
 import { join } from "node:path";
 import { sandbox, type SandboxPlugin } from "../src/index.ts";
-import { baseOptions, fakeModel, makeRoots, MEMBER, mention, type FakeModel, type Roots, until } from "./helpers.ts";
+import { baseOptions, fakeModel, makeRoots, MEMBER, mention, type FakeModel, type Roots, until, answered } from "./helpers.ts";
 
 const IMAGE = process.env.SBX_TEST_IMAGE ?? "pi-roundtable-sandbox:local";
 const REQUIRED = process.env.SANDBOX_DOCKER_TEST === "1";
@@ -109,7 +109,7 @@ describe.skipIf(unavailable !== null && !REQUIRED)("real Docker", () => {
     "a mention runs a sealed turn in a fresh container; only the broker's upstream call carries the TS key",
     async () => {
       const result = await plugin!.handle(mention("100", "Hello sandbox"), MEMBER);
-      expect(result).toEqual({ replies: ["Hello from the sealed worker."] });
+      expect(result).toEqual(answered("Hello from the sealed worker."));
       expect(keyCalls.length).toBeGreaterThanOrEqual(1);
       expect(keyCalls[0]).toEqual({ channel: "discord:100", principalId: "p_alice" });
       expect(model.calls.length).toBe(keyCalls.length);
@@ -145,8 +145,8 @@ describe.skipIf(unavailable !== null && !REQUIRED)("real Docker", () => {
       const b = plugin!.handle(mention("200", "second channel"), MEMBER);
       await until(async () => (await plugin!.services.SANDBOX.runtime.busy()).length === 2, 60_000, "both turns");
       expect(await Promise.all([a, b])).toEqual([
-        { replies: ["Hello from the sealed worker."] },
-        { replies: ["Hello from the sealed worker."] },
+        answered("Hello from the sealed worker."),
+        answered("Hello from the sealed worker."),
       ]);
       expect(new Set(keyCalls.map((k) => k.channel))).toEqual(new Set(["discord:100", "discord:200"]));
       expect(readdirSync(roots.workspaceRoot).length).toBe(2);

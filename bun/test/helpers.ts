@@ -8,6 +8,9 @@ import { fileURLToPath } from "node:url";
 import type { SandboxAdmission, SandboxCommandEvent, SandboxMessageEvent, SandboxOptions } from "../src/index.ts";
 
 export const FIXTURES = fileURLToPath(new URL("./fixtures/", import.meta.url));
+
+/** An answered message as handle returns it with the default mentions = "neutral" (hardening.md 6). */
+export const answered = (...replies: string[]) => ({ replies, allowedMentions: { parse: [] } });
 export const fixture = (name: string) => join(FIXTURES, name);
 
 export interface Roots {

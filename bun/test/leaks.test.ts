@@ -6,7 +6,7 @@ import { readdirSync, readFileSync, readlinkSync } from "node:fs";
 import { join } from "node:path";
 import { liveEngines } from "../src/ffi.ts";
 import { sandbox } from "../src/index.ts";
-import { baseOptions, fixture, makeRoots, MEMBER, mention } from "./helpers.ts";
+import { baseOptions, fixture, makeRoots, MEMBER, mention, answered } from "./helpers.ts";
 
 const fds = () => readdirSync("/proc/self/fd").length;
 // Threads named like the process: the main thread and engine threads (bun's
@@ -38,7 +38,7 @@ async function cycle(turns = 1): Promise<void> {
       apiKey: () => "k",
     });
     for (let i = 0; i < turns; i++) {
-      expect(await plugin.handle(mention("1", `turn ${i}`), MEMBER)).toEqual({ replies: [`Sealed: turn ${i}`] });
+      expect(await plugin.handle(mention("1", `turn ${i}`), MEMBER)).toEqual(answered(`Sealed: turn ${i}`));
     }
     expect(plugin.claim(mention("1", "x"), MEMBER).action).toBe("answer");
     await plugin.dispose();

@@ -6,7 +6,7 @@
 // test/fixtures/fake-driver.conf.lua and a loopback model server.
 import { afterEach, beforeEach, describe, expect, test } from "bun:test";
 import { sandbox, type SandboxOptions, type SandboxPlugin } from "../src/index.ts";
-import { baseOptions, fixture, makeRoots, type Roots } from "./helpers.ts";
+import { answered, baseOptions, fixture, makeRoots, type Roots } from "./helpers.ts";
 
 type Line = { level: string; message: string; fields: Record<string, unknown> };
 
@@ -140,6 +140,6 @@ describe("a turn's failure reason (operations.md 1)", () => {
       { type: "message", channelId: "100", guildId: "9001", author: { id: "alice", name: "Alice" }, mentionsBot: true, text: "model" },
       { tier: "member", principalId: "p_alice" },
     );
-    expect(handled).toEqual({ replies: ["The sandbox turn failed."] });
+    expect(handled).toEqual(answered("The sandbox turn failed."));
   });
 });

@@ -18,6 +18,7 @@ import {
   type FakeModel,
   type Roots,
   until,
+  answered,
 } from "./helpers.ts";
 
 const ENABLED = "Sandbox routing is enabled. Mention the bot or reply to it to start a sealed turn.";
@@ -92,17 +93,32 @@ describe("the claim", () => {
       onEvent: (ev) => names.push(ev.name),
     });
     const result = await p.handle(mention("100", "hello there"), MEMBER);
-    expect(result).toEqual({ replies: ["Sealed: hello there"] });
+    expect(result).toEqual(answered("Sealed: hello there"));
     expect(typing).toEqual(["on:100", "off:100"]);
     expect(names).toEqual(["claim", "typing", "typing"]);
+  });
+
+  test("a reply's mentions are made inert and carry allowedMentions { parse: [] } (hardening.md 6)", async () => {
+    const p = await start();
+    const zw = "\u200b";
+    const result = await p.handle(mention("100", "@everyone <@42> <@&7> <#9> @here"), MEMBER);
+    expect(result).toEqual(answered(`Sealed: @${zw}everyone <${zw}@42> <${zw}@&7> <${zw}#9> @${zw}here`));
+    await plugin?.dispose();
+    plugin = null;
+    const allow = await start({ mentions: "allow" });
+    expect(await allow.handle(mention("100", "@everyone"), MEMBER)).toEqual({ replies: ["Sealed: @everyone"] });
+  });
+
+  test("refuses a mentions option outside neutral | allow like sandbox{} does", async () => {
+    await expect(start({ mentions: "loud" as never })).rejects.toThrow('mentions must be "neutral" or "allow"');
   });
 
   test("handle composes the quoted message and the attachments note", async () => {
     const p = await start();
     const result = await p.handle(mention("100", "what is this?", { quoted: "an old message", attachments: [{ id: "a1" }] }), MEMBER);
-    expect(result).toEqual({
-      replies: ["Sealed: Quoted message (untrusted): an old message\n\nwhat is this?\n[Attachments are not supported in this sandbox.]"],
-    });
+    expect(result).toEqual(
+      answered("Sealed: Quoted message (untrusted): an old message\n\nwhat is this?\n[Attachments are not supported in this sandbox.]"),
+    );
   });
 
   test("a dropped message and a message in another channel give null and run no turn", async () => {
@@ -226,7 +242,7 @@ describe("apiKey from TypeScript", () => {
   test("is called on the JS thread with {channel, speaker} before the model call; only the broker's upstream call carries it", async () => {
     const p = await start();
     const result = await p.handle(mention("100", "ask the model"), MEMBER);
-    expect(result).toEqual({ replies: ["Hello from the fake model."] });
+    expect(result).toEqual(answered("Hello from the fake model."));
     expect(scopes).toEqual([{ channel: "discord:100", speaker: { id: "alice", name: "Alice", principalId: "p_alice" } }]);
     expect(model.calls.length).toBe(1);
     expect(model.calls[0]!.authorization).toBe("Bearer key-for-discord:100");
@@ -285,9 +301,9 @@ describe("turns", () => {
     expect(await p.services.SANDBOX.runtime.busy()).toEqual(["discord:100", "discord:200"]);
     const a2 = p.handle(mention("100", "slow a2"), MEMBER);
     expect(await Promise.all([a, b, a2])).toEqual([
-      { replies: ["Sealed: slow a"] },
-      { replies: ["Sealed: slow b"] },
-      { replies: ["Sealed: slow a2"] },
+      answered("Sealed: slow a"),
+      answered("Sealed: slow b"),
+      answered("Sealed: slow a2"),
     ]);
     expect(await p.services.SANDBOX.runtime.busy()).toEqual([]);
   });
@@ -298,9 +314,9 @@ describe("turns", () => {
     const running = p.handle(mention("100", "wait for me"), MEMBER);
     await until(async () => (await p.services.SANDBOX.runtime.busy()).includes("discord:100"), 5000, "the turn");
     expect(await p.stop("discord:100")).toBe(true);
-    expect(await running).toEqual({ replies: ["The sandbox turn failed."] });
+    expect(await running).toEqual(answered("The sandbox turn failed."));
     expect(await p.services.SANDBOX.runtime.busy()).toEqual([]);
-    expect(await p.handle(mention("100", "again"), MEMBER)).toEqual({ replies: ["Sealed: again"] });
+    expect(await p.handle(mention("100", "again"), MEMBER)).toEqual(answered("Sealed: again"));
   });
 
   test("dispose while a turn runs ends it; dispose is idempotent; afterwards every call fails", async () => {
@@ -313,7 +329,7 @@ describe("turns", () => {
       (v) => ({ value: v }),
       (e: Error) => ({ error: e.message }),
     );
-    expect(settled).toEqual({ value: { replies: ["The sandbox turn failed."] } });
+    expect(settled).toEqual({ value: answered("The sandbox turn failed.") });
     expect(() => p.claim(mention("100", "hi"), MEMBER)).toThrow("sandbox is disposed");
     await expect(p.handle(mention("100", "hi"), MEMBER)).rejects.toThrow("sandbox is disposed");
     await expect(p.services.SANDBOX.channels.list()).rejects.toThrow("sandbox is disposed");

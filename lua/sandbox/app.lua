@@ -122,6 +122,7 @@ local commands = require "sandbox.channels.commands"
 local errors = require "sandbox.errors"
 local json = require "sandbox.json"
 local log = require "sandbox.log"
+local reply_text = require "sandbox.channels._reply_text"
 local runtime = require "sandbox.runtime"
 local turn_queue = require "sandbox.channels._queue"
 
@@ -135,7 +136,7 @@ M.E_NOT_STARTED = errors.NOT_STARTED
 M.LOG_STATE = "routing state could not be opened"
 
 -- Options of `sandbox{}` that the runtime does not take (2.1).
-local APP_ONLY = { stateFile = true, initialChannels = true, provider = true }
+local APP_ONLY = { stateFile = true, initialChannels = true, provider = true, maxQueuedTurns = true }
 
 local App = {}
 M.App = App
@@ -224,6 +225,7 @@ function App:start(host)
       rt.options.workspaceRoot)
     return channels.open {                                            -- step 7
       stateFile = store_path, initialChannels = o.initialChannels,
+      log = function(level, msg, fields) self:_log(level, msg, fields) end,
     }
   end)
   if not ok then
@@ -236,7 +238,7 @@ function App:start(host)
   end
   self.host, self.rt, self.store = host, rt, store
   self.root = host.rootCommand or commands.DEFAULT_ROOT
-  self.queue = turn_queue.new()
+  self.queue = turn_queue.new { max = o.maxQueuedTurns }
   self.services = {                                                   -- step 8
     SANDBOX = { id = M.SERVICE_ID, channels = store, runtime = rt },
     lifecycle = {                                                     -- step 9
@@ -279,22 +281,40 @@ function App:_answer(key, event, speaker)
     self:_log("error", runtime.LOG_REFUSED, { channel = key })
     text = runtime.GUEST_FAILED_OR_STOPPED
   end
-  local split = self.host.split or claim.split                        -- step 5
-  local sok, pieces = pcall(split, text)
-  if not sok or type(pieces) ~= "table" then pieces = claim.split(text) end
   -- the turn's reason is the operator's (its `turn finished` line, and
   -- rt:run_turn's result through the SANDBOX service), never the guest's
-  return { replies = pieces }
+  return self:_replies(text)                                          -- step 5
 end
 
--- Runs the decided action. Inside a task.
+-- The reply pieces of a guest-visible text (the host's splitter, §9.3 step
+-- 5) and, with mentions = "neutral", the allowedMentions the chat adapter
+-- passes on (shared/spec/hardening.md 6).
+function App:_replies(text)
+  local split = self.host.split or claim.split
+  local sok, pieces = pcall(split, text)
+  if not sok or type(pieces) ~= "table" then pieces = claim.split(text) end
+  local out = { replies = pieces }
+  if self.rt.options.mentions == "neutral" then out.allowedMentions = reply_text.ALLOWED_MENTIONS() end
+  return out
+end
+
+-- Runs the decided action. Inside a task. A mention beyond the channel's
+-- queue bound (maxQueuedTurns, 2 per speaker; shared/spec/hardening.md 4)
+-- is not queued: the guest gets the busy text and the operator the audit
+-- line `turn refused reason=queue_full`.
 function App:handle(event, admission)
   local d = self:claim(event, admission)
   if d.action == "command" then return self:command(event, admission) end
   if d.action ~= "answer" then return nil end
   local key = claim.key(event)
   local speaker = claim.admit(event, admission)
-  return self.queue:run(key, self._answer, self, key, event, speaker)
+  local res, full = self.queue:run_turn(key, speaker.id, self._answer, self, key, event, speaker)
+  if full then
+    local why = errors.entry(errors.QUEUE_FULL).reason
+    self:_log("warn", runtime.LOG_REFUSED, { channel = key, reason = why, fix = errors.reason_fix(why) })
+    return self:_replies(runtime.GUEST_BUSY)
+  end
+  return res
 end
 
 function App:_is_owner(event, admission)

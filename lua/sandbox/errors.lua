@@ -36,10 +36,10 @@
 --   errors.EXIT                -> the `sbx run` statuses {ok, turn, usage,
 --                                 config, daemon}
 --
--- Adding a reason (hardening's workspace_quota, disk_low, queue_full,
--- host_descriptors, state_write_failed) is one row in M.reasons, plus the
--- place that observes it; every reader (run_turn's result, the turn line,
--- `sbx run`, the Bun bridge) picks it up from here.
+-- Adding a reason (as hardening.md did: workspace_quota, disk_low,
+-- queue_full, host_descriptors, state_write_failed) is one row in
+-- M.reasons, plus the place that observes it; every reader (run_turn's
+-- result, the turn line, `sbx run`, the Bun bridge) picks it up from here.
 -- Modules keep their public constants (runtime.E_CLEANUP, ...) as aliases
 -- of these strings; nothing outside this file spells a message.
 local M = {}
@@ -92,6 +92,19 @@ M.catalogue = {
     fix = "stop the other process that uses this runRoot (a bot or another sbx), "
       .. "or give this one its own runRoot and workspaceRoot" },
   { name = "HOST_TABLE", message = "sandbox host must be a table" },
+
+  -- Hardening options (shared/spec/hardening.md 1-6)
+  { name = "SECCOMP_MISSING", message = "seccomp profile missing: ", prefix = true,
+    fix = "restore worker/seccomp.json from the project (it ships with the image's build context), "
+      .. "or set seccompProfile to the absolute path of a readable profile" },
+  { name = "SECCOMP_INVALID", message = "seccomp profile invalid: ", prefix = true,
+    fix = "the file must be a Docker seccomp profile (a JSON object with defaultAction and syscalls); "
+      .. "restore worker/seccomp.json from the project" },
+  { name = "WORKSPACE_QUOTA_OPTION", message = "workspaceQuotaMb must be 1 to 1048576" },
+  { name = "DISK_RESERVE_OPTION", message = "diskReserveMb must be 0 to 1048576" },
+  { name = "MAX_QUEUED_OPTION", message = "maxQueuedTurns must be 1 to 1000" },
+  { name = "MENTIONS_OPTION", message = 'mentions must be "neutral" or "allow"' },
+  { name = "MAX_REPLY_OPTION", message = "maxReplyChars must be 1 to 100000" },
   { name = "NOT_STARTED", message = "sandbox is not started" },
 
   -- The model route and the operator log (spec/providers.md 1, operations.md 2-3)
@@ -151,6 +164,13 @@ M.catalogue = {
   { name = "CLEANUP", message = "sandbox container cleanup failed; inspect this installation's containers",
     reason = "cleanup_failed" },
 
+  -- A hostile guest's channel (shared/spec/hardening.md 2-4): the fixes
+  -- are their reasons' (M.reasons)
+  { name = "WORKSPACE_QUOTA", message = "sandbox workspace is over its quota", reason = "workspace_quota" },
+  { name = "DISK_LOW", message = "sandbox disk space is below diskReserveMb", reason = "disk_low" },
+  { name = "QUEUE_FULL", message = "sandbox channel queue is full", reason = "queue_full" },
+  { name = "HOST_DESCRIPTORS", message = "sandbox host is out of file descriptors", reason = "host_descriptors" },
+
   -- The precheck script runner (spec/precheck.md 2.1, 2.2, 4); it also
   -- raises LINUX, ROOT_PATH, ROOT_PRIVATE, USER, SOCKET_TOO_LONG, NAME_IMAGE,
   -- ENTRYPOINT, LIMITS, MOUNT_PATH, BODY_TOO_LARGE, WORKER and CLEANUP.
@@ -190,7 +210,7 @@ M.catalogue = {
   { name = "STATE_INVALID", message = "invalid sandbox channel state",
     fix = "the file must be a JSON array of channel keys such as "
       .. '["discord:123456789"]; restore it from a backup or remove it to start from initialChannels' },
-  { name = "STATE_SAVE", message = "routing state could not be saved" },
+  { name = "STATE_SAVE", message = "routing state could not be saved", reason = "state_write_failed" },
   { name = "STATE_DIR", message = "routing state directory must be private and service-owned",
     fix = "chown the directory to the service user and chmod it 0700" },
   { name = "STATE_FILE", message = "routing state must be a service-owned regular file",
@@ -321,9 +341,12 @@ M.reasons = {
         .. image_of(ctx) .. ")"
     end },
   { reason = "memory_store", worker = true,
-    fix = "the channel's memory.json is corrupt; inspect it in the channel's workspace" },
+    fix = "the channel's memory.json was invalid (a compromised turn, or hand editing): the worker kept it as "
+      .. "memory.json.invalid-<time> in the channel's workspace and went on with an empty store; "
+      .. "if the turn failed, it could not move it aside: inspect the workspace" },
   { reason = "history", worker = true,
-    fix = "the channel's history.json is corrupt or could not be written; start the channel fresh" },
+    fix = "the channel's history.json was invalid (kept as history.json.invalid-<time>, the turn went on "
+      .. "with an empty history) or could not be written; start the channel fresh" },
   { reason = "worker_failed",
     fix = function(ctx) return string.format("check the image with `sbx doctor %s`", config_of(ctx)) end },
   { reason = "worker_oom", fix = "raise limits.memoryMb or look for a memory bomb in this channel" },
@@ -342,6 +365,21 @@ M.reasons = {
       end
       return string.format("start dockerd (as root: make deps) or set DOCKER_HOST; `sbx doctor %s`", config_of(ctx))
     end },
+  { reason = "workspace_quota",
+    fix = function(ctx)
+      return string.format("an operator must free space in this channel's workspace%s (or raise workspaceQuotaMb); "
+        .. "the channel's turns are refused until it is under the quota",
+        ctx.workspace and (" " .. ctx.workspace) or (ctx.workspaceRoot and (" under " .. ctx.workspaceRoot) or ""))
+    end },
+  { reason = "disk_low",
+    fix = "an operator must free space on the filesystem of workspaceRoot/runRoot (every channel's turns are "
+      .. "refused until free space is above diskReserveMb), and should give each workspace a filesystem quota" },
+  { reason = "queue_full",
+    fix = "a guest is flooding the channel; raise maxQueuedTurns only if the channel is really this busy" },
+  { reason = "host_descriptors",
+    fix = "raise the service's hard descriptor limit (LimitNOFILE= / ulimit -Hn) or run fewer channels at once" },
+  { reason = "state_write_failed",
+    fix = "the state file was left as it was; free space on (or fix) the state directory's filesystem and retry" },
   { reason = "image_missing", exit = M.EXIT.daemon,
     fix = function(ctx)
       -- this tree's own build command (a checkout's make image, an installed

@@ -11,6 +11,7 @@ local broker_config = require "sandbox.broker._config"
 local errors = require "sandbox.errors"
 local log = require "sandbox.log"
 local options = require "sandbox.runtime._options"
+local turn_queue = require "sandbox.channels._queue"
 
 local M = {}
 
@@ -20,6 +21,8 @@ M.OPTIONS = {
   mcp = true, uid = true, gid = true, limits = true, turnTimeoutMs = true, driver = true,
   allowHttp = true, modelAuth = true, maxOutputTokens = true, outputTokensField = true,
   logFormat = true, logLevel = true, audit = true, logger = true,
+  seccompProfile = true, workspaceQuotaMb = true, diskReserveMb = true,
+  mentions = true, maxReplyChars = true, maxQueuedTurns = true,
 }
 
 M.DEFAULT_TURN_TIMEOUT_MS = options.DEFAULT_TURN_TIMEOUT_MS
@@ -41,12 +44,15 @@ function M.new(opts)
   options.check_prompt(opts.prompt)
   local timeout = options.check_turn_timeout(opts.turnTimeoutMs)
   log.check_options(opts)
+  options.check_hardening(opts)
+  local max_queued = turn_queue.check_max(opts.maxQueuedTurns)
   -- The throw-away broker check of spec/runtime.md 3.1 step 14: no socket.
   local cfg = broker_config.check(opts)
   options.check_api_key_use(opts.apiKey, cfg)
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
   o.turnTimeoutMs = timeout
+  o.maxQueuedTurns = max_queued
   o.provider = o.provider or "openai"
   return app.wrap({ options = o, broker_config = cfg }, Config)
 end

@@ -5,6 +5,8 @@
 --   json.decode(s) / json.encode(v[, max]) / json.utf8_valid(s)   the core's
 --   json.decode_last(s)  the same, except a repeated member name's last value
 --                        wins (rich mode's bodies, rich-mode.md 19)
+--   json.decode_shape(s, shape[, max_values])   one flat object of known
+--                     scalar members, refused before building anything else
 --   json.object(names, values) / json.array(list)   values that encode in order
 --   json.kind(v) / json.is_object(v) / json.is_array(v) / json.keys(o) / json.count(v)
 --   json.plain(v)     decoded JSON -> plain Lua tables (null members left out)
@@ -16,6 +18,7 @@ local core = require "sandbox.core"
 local M = {
   null = core.json_null,
   decode = core.json_decode,
+  decode_shape = core.json_decode_shape,
   encode = core.json_encode,
   utf8_valid = core.utf8_valid,
 }

@@ -12,6 +12,7 @@ local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
 local installation = require "sandbox.runtime._installation"
 local json = require "sandbox.json"
+local seccomp = require "sandbox.runtime._seccomp"
 local signal = require "sandbox.signal"
 local spec_fs = require "spec_fs"
 
@@ -69,6 +70,7 @@ describe("drivers against real Docker", function()
       name = container.name(seg), image = image, runDir = run_dir, workspaceDir = ws_dir,
       uid = uid, gid = gid, memoryMb = 128, cpus = 0.5, pids = 32,
       labels = container.labels(inst, owner),
+      seccompProfile = seccomp.default_path(),     -- as every sealed turn (hardening.md 1)
     }
     for k, v in pairs(over or {}) do s[k] = v end
     return s
@@ -126,7 +128,12 @@ describe("drivers against real Docker", function()
         assert.is_true(h.ReadonlyRootfs)
         assert.same({ "ALL" }, { table.unpack(h.CapDrop) })
         assert.is_true(h.CapAdd == nil or h.CapAdd == json.null or #h.CapAdd == 0)
-        assert.same({ "no-new-privileges:true" }, { table.unpack(h.SecurityOpt) })
+        -- no-new-privileges, then the project's own seccomp profile, inline
+        -- for both drivers (the CLI sends the file's JSON; hardening.md 1)
+        assert.equal(2, #h.SecurityOpt)
+        assert.equal("no-new-privileges:true", h.SecurityOpt[1])
+        assert.same(json.plain(json.decode(spec_fs.read(s.seccompProfile))),
+          json.plain(json.decode(assert(h.SecurityOpt[2]:match("^seccomp=(.*)$")))))
         assert.equal(128 * 1048576, h.Memory)
         assert.equal(128 * 1048576, h.MemorySwap)
         assert.equal(500000000, h.NanoCpus)

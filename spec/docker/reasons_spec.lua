@@ -236,18 +236,29 @@ return require("sandbox") {
   end)
 
   it("memory_store and history: a corrupt channel file in the workspace", function()
-    script {}
     local seg = core.sha256_hex("fake:reasons")
-    local r = sbx_run(nil, { before = function(dir)
-      os.execute("mkdir -m 700 " .. q(dir .. "/work") .. " " .. q(dir .. "/work/" .. seg))
-      spec_fs.write(dir .. "/work/" .. seg .. "/memory.json", "not json")
-    end })
-    expect(r, "memory_store", 1, "memory.json is corrupt")
-    r = sbx_run(nil, { before = function(dir)
-      os.execute("mkdir -m 700 " .. q(dir .. "/work") .. " " .. q(dir .. "/work/" .. seg))
-      spec_fs.write(dir .. "/work/" .. seg .. "/history.json", "[1]")
-    end })
-    expect(r, "history", 1, "history.json is corrupt")
+    for _, c in ipairs { { "memory.json", "not json", "memory_store", "memory.json was invalid" },
+                         { "history.json", "[1]", "history", "history.json was invalid" } } do
+      -- moved aside, the turn goes on (hardening.md 8): ok, and a warn line
+      script {}
+      local r = sbx_run(nil, { before = function(dir)
+        os.execute("mkdir -m 700 " .. q(dir .. "/work") .. " " .. q(dir .. "/work/" .. seg))
+        spec_fs.write(dir .. "/work/" .. seg .. "/" .. c[1], c[2])
+      end })
+      expect(r, "ok", 0)
+      assert.matches("warn worker repaired a store channel=fake:reasons turn=" .. r.turn.fields.turn
+        .. " reason=" .. c[3], r.err, 1, true)
+      -- a workspace the worker cannot write: it cannot move the file aside,
+      -- and the turn fails with its reason
+      script {}
+      r = sbx_run(nil, { before = function(dir)
+        os.execute("mkdir -m 700 " .. q(dir .. "/work") .. " " .. q(dir .. "/work/" .. seg))
+        spec_fs.write(dir .. "/work/" .. seg .. "/" .. c[1], c[2])
+        os.execute("chmod 500 " .. q(dir .. "/work/" .. seg))
+      end })
+      os.execute("chmod 700 " .. q(r.dir .. "/work/" .. seg))
+      expect(r, c[3], 1, c[4])
+    end
   end)
 
   it("worker_failed: a hostile worker's claimed reason does not change the host's", function()

@@ -7,14 +7,18 @@
 --   * memory and history survive between turns and stay in their channel.
 -- The misbehaving workers are FROM-scratch images of
 -- spec/fixtures/hostile/probe.c, chosen per turn by a driver wrapper (a
--- trusted seam) from the message text. Opt-in with SANDBOX_DOCKER_TEST=1.
+-- trusted seam) from the message text; the well-behaved turns run the real
+-- worker built from this tree as sbx-sealed-spec-worker:<tag> (or
+-- SBX_TEST_IMAGE). Opt-in with SANDBOX_DOCKER_TEST=1.
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
+local probe_images = require "probe_images"
 local sandbox = require "sandbox"
 local spec_fs = require "spec_fs"
 
 local ENABLED = os.getenv("SANDBOX_DOCKER_TEST") == "1"
+local IMAGE                  -- the real worker's image (setup)
 local KEY = "sealed-spec-key"
 local TAG = core.random_hex(4)
 local MODES = { "net", "write", "fork", "oom" }
@@ -64,24 +68,12 @@ describe("sealed turn guarantees on real Docker", function()
   end
 
   setup(function()
-    assert.equal("Linux", sh("uname -s"))
-    assert.is_not.equal(0, (core.getuid()), "run the Docker specs as the non-root sbx account")
-    local out, rc = sh("docker info")
-    assert.equal(0, rc, "the Docker daemon does not answer (make deps starts it)")
-    out, rc = sh("docker image inspect pi-roundtable-sandbox:local")
-    assert.equal(0, rc, "make image first")
     root = spec_fs.tmpdir("sb-sealed")
-    os.execute("mkdir -p " .. q(root .. "/ctx"))
-    out, rc = sh("cc -static -O2 -o " .. q(root .. "/ctx/probe") .. " spec/fixtures/hostile/probe.c")
-    assert.equal(0, rc, out)
-    for _, mode in ipairs(MODES) do
-      local f = assert(io.open(root .. "/ctx/Dockerfile", "w"))
-      f:write("FROM scratch\nCOPY probe /probe\nUSER 1000:1000\nENTRYPOINT [\"/probe\", \"" .. mode .. "\"]\n")
-      f:close()
-      images[mode] = "sbx-sealed-spec-" .. mode .. ":" .. TAG
-      out, rc = sh("docker build -q -t " .. images[mode] .. " " .. q(root .. "/ctx"))
-      assert.equal(0, rc, out)
-    end
+    local own
+    IMAGE, own = probe_images.worker(root, "sbx-sealed-spec-worker:" .. TAG)
+    images = probe_images.build(root, "spec/fixtures/hostile/probe.c", MODES,
+      function(mode) return "sbx-sealed-spec-" .. mode .. ":" .. TAG end)
+    for _, name in ipairs(own) do images.worker = name end
     server = assert(core.http_server {
       on_request = function(req)
         in_flight = in_flight + 1
@@ -99,16 +91,16 @@ describe("sealed turn guarantees on real Docker", function()
     })
     local cli = require("sandbox.drivers.cli") { binary = "docker" }
     local driver = {
-      run = function(_, spec, turn, signal)
+      run = function(_, spec, turn, signal, report)
         local mode = turn.text and turn.text:match("PROBE:(%a+)")
         if mode then spec.image = assert(images[mode]) end
-        return cli:run(spec, turn, signal)
+        return cli:run(spec, turn, signal, report)
       end,
       list = function(_, ...) return cli:list(...) end,
       remove = function(_, ...) return cli:remove(...) end,
     }
     rt = sandbox.runtime {
-      image = "pi-roundtable-sandbox:local", runRoot = root .. "/run", workspaceRoot = root .. "/work",
+      image = IMAGE, runRoot = root .. "/run", workspaceRoot = root .. "/work",
       model = "fake-model", modelUrl = server:url("/v1/chat/completions"),
       apiKey = function() return KEY end, allowHttp = true, driver = driver,
     }
@@ -117,10 +109,7 @@ describe("sealed turn guarantees on real Docker", function()
   teardown(function()
     if rt then async.run(function() local t = rt:dispose(); if t then async.wait(t) end end) end
     if server then server:close() end
-    for _, image in pairs(images) do
-      sh("docker ps -aq --filter ancestor=" .. image .. " | xargs -r docker rm -f")
-      sh("docker image rm " .. image)
-    end
+    probe_images.remove(images)
     if root then spec_fs.rmdir(root, "sb-sealed") end
   end)
 

@@ -34,6 +34,8 @@ VERSION="$(cat VERSION)"
 IMAGE="${SBX_TEST_IMAGE:-pi-roundtable-sandbox:local}"
 DOCKER=0; [ "${SANDBOX_DOCKER_TEST:-}" = 1 ] && DOCKER=1
 TEST_TAG="roundtable-install-test-image:$$"
+CHECKOUT_TAG="roundtable-install-test-checkout:$$"   # this checkout's make image context, built apart
+                                                     # (another worktree may rebuild $IMAGE meanwhile)
 
 passed=0 failed=0 skipped=0
 ok()   { passed=$((passed + 1)); echo "ok   $1"; }
@@ -68,7 +70,7 @@ if is_root; then
   RUN=(runuser -u "$SBX_USER" -- env "HOME=$(getent passwd "$SBX_USER" | cut -d: -f6)")
 fi
 cleanup() {
-  [ "$DOCKER" = 1 ] && docker image rm "$TEST_TAG" >/dev/null 2>&1
+  [ "$DOCKER" = 1 ] && docker image rm "$TEST_TAG" "$CHECKOUT_TAG" >/dev/null 2>&1
   rm -rf "$BASE"
   (cd "$SBX_ROOT/bun" && rm -rf native lua worker) 2>/dev/null  # a pack that died before postpack
 }
@@ -94,7 +96,7 @@ layout() {
     share/lua/5.4/sandbox/init.lua share/lua/5.4/sandbox/cli/init.lua share/lua/5.4/sandbox/layout.lua \
     share/pi-roundtable-sandbox/Dockerfile share/pi-roundtable-sandbox/sbx-worker \
     share/pi-roundtable-sandbox/build-image share/pi-roundtable-sandbox/image_lib.sh \
-    share/pi-roundtable-sandbox/lua/agent.lua \
+    share/pi-roundtable-sandbox/seccomp.json share/pi-roundtable-sandbox/lua/agent.lua \
     share/doc/pi-roundtable-sandbox/README.md share/doc/pi-roundtable-sandbox/operations.md \
     share/doc/pi-roundtable-sandbox/threat-model.md share/doc/pi-roundtable-sandbox/roundtable-bot.service; do
     [ -f "$P/$f" ] || missing="$missing $f"
@@ -112,6 +114,7 @@ layout() {
   have="$(cd "$P/share/pi-roundtable-sandbox/lua" && find . -type f | LC_ALL=C sort)"
   [ "$want" = "$have" ] || { echo "the image context's Lua differs from worker/lua/"; return 1; }
   cmp -s worker/Dockerfile "$P/share/pi-roundtable-sandbox/Dockerfile" || { echo "Dockerfile differs"; return 1; }
+  cmp -s worker/seccomp.json "$P/share/pi-roundtable-sandbox/seccomp.json" || { echo "seccomp.json differs"; return 1; }
 }
 check "the installed layout: bin, lib (SONAME link), include/sbx (public headers only), pkgconfig, Lua modules, core.so, image context, docs" layout
 
@@ -195,7 +198,9 @@ docker_case "a missing image: the installed sbx names the installed build-image 
 build_image() {
   local out want have
   out="$(as_user env SBX_IMAGE="$TEST_TAG" "$P/share/pi-roundtable-sandbox/build-image" 2>&1)" || { echo "$out"; return 1; }
-  want="$(docker image inspect --format '{{ index .Config.Labels "pi-roundtable-sandbox.context" }}' "$IMAGE")"
+  out="$(env SBX_IMAGE="$CHECKOUT_TAG" SBX_IMAGE_CONTEXT="$BASE/checkout-ctx" bash "$SBX_ROOT/worker/image.sh" build 2>&1)" ||
+    { echo "$out"; return 1; }
+  want="$(docker image inspect --format '{{ index .Config.Labels "pi-roundtable-sandbox.context" }}' "$CHECKOUT_TAG")"
   have="$(docker image inspect --format '{{ index .Config.Labels "pi-roundtable-sandbox.context" }}' "$TEST_TAG")"
   [ -n "$have" ] && [ "$have" = "$want" ] || { echo "context $have, make image's $want"; return 1; }
 }
@@ -269,7 +274,7 @@ else
     list="$(tar tzf "$TGZ")" || return 1
     for f in package.json src/index.ts src/ffi.ts src/options.conf.lua native/libsbx.so lua/sandbox/init.lua \
       lua/sandbox/embed/init.lua lua/sandbox/layout.lua worker/Dockerfile worker/sbx-worker worker/build-image \
-      worker/image_lib.sh \
+      worker/image_lib.sh worker/seccomp.json \
       worker/lua/agent.lua scripts/build.ts; do
       grep -qx "package/$f" <<<"$list" || missing="$missing $f"
     done

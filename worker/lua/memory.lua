@@ -2,6 +2,14 @@
 -- <workspace>/memory.json is a compact array of {scope, key, text}; scopes
 -- are `channel` and `speaker:<id>`. Keys, texts and ids are data, never
 -- paths. Every change is written atomically before the in-memory copy moves.
+--
+-- Self-healing (shared/spec/hardening.md 8, overriding worker.md 5.1 and
+-- 7.2): a store that is not a valid memory.json (garbage, a FIFO, a
+-- directory, a link, too large) is moved aside to
+-- memory.json.invalid-<UTC time> (sbxw.move_aside: at most 3 kept) and the
+-- turn starts with an empty store; open then reports `memory_store`.
+-- Fairness inside a channel (hardening.md 5): one speaker holds at most 32
+-- entries and 64 KiB of the channel's 256 entries / 512 KiB.
 local sbxw = require "sbxw"
 local codec = require "codec"
 local text = require "text"
@@ -13,6 +21,9 @@ M.MAX_STORE_BYTES = 524288
 M.MAX_FILE_BYTES = 16 * 1024 * 1024
 M.MAX_KEY_CHARS = 128
 M.MAX_TEXT_CHARS = 2048
+M.MAX_SPEAKER_ENTRIES = 32
+M.MAX_SPEAKER_BYTES = 65536
+M.REASON = "memory_store"
 
 local Store = {}
 Store.__index = Store
@@ -41,14 +52,30 @@ local function load(path)
   return entries
 end
 
--- open(workspace) -> store, or nil, "invalid memory store" (or the mkdir error).
+-- open(workspace) -> store, repaired ("memory_store" when an invalid store
+-- was moved aside, else nil); or nil, "invalid memory store" when it could
+-- not be moved (or the mkdir error).
 function M.open(workspace)
   local ok, err = sbxw.mkdir(workspace)
   if not ok then return nil, err or "workspace unavailable" end
   local path = workspace .. "/memory.json"
-  local entries = load(path)
-  if not entries then return nil, "invalid memory store" end
-  return setmetatable({ path = path, entries = entries }, Store)
+  local entries, repaired = load(path), nil
+  if not entries then
+    if not sbxw.move_aside(path) then return nil, "invalid memory store" end
+    entries, repaired = {}, M.REASON
+  end
+  return setmetatable({ path = path, entries = entries }, Store), repaired
+end
+
+-- A speaker namespace's share of the channel's store (hardening.md 5): at
+-- most MAX_SPEAKER_ENTRIES entries whose compact array is at most
+-- MAX_SPEAKER_BYTES.
+local function within_share(entries, ns)
+  local own = codec.array()
+  for _, e in ipairs(entries) do
+    if e.scope == ns then own[#own + 1] = e end
+  end
+  return #own <= M.MAX_SPEAKER_ENTRIES and #codec.encode(own) <= M.MAX_SPEAKER_BYTES
 end
 
 -- The namespace and the trimmed key (nil for no key) of a call, or nil, error.
@@ -103,7 +130,8 @@ function Store:run(name, args, speaker_id)
     next_entries[#next_entries + 1] = entry(ns, key, value)
   end
   local bytes = codec.encode(next_entries)
-  if name == "memory_set" and (#next_entries > M.MAX_ENTRIES or #bytes > M.MAX_STORE_BYTES) then
+  if name == "memory_set" and (#next_entries > M.MAX_ENTRIES or #bytes > M.MAX_STORE_BYTES
+      or (ns ~= "channel" and not within_share(next_entries, ns))) then
     return nil, "memory capacity reached"
   end
   local ok, werr = sbxw.write_file_atomic(self.path, bytes)

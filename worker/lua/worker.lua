@@ -2,22 +2,27 @@
 -- the bounded tool loop over the broker socket, one reply object on stdout.
 --
 --   worker.main()                     the binary's entry: stdin -> stdout + exit status
---   worker.run_turn(bytes, seams)     -> reply {ok, text}, exit status, internal error
+--   worker.run_turn(bytes, seams)     -> reply {ok, text [, reason]}, exit status, internal error
+--     reply.reason is "memory_store" or "history" when the turn went on after
+--     moving an invalid store aside (shared/spec/hardening.md 8; the first
+--     of the two when both were)
 --     seams.workspace  directory (default "/workspace")
 --     seams.broker     function(route, body_bytes) -> 200, decoded body
 --                        | status, {error="broker refused"} | nil, message
 --                      (default: broker_client.request over sbxw.broker_request);
 --                      it may yield, so run_turn may run inside a coroutine
 --     seams.clock      function() -> epoch seconds (default sbxw.now)
---   worker.encode_reply(reply)        -> the compact {"ok":..,"text":..} bytes
+--   worker.encode_reply(reply)        -> the compact {"ok":..,"text":..[,"truncated":..][,"reason":..]} bytes
 --
 -- Internal error strings (third result) exist for the specs; the reply on
 -- any failure is the one generic failed text, plus, for the failures of the
 -- worker's own closed list (spec/operations.md 1), their reason:
 --   {"ok":false,"text":"The sandbox worker failed.","reason":"model_filtered"}
--- (invalid_turn, memory_store, history, context_budget, model_no_text,
--- model_filtered). The host keeps it only when nothing it saw contradicts
--- it. A reply the provider cut at its length limit carries "truncated":true.
+-- (invalid_turn, memory_store and history when the store could not even be
+-- moved aside, context_budget, model_no_text, model_filtered). The host
+-- keeps it only when nothing it saw contradicts it. A reply the provider cut
+-- at its length limit carries "truncated":true; one of a turn that moved an
+-- invalid store aside, "reason":"memory_store" or "history".
 --
 -- Modules (required by plain name from /app/worker/lua): codec (strict JSON
 -- over sbxw), text (trim, lower, promptText), turn (stdin validation),
@@ -77,9 +82,13 @@ local function run(bytes, seams)
   local call = broker_client.caller(seams.broker or broker_client.request)
 
   local turn = must(turn_mod.parse(bytes, clock()))
-  -- 5.1: memory before history, so a corrupt store fails every turn.
-  local store = must(memory.open(workspace))
-  local loaded = must(history.load(workspace, turn.reset))
+  -- 5.1: memory before history; an invalid store is moved aside and the
+  -- turn goes on with an empty one (hardening.md 8).
+  local store, memory_repaired = memory.open(workspace)
+  must(store, memory_repaired)
+  local loaded, history_repaired = history.load(workspace, turn.reset)
+  must(loaded, history_repaired)
+  local repaired = memory_repaired or history_repaired
   local speaker_id = turn.speaker.id
 
   local function refuse() return nil, "refused" end
@@ -115,10 +124,10 @@ local function run(bytes, seams)
   local outcome, final, truncated = agent.run {
     model = turn.model, messages = messages, user_msg = user_msg, registry = registry, call = call,
   }
-  if outcome == "limit" then return { ok = false, text = M.LIMIT_TEXT }, 0 end
+  if outcome == "limit" then return { ok = false, text = M.LIMIT_TEXT, reason = repaired }, 0 end
   local saved, serr = history.save(workspace, loaded, wrapper, final)
   if not saved then error(setmetatable({ message = serr, reason = "history" }, Tagged), 0) end
-  return { ok = true, text = final, truncated = truncated or nil }, 0
+  return { ok = true, text = final, truncated = truncated or nil, reason = repaired }, 0
 end
 
 function M.run_turn(bytes, seams)

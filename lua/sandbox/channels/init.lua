@@ -12,9 +12,12 @@
 -- `["discord:123456789","fake:guests"]`. Every enable/disable rewrites it
 -- atomically (core.write_file_atomic: <stateFile>.tmp 0600 no-follow, write,
 -- fsync, rename, fsync of the directory), even when nothing changed; a failed
--- write rolls the in-memory change back and raises `routing state could not
--- be saved`. A corrupt or unreadable file stops startup: the state is never
--- treated as empty. Turning a channel off touches no workspace file: its
+-- write (a full filesystem: shared/spec/hardening.md 3) loses nothing: the
+-- old file stays valid, the in-memory change is rolled back, `routing state
+-- could not be saved` is raised and the operator log gets the line
+-- `routing state could not be saved reason=state_write_failed errno=<E...>
+-- fix=...` (error). A corrupt or unreadable file stops startup: the state is
+-- never treated as empty. Turning a channel off touches no workspace file: its
 -- memory stays for when it is turned on again.
 local channel_key = require "sandbox.channels._key"
 local core = require "sandbox.core"
@@ -24,6 +27,7 @@ local json = require "sandbox.json"
 local M = {}
 
 M.MAX_FILE_BYTES = 1048576
+M.LOG_SAVE = errors.STATE_SAVE
 M.MAX_DEPTH = 64
 
 M.E_INVALID_STATE = errors.STATE_INVALID
@@ -109,8 +113,13 @@ M.Store = Store
 function Store:_save()
   local bytes = json.encode(json.array(table.move(self.keys, 1, #self.keys, 1, {})))
   if not bytes then return false end
-  local ok = self.write(self.path, bytes)
-  return ok == true
+  local ok, _, code = self.write(self.path, bytes)
+  if ok == true then return true end
+  if self.log then
+    local why = errors.entry(M.E_SAVE).reason
+    pcall(self.log, "error", M.LOG_SAVE, { reason = why, errno = code or "EIO", fix = errors.reason_fix(why) })
+  end
+  return false
 end
 
 -- §3.3 steps 1-5: the keys (and whether the file existed). dry (`sbx
@@ -154,12 +163,13 @@ function M.load(opts, dry)
 end
 
 -- §3.3, exact order. opts = {stateFile = canonical path (state_path),
--- initialChannels = list|nil, write = seam|nil}. Raises the spec's strings.
+-- initialChannels = list|nil, write = seam|nil, log = function(level, msg,
+-- fields) | nil (the operator log)}. Raises the spec's strings.
 function M.open(opts)
   local path = opts.stateFile
   local keys, set, existed = M.load(opts)
   local self = setmetatable({
-    path = path, keys = keys, set = set, write = opts.write or core.write_file_atomic,
+    path = path, keys = keys, set = set, write = opts.write or core.write_file_atomic, log = opts.log,
   }, Store)
   if not existed and not self:_save() then fail(M.E_SAVE) end     -- step 6
   return self

@@ -8,6 +8,8 @@
 --   common.report(cmd, err, cfg, config_path)   "sbx <cmd>: <what>" + "  fix: ..."
 --   common.report_turn(cmd, res, settled, cfg, config_path) -> exit status:
 --                      a turn's failure reason and fix (operations.md 1)
+--   common.json_reply(settled, res, text) -> the --json line of run and chat:
+--                      {"ok":..,"text":<the exact guest-visible text>,"reason":..}
 --   common.fix_for(err, cfg, config_path) -> the catalogue's fix, or nil
 --   common.docker() -> the CLI driver (drivers/cli.lua): the docker runner of
 --                      the turns themselves, so doctor and demo ask the daemon
@@ -17,6 +19,7 @@ local args_lib = require "sandbox.cli._args"
 local channel_key = require "sandbox.channels._key"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
+local json = require "sandbox.json"
 local options = require "sandbox.runtime._options"
 
 local M = {}
@@ -64,7 +67,8 @@ end
 
 -- The report of one turn on stderr (spec/operations.md 1): a turn refused
 -- before it started as the catalogue error, else `sbx <cmd>: turn failed:
--- <reason>`, the provider's status line when there is one and the fix.
+-- <reason>`, the provider's status line when there is one, the fix and the
+-- catalogue message the host raised, if any (`  error: body too large`).
 -- Returns the `sbx run` exit status of its class.
 function M.report_turn(cmd, res, settled, cfg, config_path)
   if not settled then                    -- refused before it started
@@ -84,7 +88,18 @@ function M.report_turn(cmd, res, settled, cfg, config_path)
   end
   local fix = M.fix_for_reason(res, cfg, config_path)
   if fix then io.stderr:write("  fix: ", fix, "\n") end
+  -- the cause behind the reason, never "unexpected error" (hardening.md 9)
+  if res.error and errors.safe_to_show(res.error) then io.stderr:write("  error: ", res.error, "\n") end
   return errors.exit_status(res.reason)
+end
+
+-- The line `sbx run --json` and `sbx chat --json` print for one turn: the
+-- exact text, JSON-escaped (the terminal form replaces control characters,
+-- shared/spec/hardening.md 6), and the turn's reason when it settled.
+function M.json_reply(settled, res, text)
+  return json.encode(json.object({ "ok", "text", "reason" }, {
+    ok = settled and res.ok == true, text = text, reason = settled and res.reason or nil,
+  }))
 end
 
 -- $TZ as the worker's zone (one leading ':' dropped), or nil for UTC.

@@ -6,11 +6,12 @@
 local async = require "sandbox.async"
 local common = require "sandbox.cli._common"
 local core = require "sandbox.core"
+local reply_text = require "sandbox.channels._reply_text"
 
 local M = {}
 
 M.help = [==[
-usage: sbx chat CONFIG.lua --channel KEY --speaker ID[:NAME[:PRINCIPAL]]
+usage: sbx chat CONFIG.lua --channel KEY --speaker ID[:NAME[:PRINCIPAL]] [--json]
 
 An interactive guest channel in the terminal: each line you type is the
 guest's message and runs one sealed turn (a fresh container) for channel KEY;
@@ -23,6 +24,10 @@ continues the conversation.
   --speaker S       ID[:NAME[:PRINCIPAL]] of the guest you speak as
   --timeout MS      turn deadline in ms (1000 to 600000)
   --log-format F    text (default) or json: the operator log on stderr
+  --json            one line {"ok":...,"text":...,"reason":...} per reply,
+                    the exact text JSON-escaped (otherwise control
+                    characters other than newline and tab are printed as
+                    U+FFFD)
 
 In the chat:
   /quit, /exit      leave (end of input leaves too, after queued turns)
@@ -34,7 +39,7 @@ In the chat:
 local SPIN = { "|", "/", "-", "\\" }
 
 function M.run(args)
-  local parsed, speaker = common.parse_turn_args(args)
+  local parsed, speaker = common.parse_turn_args(args, { json = "bool" })
   if not parsed then
     io.stderr:write("sbx chat: ", speaker, "\n\n", M.help)
     return 2
@@ -119,7 +124,11 @@ function M.run(args)
       running = false
       if tty_err then io.stderr:write("\r\27[K") end
       local secs = (core.now() - t0) / 1000
-      io.stdout:write("sandbox: ", reply, "\n")
+      if parsed.flags.json then
+        io.stdout:write(common.json_reply(settled, res, reply), "\n")
+      else
+        io.stdout:write("sandbox: ", reply_text.terminal(reply), "\n")
+      end
       if not settled or not res.ok then common.report_turn("chat", res, settled, cfg, path) end
       if tty_err then io.stderr:write(string.format("(%.1fs)\n", secs)) end
       io.stdout:flush()

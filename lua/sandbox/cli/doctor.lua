@@ -22,6 +22,7 @@ local core = require "sandbox.core"
 local credential = require "sandbox.broker._credential"
 local errors = require "sandbox.errors"
 local installation = require "sandbox.runtime._installation"
+local disk = require "sandbox.runtime._disk"
 local json = require "sandbox.json"
 local model_payload = require "sandbox.broker._model_payload"
 local options = require "sandbox.runtime._options"
@@ -43,6 +44,11 @@ Checks, one line each, and names the fix for every failure, in the words
                   host, auth mode, output field and limit, never the key)
   stateFile       the channel state file: absolute, outside the roots, its
                   directory private, the file parses
+  descriptors     the descriptor limit the host raises itself to (the hard
+                  RLIMIT_NOFILE; shared/spec/hardening.md 2)
+  disk            free space on the roots' filesystems against diskReserveMb
+  workspace       with --channel: that channel's workspace against
+                  workspaceQuotaMb (its turns are refused above it)
   docker          the daemon answers on a local socket (the turns' own driver)
   image           the configured image exists (the fix names this tree's
                   own build command: `make image` in a checkout, an
@@ -57,7 +63,8 @@ Exits 0 when every check passed, 1 otherwise (2 for usage errors).
                   docker data, stale)
   --channel KEY   call apiKey (and each MCP server's apiKey) once with the
                   scope {channel = KEY, speaker = ID}; report only whether
-                  it returned a credential, never the credential
+                  it returned a credential, never the credential; and
+                  measure that channel's workspace
   --speaker ID    ID[:NAME[:PRINCIPAL]] for --channel (default sbx-doctor)
   --probe         send one minimal request to modelUrl (one user message
                   "ping", the forced body with the output field set to 1
@@ -172,6 +179,46 @@ local function state_file(r, cfg, state, path)
       end
     end
     r.fail("stateFile", message, detail, fix)
+  end
+end
+
+local function mib(bytes) return string.format("%.1f MiB", bytes / 1048576) end
+
+-- shared/spec/hardening.md 2-3 (the seccomp profile is a construction
+-- step): the descriptor limit, free disk against the reserve and, with
+-- --channel, that channel's workspace against its quota.
+local function hardening_checks(r, cfg, state, opts)
+  local ok, hard = pcall(options.check_hardening, cfg.options)
+  if not ok then return end                       -- the "hardening" step said why
+  local _, hard_limit = core.fd_raise()
+  r.ok("descriptors", string.format("nofile %s (the hard limit; the host raises itself to it)", tostring(hard_limit)))
+  local reserve = hard.diskReserveMb * 1048576
+  for _, root in ipairs { state.run_root, state.ws_root } do
+    local st = root and core.fs_statfs(root)
+    if st and st.free < reserve then
+      r.fail("disk", errors.DISK_LOW, string.format("%s: %s free, diskReserveMb %d", root, mib(st.free),
+        hard.diskReserveMb), errors.reason_fix("disk_low"))
+    elseif st then
+      r.ok("disk", string.format("%s: %s free (diskReserveMb %d)", root, mib(st.free), hard.diskReserveMb))
+    end
+  end
+  if not opts.channel or not state.ws_root then return end
+  local dir = state.ws_root .. "/" .. channel_key.segment(opts.channel)
+  if not core.fs_lstat(dir) then
+    r.ok("workspace", dir .. " (not used yet)")
+    return
+  end
+  local u = core.fs_usage(dir, disk.MAX_ENTRIES)
+  local fix = errors.reason_fix("workspace_quota", { workspace = dir })
+  if u.error or not u.complete then
+    r.fail("workspace", errors.WORKSPACE_QUOTA, string.format("%s could not be measured within %d entries",
+      dir, disk.MAX_ENTRIES), fix)
+  elseif u.bytes > hard.workspaceQuotaMb * 1048576 then
+    r.fail("workspace", errors.WORKSPACE_QUOTA, string.format("%s holds %s, over workspaceQuotaMb (%d MiB)",
+      dir, mib(u.bytes), hard.workspaceQuotaMb), fix)
+  else
+    r.ok("workspace", string.format("%s holds %s of workspaceQuotaMb %d (%d entries)", dir, mib(u.bytes),
+      hard.workspaceQuotaMb, u.entries))
   end
 end
 
@@ -350,6 +397,7 @@ function M.check(cfg, opts, out)
   r.ok("config", path)
   local state = construction(r, cfg, path)
   state_file(r, cfg, state, path)
+  hardening_checks(r, cfg, state, opts)
   if opts.no_docker then
     r.skip("docker", "--no-docker")
   else

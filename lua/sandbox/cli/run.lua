@@ -4,11 +4,12 @@
 local async = require "sandbox.async"
 local common = require "sandbox.cli._common"
 local core = require "sandbox.core"
+local reply_text = require "sandbox.channels._reply_text"
 
 local M = {}
 
 M.help = [==[
-usage: sbx run CONFIG.lua --channel KEY --speaker ID[:NAME[:PRINCIPAL]] [--] TEXT
+usage: sbx run CONFIG.lua --channel KEY --speaker ID[:NAME[:PRINCIPAL]] [--json] [--] TEXT
 
 Runs one sealed turn: TEXT is the guest's message, answered by a fresh
 container for channel KEY with the memory and history of that channel's
@@ -27,6 +28,10 @@ directories, options), 4 the Docker daemon or the image.
   --timeout MS      turn deadline in ms (1000 to 600000; default: the
                     config's turnTimeoutMs, 120000)
   --log-format F    text (default) or json: the operator log's format
+  --json            print {"ok":...,"text":...,"reason":...} with the exact
+                    reply text, JSON-escaped (otherwise control characters
+                    other than newline and tab are printed as U+FFFD: a
+                    reply is model output and must not drive your terminal)
   TEXT              the message; several words are joined with spaces;
                     "-" reads it from stdin
 
@@ -36,7 +41,7 @@ Run `sbx doctor CONFIG.lua` first if a turn fails for no visible reason.
 ]==]
 
 function M.run(args)
-  local parsed, speaker = common.parse_turn_args(args)
+  local parsed, speaker = common.parse_turn_args(args, { json = "bool" })
   if not parsed then
     io.stderr:write("sbx run: ", speaker, "\n\n", M.help)
     return 2
@@ -60,7 +65,11 @@ function M.run(args)
     local reply, settled, res = rt:guest_turn(channel, speaker, text)
     sig:stop()
     term:stop()
-    io.stdout:write(reply, "\n")
+    if parsed.flags.json then
+      io.stdout:write(common.json_reply(settled, res, reply), "\n")
+    else
+      io.stdout:write(reply_text.terminal(reply), "\n")
+    end
     local code = common.report_turn("run", res, settled, cfg, path)
     pcall(rt.dispose, rt)
     return code

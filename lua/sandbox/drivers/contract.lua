@@ -105,25 +105,38 @@ function M.abort_reason(signal)
   return r
 end
 
--- Reads the worker's stdout per 4.6 step 9 / 8.4: {ok=, text=} or raises.
+-- The reply object's members (spec/runtime.md 8.3; providers.md 3's
+-- truncated; the reason a worker reports, operations.md 1, hardening.md 8).
+M.REPLY_SHAPE = { ok = "boolean", text = "string", truncated = "boolean", reason = "string" }
+M.MAX_REPLY_VALUES = 1024
+-- What a worker that went on with its turn may report (hardening.md 8).
+M.REPAIR_REASONS = { memory_store = true, history = true }
+
+-- Reads the worker's stdout per 4.6 step 9 / 8.4 (shape-aware,
+-- shared/spec/hardening.md 7): one object of the known members only, each
+-- of its kind; an unknown member, a value of another kind or more than
+-- MAX_REPLY_VALUES values is refused at its first byte, before anything of
+-- it is built (a BOM or invalid UTF-8 never decodes). Returns {ok=, text=}
+-- and, when the worker repaired a store, reason=; raises otherwise.
 function M.parse_reply(stdout)
-  if stdout:sub(1, 3) == "\239\187\191" or not json.utf8_valid(stdout) then fail(M.E_REPLY) end
-  local v = json.decode(stdout)
-  if v == nil or json.kind(v) ~= "object" then fail(M.E_REPLY) end
-  if type(v.ok) ~= "boolean" or type(v.text) ~= "string" then fail(M.E_REPLY) end
+  local v = json.decode_shape(stdout, M.REPLY_SHAPE, M.MAX_REPLY_VALUES)
+  if v == nil or type(v.ok) ~= "boolean" or type(v.text) ~= "string" then fail(M.E_REPLY) end
   local n = utf8.len(v.text)
   if not n or n > M.MAX_TEXT_CHARS then fail(M.E_REPLY) end
+  local reason = v.reason
+  if not M.REPAIR_REASONS[reason] then reason = nil end
   -- spec/providers.md 3: a reply cut at the provider's length limit says so
-  return { ok = v.ok, text = v.text, truncated = v.ok and v.truncated == true or nil }
+  return { ok = v.ok, text = v.text, truncated = v.ok and v.truncated == true or nil, reason = reason }
 end
 
 -- The reason a failed worker printed ({"ok":false,"reason":...}, the
 -- worker's own closed list), or nil. Untrusted: the turn keeps it only
--- when nothing the host saw contradicts it (sandbox/ops/reason.lua).
+-- when nothing the host saw contradicts it (sandbox/ops/reason.lua). Read
+-- shape-aware like any reply: a failed worker's stdout is no less hostile.
 function M.worker_reason(stdout)
-  if type(stdout) ~= "string" or #stdout > M.MAX_STDOUT or not json.utf8_valid(stdout) then return nil end
-  local v = json.decode(stdout)
-  if json.kind(v) ~= "object" or v.ok ~= false or type(v.reason) ~= "string" then return nil end
+  if type(stdout) ~= "string" or #stdout > M.MAX_STDOUT then return nil end
+  local v = json.decode_shape(stdout, M.REPLY_SHAPE, M.MAX_REPLY_VALUES)
+  if v == nil or v.ok ~= false or type(v.reason) ~= "string" then return nil end
   return errors.WORKER_REASONS[v.reason] and v.reason or nil
 end
 

@@ -16,7 +16,8 @@
 --               worker claimed or nil}
 --
 -- Precedence, first match wins:
---   1. an error whose catalogue entry names a reason (cleanup_failed,
+--   1. an error whose catalogue entry names a reason (cleanup_failed, the
+--      hardening refusals workspace_quota, disk_low, host_descriptors,
 --      daemon_unavailable, image_missing, worker_oom, deadline, stopped):
 --      the host saw it happen, nothing the worker says changes it;
 --   2. a failed worker (exit status not 0, an invalid reply, or ok=false)
@@ -62,7 +63,9 @@ function M.decide(t, outcome)
   local entry = err ~= nil and errors.entry(err) or nil
   local named = entry and entry.reason
   local abort = outcome.aborted and errors.entry(outcome.aborted)
-  if abort and abort.reason and named ~= "cleanup_failed" and named ~= "daemon_unavailable" then
+  -- (a turn that waited for descriptors until its deadline: host_descriptors)
+  if abort and abort.reason and named ~= "cleanup_failed" and named ~= "daemon_unavailable"
+      and named ~= "host_descriptors" then
     return abort.reason                               -- 1: the deadline or a stop
   end
   if named and named ~= "worker_failed" and named ~= "invalid_reply" then return named end  -- 1

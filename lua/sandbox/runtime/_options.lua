@@ -19,6 +19,7 @@ local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local log = require "sandbox.log"
+local seccomp = require "sandbox.runtime._seccomp"
 
 local M = {}
 
@@ -53,6 +54,13 @@ M.SOCKET_SUFFIX_BYTES = #"/turn-XXXXXX/broker.sock"     -- 24
 M.MAX_RUN_ROOT_BYTES = broker.MAX_SOCKET_PATH - M.SOCKET_SUFFIX_BYTES  -- 76
 M.PREFLIGHT_NAME = "sandbox-preflight"
 M.PREFLIGHT_CHANNEL = "sandbox:preflight"
+-- shared/spec/hardening.md 3, 6: the defaults of the hardening options.
+M.DEFAULT_WORKSPACE_QUOTA_MB = 256
+M.MAX_WORKSPACE_QUOTA_MB = 1048576
+M.DEFAULT_DISK_RESERVE_MB = 1024
+M.MAX_DISK_RESERVE_MB = 1048576
+M.DEFAULT_MENTIONS = "neutral"
+M.MAX_REPLY_CHARS = 100000
 
 -- The option names of `sandbox.runtime{}` (spec/runtime.md 2.1-2.2,
 -- providers.md 1, operations.md 2-3).
@@ -62,6 +70,8 @@ M.OPTIONS = {
   gid = true, limits = true, turnTimeoutMs = true, driver = true, allowHttp = true,
   modelAuth = true, maxOutputTokens = true, outputTokensField = true,
   logFormat = true, logLevel = true, audit = true, logger = true,
+  seccompProfile = true, workspaceQuotaMb = true, diskReserveMb = true, mentions = true,
+  maxReplyChars = true,
 }
 
 local function fail(msg) error(msg, 0) end
@@ -99,6 +109,35 @@ function M.check_turn_timeout(value)
   local ms = as_integer(value)
   if not M.turn_timeout_ok(ms) then fail(M.E_TIMEOUT) end
   return ms
+end
+
+local function integer_in(value, default, lo, hi, msg)
+  if value == nil then return default end
+  local n = as_integer(value)
+  if not n or n < lo or n > hi then fail(msg) end
+  return n
+end
+
+-- The value checks of the hardening options (shared/spec/hardening.md 1,
+-- 3, 6), shared with sandbox{}: no side effect (the profile is read in
+-- step 12). Returns {workspaceQuotaMb, diskReserveMb, mentions,
+-- maxReplyChars, seccompProfile (absolute path)}.
+function M.check_hardening(opts)
+  local quota = integer_in(opts.workspaceQuotaMb, M.DEFAULT_WORKSPACE_QUOTA_MB, 1, M.MAX_WORKSPACE_QUOTA_MB,
+    errors.WORKSPACE_QUOTA_OPTION)
+  local reserve = integer_in(opts.diskReserveMb, M.DEFAULT_DISK_RESERVE_MB, 0, M.MAX_DISK_RESERVE_MB,
+    errors.DISK_RESERVE_OPTION)
+  local mentions = opts.mentions
+  if mentions == nil then mentions = M.DEFAULT_MENTIONS end
+  if mentions ~= "neutral" and mentions ~= "allow" then fail(errors.MENTIONS_OPTION) end
+  local max_reply = integer_in(opts.maxReplyChars, M.MAX_REPLY_CHARS, 1, M.MAX_REPLY_CHARS, errors.MAX_REPLY_OPTION)
+  local profile = opts.seccompProfile
+  if profile == nil then profile = seccomp.default_path() end
+  if type(profile) ~= "string" or profile:sub(1, 1) ~= "/" then
+    fail(errors.SECCOMP_MISSING .. tostring(profile))
+  end
+  return { workspaceQuotaMb = quota, diskReserveMb = reserve, mentions = mentions, maxReplyChars = max_reply,
+    seccompProfile = profile }
 end
 
 -- Step 2. A native Linux kernel (no driver was supplied).
@@ -275,6 +314,11 @@ M.STEPS = {
     s.timeout = M.check_turn_timeout(s.opts.turnTimeoutMs)
     return tostring(s.timeout) .. " ms"
   end },
+  { name = "hardening", run = function(s)                   -- shared/spec/hardening.md 3, 6
+    s.hard = M.check_hardening(s.opts)
+    return string.format("workspaceQuotaMb %d, diskReserveMb %d, mentions %s, maxReplyChars %d",
+      s.hard.workspaceQuotaMb, s.hard.diskReserveMb, s.hard.mentions, s.hard.maxReplyChars)
+  end },
   { name = "runRoot", run = function(s) return check_root(s, "runRoot", s.opts.runRoot) end },   -- 8
   { name = "workspaceRoot", run = function(s) return check_root(s, "workspaceRoot", s.opts.workspaceRoot) end },
   { name = "roots", after = { "runRoot", "workspaceRoot" }, run = function(s)  -- 9
@@ -304,7 +348,13 @@ M.STEPS = {
     end
     return string.format("%s is %d bytes (at most %d)", s.run_root, #s.run_root, M.MAX_RUN_ROOT_BYTES)
   end },
-  { name = "container", after = { "roots", "user" }, run = function(s)        -- 12
+  { name = "seccomp", after = { "hardening" }, run = function(s)     -- 12, hardening.md 1
+    -- read once, here: a missing profile fails startup, never a fallback
+    s.profile = seccomp.load(s.hard.seccompProfile)
+    return string.format("%s (allows %d system calls; everything else fails with EPERM)",
+      s.profile.path, s.profile.count)
+  end },
+  { name = "container", after = { "roots", "user", "seccomp" }, run = function(s)   -- 12
     local o = s.opts
     s.limits = M.resolve_limits(o.limits)
     local shown = s.limits or M.DEFAULT_LIMITS
@@ -317,7 +367,7 @@ M.STEPS = {
       dry_run({
         name = M.PREFLIGHT_NAME, image = o.image, runDir = s.run_root, workspaceDir = s.ws_root,
         uid = s.uid, gid = s.gid, memoryMb = shown.memoryMb, cpus = shown.cpus, pids = shown.pids,
-        labels = {},
+        labels = {}, seccompProfile = s.profile.path,
       }, s.limits ~= nil)
     end
     return string.format("%s, %d MiB, %s CPU, %d pids", tostring(o.image), shown.memoryMb,
@@ -368,7 +418,9 @@ end
 -- {image, runRoot, workspaceRoot (canonical), model, modelUrl, allowHttp,
 -- apiKey, prompt, timeZone, tools, mcp, uid, gid, limits = {memoryMb, cpus,
 -- pids}, turnTimeoutMs, driver, builtin_driver = boolean, broker_config =
--- the checked broker configuration, logFormat, logLevel, audit, logger}.
+-- the checked broker configuration, logFormat, logLevel, audit, logger,
+-- seccompProfile (absolute path), seccompCount, workspaceQuotaMb,
+-- diskReserveMb, mentions, maxReplyChars}.
 -- `checked`, when given, is that configuration as sandbox{} already checked
 -- it for these same options.
 function M.resolve(opts, checked)
@@ -389,6 +441,9 @@ function M.resolve(opts, checked)
     driver = s.driver, builtin_driver = s.builtin, broker_config = s.cfg,
     logFormat = opts.logFormat, logLevel = opts.logLevel, audit = opts.audit ~= false,
     logger = opts.logger,
+    seccompProfile = s.profile.path, seccompCount = s.profile.count,
+    workspaceQuotaMb = s.hard.workspaceQuotaMb, diskReserveMb = s.hard.diskReserveMb,
+    mentions = s.hard.mentions, maxReplyChars = s.hard.maxReplyChars,
   }
 end
 

@@ -2,8 +2,9 @@
 -- 4.2-4.4). Pure: no daemon, no process; the only system calls are realpath
 -- on the two mount sources and the OS random source for names.
 --
---   container.args(spec)        -> argv for `docker` (41 elements + image),
---                                  after the 4.2 validation (exact errors)
+--   container.args(spec)        -> argv for `docker` (43 elements + image;
+--                                  41 without a seccomp profile), after the
+--                                  4.2 validation (exact errors)
 --   container.check(spec)       -> the validated spec with canonical mount
 --                                  sources and formatted numbers (raises)
 --   container.engine_body(spec) -> the Engine API create body (JSON text) of
@@ -21,7 +22,11 @@
 -- `sbx doctor` and `sbx demo` all read them here.
 --
 -- spec = {name, image, runDir, workspaceDir, uid, gid, memoryMb, cpus, pids,
--- labels}; labels = {[LABEL_INSTALLATION]=..., [LABEL_OWNER]=...}. A label
+-- labels, seccompProfile}; seccompProfile is the absolute path of the
+-- seccomp profile (shared/spec/hardening.md 1, runtime/_seccomp.lua): the
+-- argv gains `--security-opt seccomp=<path>` right after no-new-privileges,
+-- the Engine API body "seccomp=<its JSON>" in SecurityOpt (a sealed runtime
+-- always sets it; without it Docker's default profile applies). labels = {[LABEL_INSTALLATION]=..., [LABEL_OWNER]=...}. A label
 -- missing from `labels` is rendered with an empty value (the runtime's
 -- construction dry run passes none); the driver refuses to run without both.
 -- The precheck runner's containers (shared/spec/precheck.md 6.1) add three
@@ -33,6 +38,7 @@
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local json = require "sandbox.json"
+local seccomp = require "sandbox.runtime._seccomp"
 
 local M = {}
 
@@ -49,7 +55,7 @@ M.LABEL_OWNER = "roundtable.sandbox.owner"
 M.NAME_PATTERN = "^roundtable%-sandbox%-%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%-%x%x%x%x%x%x%x%x$"
 M.TMPFS = "/tmp:rw,noexec,nosuid,nodev,size=64m,mode=1777"
 M.ENV = "HOME=/tmp/home"
-M.ARGC = 42
+M.ARGC = 44              -- with the seccomp profile (42 without)
 
 local function fail(msg) error(msg, 0) end
 
@@ -158,7 +164,9 @@ end
 -- canonical mount sources and the formatted numbers:
 -- {name, image, runDir, workspaceDir, uid, gid, memoryMb, cpus (text),
 --  nanoCpus, pids, installation, owner, labelled, workspaceReadOnly,
---  entrypoint}.
+--  entrypoint, seccomp = the loaded profile {path, json, count} or nil}.
+-- A seccompProfile that cannot be read raises the startup error of
+-- runtime/_seccomp.lua (the runtime loaded it at construction already).
 function M.check(spec)
   if type(spec) ~= "table" then fail(M.E_NAME_IMAGE) end
   if not name_ok(spec.name) or not image_ok(spec.image) then fail(M.E_NAME_IMAGE) end
@@ -194,12 +202,14 @@ function M.check(spec)
     uid = uid, gid = gid, memoryMb = mem, cpus = cpus, nanoCpus = nano, pids = pids,
     installation = inst or "", owner = owner or "", labelled = labelled,
     workspaceReadOnly = spec.workspaceReadOnly == true, entrypoint = spec.entrypoint,
+    seccomp = spec.seccompProfile ~= nil and seccomp.load(spec.seccompProfile) or nil,
   }
 end
 
--- The argv of spec 4.3 (without the binary itself): 41 elements, then the
--- image. Raises the 4.2 errors. A precheck spec (see the top) drops the two
--- labels, may mount the workspace read-only and names its entrypoint.
+-- The argv of spec 4.3 (without the binary itself): 43 elements (41
+-- without a seccomp profile), then the image. Raises the 4.2 errors. A
+-- precheck spec (see the top) drops the two labels, may mount the
+-- workspace read-only and names its entrypoint.
 function M.args(spec)
   return M.argv(M.check(spec))
 end
@@ -225,8 +235,9 @@ function M.argv(c)
   add("--network", "none",
     "--read-only",
     "--cap-drop", "ALL",
-    "--security-opt", "no-new-privileges:true",
-    "--user", c.uid .. ":" .. c.gid,
+    "--security-opt", "no-new-privileges:true")
+  if c.seccomp then add("--security-opt", "seccomp=" .. c.seccomp.path) end
+  add("--user", c.uid .. ":" .. c.gid,
     "--memory", c.memoryMb .. "m",
     "--memory-swap", c.memoryMb .. "m",
     "--cpus", c.cpus,
@@ -270,7 +281,7 @@ function M.body(c)
     NetworkMode = "none",
     ReadonlyRootfs = true,
     CapDrop = json.array { "ALL" },
-    SecurityOpt = json.array { "no-new-privileges:true" },
+    SecurityOpt = json.array { "no-new-privileges:true", c.seccomp and ("seccomp=" .. c.seccomp.json) or nil },
     Memory = mem, MemorySwap = mem, NanoCpus = c.nanoCpus, PidsLimit = c.pids,
     Ulimits = json.array { obj({ "Name", "Soft", "Hard" }, { Name = "nofile", Soft = 256, Hard = 256 }) },
     Tmpfs = obj({ "/tmp" }, { ["/tmp"] = M.TMPFS:match("^/tmp:(.*)$") }),

@@ -32,12 +32,22 @@
 -- worker started outlives its turn. The runtime never queues: a second turn
 -- on a busy channel is refused (the claim's channel queue orders them).
 --
+-- A hostile channel must not hurt the others (shared/spec/hardening.md):
+-- a turn first takes its share of the host's descriptors (waiting in its
+-- channel's queue while there is none: runtime/_descriptors.lua), then its
+-- workspace must be within workspaceQuotaMb and the disk above diskReserveMb
+-- (runtime/_disk.lua), whose watchdog stops a turn that fills the disk
+-- meanwhile; a turn directory that cannot be removed for lack of
+-- descriptors is retried by the next turn and by dispose.
+--
 -- Nothing here logs a payload, a credential, a URL or an exception text.
 local async = require "sandbox.async"
 local broker = require "sandbox.broker"
 local channel_key = require "sandbox.channels._key"
 local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
+local descriptors = require "sandbox.runtime._descriptors"
+local disk = require "sandbox.runtime._disk"
 local errors = require "sandbox.errors"
 local installation = require "sandbox.runtime._installation"
 local lines = require "sandbox.ops.lines"
@@ -45,6 +55,7 @@ local log = require "sandbox.log"
 local options = require "sandbox.runtime._options"
 local reason = require "sandbox.ops.reason"
 local record = require "sandbox.ops.record"
+local reply_text = require "sandbox.channels._reply_text"
 local signal = require "sandbox.signal"
 
 local M = {}
@@ -68,8 +79,16 @@ M.LOG_NOT_STARTED = "turn not started"
 M.LOG_REFUSED = "turn refused"
 M.GUEST_FAILED_OR_STOPPED = "The sandbox turn failed or was stopped."
 M.GUEST_FAILED = "The sandbox turn failed."
+M.GUEST_BUSY = "The sandbox is busy; try again shortly."
+M.LOG_REPAIRED = "worker repaired a store"
+
+M.E_WORKSPACE_QUOTA = errors.WORKSPACE_QUOTA
+M.E_DISK_LOW = errors.DISK_LOW
+M.E_HOST_DESCRIPTORS = errors.HOST_DESCRIPTORS
 
 M.MAX_TEXT_CHARS = 32000
+M.CLEANUP_RETRIES = 5
+M.CLEANUP_RETRY_MS = 100
 M.MAX_SPEAKER_CHARS = 256
 M.MAX_TURN_BYTES = 262144
 
@@ -110,9 +129,12 @@ function M.new(opts, checked, host)
     active = {},        -- channel -> turn
     run_dirs = {},      -- turn dir name -> true while its turn runs
     resets = {},        -- channel -> pending start-fresh generation
+    leftovers = {},     -- turn dirs a descriptor shortage kept; retried later
     disposed = false,
     logger = logger, recorder = recorder,
   }, Runtime)
+  self.watchdog = disk.watchdog(o)
+  descriptors.raise(logger)
   self.lock = installation.lock(o.runRoot)                          -- step 15
   local ok, err = pcall(function()                                  -- step 16
     self.installation = installation.id(o.workspaceRoot, o.runRoot)
@@ -230,14 +252,28 @@ function Runtime:_container_spec(turn, run_dir, workspace_dir)
     image = o.image, runDir = run_dir, workspaceDir = workspace_dir, uid = o.uid, gid = o.gid,
     memoryMb = o.limits.memoryMb, cpus = o.limits.cpus, pids = o.limits.pids,
     labels = container.labels(self.installation, self.owner),
+    seccompProfile = o.seccompProfile,
   }
 end
 
-local function check_reply(reply)
+-- The reply a turn returns: {ok, text} within maxReplyChars, mentions
+-- neutralised unless mentions = "allow" (shared/spec/hardening.md 6). A
+-- store the worker moved aside (hardening.md 8) is logged at warn.
+function Runtime:_reply(turn, reply)
+  local o = self.options
   if type(reply) ~= "table" or type(reply.ok) ~= "boolean" or type(reply.text) ~= "string" then
     fail(M.E_REPLY)
   end
-  return { ok = reply.ok, text = reply.text, truncated = reply.ok and reply.truncated == true or nil }
+  local n = utf8.len(reply.text)
+  if not n or n > o.maxReplyChars then fail(M.E_REPLY) end
+  if reply.reason ~= nil then
+    local why = tostring(reply.reason)
+    self.logger:warn(M.LOG_REPAIRED, { channel = turn.channel, turn = turn.record.turn, reason = why,
+      fix = errors.reason_fix(why, self:fix_context()) })
+  end
+  local text = reply.text
+  if o.mentions == "neutral" then text = reply_text.neutral_mentions(text) end
+  return { ok = reply.ok, text = text, truncated = reply.ok and reply.truncated == true or nil }
 end
 
 -- Steps 4-10 of spec/runtime.md 5.3 once the workspace is known.
@@ -263,8 +299,8 @@ function Runtime:_in_run_dir(turn, text, workspace_dir)
     }
     if #input > M.MAX_TURN_BYTES then fail(M.E_TOO_LARGE) end
     if sig.aborted then fail(sig.reason) end
-    local reply = check_reply(self.driver:run(self:_container_spec(turn, run_dir, workspace_dir), turn_obj, sig,
-      turn.report))
+    local reply = self:_reply(turn, self.driver:run(self:_container_spec(turn, run_dir, workspace_dir), turn_obj,
+      sig, turn.report))
     -- §7.4: settle the reset before cleanup.
     if reply.ok and (self.resets[turn.channel] or 0) == turn.snapshot then
       self.resets[turn.channel] = nil
@@ -272,19 +308,43 @@ function Runtime:_in_run_dir(turn, text, workspace_dir)
     return reply
   end)
   if b then b:stop() end
-  if not core.fs_rmtree(run_dir) then
-    self.logger:error("a sandbox turn directory could not be removed; the next sweep retries",
-      { channel = turn.channel, turn = turn.record.turn })
-  end
+  self:_remove_run_dir(turn, run_dir)
   self.run_dirs[dir_name] = nil
   if not ok then error(res, 0) end
   return res
 end
 
+-- §5.3 step 10's removal of the run directory. A failure (a descriptor
+-- shortage: the walk needs descriptors) is retried a few times, then left
+-- to the next turn and to dispose (hardening.md 2).
+function Runtime:_remove_run_dir(turn, run_dir)
+  if core.fs_rmtree(run_dir) then return true end
+  for _ = 1, M.CLEANUP_RETRIES do
+    async.sleep(M.CLEANUP_RETRY_MS)
+    if core.fs_rmtree(run_dir) then return true end
+  end
+  self.leftovers[run_dir] = true
+  self.logger:error("a sandbox turn directory could not be removed; the next turn retries",
+    { channel = turn.channel, turn = turn.record.turn })
+  return false
+end
+
+function Runtime:_retry_leftovers()
+  for dir in pairs(self.leftovers) do
+    if core.fs_rmtree(dir) then self.leftovers[dir] = nil end
+  end
+end
+
 function Runtime:_turn(turn, text)
   self:_await_sweep(turn.signal)
   if turn.signal.aborted then fail(turn.signal.reason) end
+  self:_retry_leftovers()
+  descriptors.acquire(turn.signal, M.TIMED_OUT)
+  turn.charged = true
   local workspace_dir = self:_workspace(turn.channel)
+  local start = disk.before_turn(self.options, workspace_dir)
+  if turn.signal.aborted then fail(turn.signal.reason) end
+  self.watchdog:add(turn, workspace_dir, start)
   return self:_in_run_dir(turn, text, workspace_dir)
 end
 
@@ -341,6 +401,8 @@ function Runtime:run_turn(channel, speaker, text)
   self.active[channel] = turn                                       -- 9
   local ok, res = pcall(self._turn, self, turn, text)
   if not ok and res == signal.AbortError then res = turn.signal.reason or M.STOPPED end
+  self.watchdog:remove(turn)
+  if turn.charged then descriptors.release() end
   -- a deadline or a stop the host itself saw decides a failed turn's reason
   -- even when a driver still answered after it (5.4)
   turn.aborted = turn.signal.aborted and turn.signal.reason or nil
@@ -419,6 +481,8 @@ function Runtime:dispose()
       end
       local sweep = self.sweep_task
       if sweep and not sweep.done then async.wait(sweep) end
+      self:_retry_leftovers()
+      self.watchdog:stop()
       self.lock:release()
       self.lock = nil
     end)
