@@ -59,7 +59,7 @@ describe("examples/bun", () => {
     Bun.spawnSync(["docker", "image", "inspect", PI_IMAGE], { stdout: "ignore", stderr: "ignore" }).exitCode === 0;
   const richCase = dockerReady || process.env.SANDBOX_DOCKER_TEST === "1" ? test : test.skip;
   richCase(
-    "rich-host.ts runs two turns in one channel through a real Pi container, the second continuing the first",
+    "rich-host.ts runs turns in one channel through a real Pi container: continued, a private host result, Bo refused, a reply file",
     async () => {
       const child = Bun.spawn([process.execPath, join(EXAMPLES, "rich-host.ts"), "--log-driver", "local"], {
         cwd: EXAMPLES, env: { ...process.env }, stdout: "pipe", stderr: "pipe",
@@ -70,9 +70,14 @@ describe("examples/bun", () => {
       const out = await new Response(child.stdout).text();
       const err = await new Response(child.stderr).text();
       expect({ code, err: code === 0 ? "" : `${out}\n${err}` }).toEqual({ code: 0, err: "" });
-      expect(out).toContain("t1 bot:   Nice to meet you, Ann.");
-      expect(out).toContain("t2 bot:   You told me your name is Ann.");
+      expect(out).toContain("t1 bot: Nice to meet you, Ann.");
+      expect(out).toContain("t2 bot: You told me your name is Ann.");
       expect(out).toContain("the second turn's model request carries the first turn: true");
+      expect(out).toContain("t3 bot: Your note is private; I found it.");
+      expect(out).toContain("t4 bot: (refused) ");
+      expect(out).toContain("claude-bridge cannot replay another reader's private-memory turns");
+      expect(out).toContain("Bo's turn was refused without a model call: true");
+      expect(out).toContain("reply file: image.png (70 bytes)");
       expect(out).toContain("the upstream saw the host token only: true");
     },
     420_000,

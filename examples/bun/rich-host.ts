@@ -14,6 +14,8 @@
 //
 //   make image-pi && runuser -u sbx -- bun examples/bun/rich-host.ts
 //
+// (PI_IMAGE names another base image than pi-roundtable-sandbox:pi.)
+//
 // Run it as a non-root user in the docker group (the engine refuses root).
 // On a host whose Docker daemon has no journald, pass --log-driver local.
 // Everything it creates (the channel's container, the derived image, the
@@ -42,7 +44,7 @@ const upstream = await startAnthropicUpstream({
 });
 const partyDir = mkdtempSync(join(tmpdir(), "rich-example-"));
 chmodSync(partyDir, 0o700);
-const base = process.env.SANDBOX_RICH_IMAGE ?? "pi-roundtable-sandbox:pi";
+const base = process.env.PI_IMAGE ?? "pi-roundtable-sandbox:pi";
 const image = `pi-roundtable-sandbox-example/rich:${process.pid}`;
 const ctx = join(partyDir, "image");
 await Bun.$`mkdir -p ${ctx}`;
