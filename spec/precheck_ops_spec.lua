@@ -6,29 +6,20 @@
 -- driver seam (a fake container that calls the run's real broker over its
 -- Unix socket), with a real MCP server on the official SDK behind it.
 local async = require "sandbox.async"
-local mcp = require "mcp_server"
 local P = require "precheck_harness"
 local sandbox = require "sandbox"
 
 local run = async.run
+local F = P.fixture()
+local ok_mcp, why_mcp, root = F.ok, F.why, F.root
 local server
-local ok_mcp, why_mcp = mcp.available()
 local ANSWER_OK = '{"ok":true,"result":{"wake":false}}'
 
-local roots = {}
-local function root()
-  local base = P.tmpdir()
-  roots[#roots + 1] = base
-  return base .. "/run"
-end
-
 setup(function()
-  if ok_mcp then server = mcp.start {} end
+  F.setup()
+  server = F.server
 end)
-teardown(function()
-  if server then server:stop() end
-  for _, d in ipairs(roots) do P.rmdir(d) end
-end)
+teardown(F.teardown)
 
 -- A `logger` option that keeps {level, msg, fields} in order.
 local function capture()

@@ -7,14 +7,12 @@
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
-local mcp = require "mcp_server"
 local P = require "precheck_harness"
 local sandbox = require "sandbox"
 local spec_fs = require "spec_fs"
 
 local run = async.run
 local server
-local ok_mcp, why_mcp = mcp.available()
 
 local ANSWER_OK = '{"ok":true,"result":{"wake":false,"note":"normal"}}'
 
@@ -32,20 +30,14 @@ local function health_grant()
   }
 end
 
-local roots = {}
-local function root()
-  local base = P.tmpdir()
-  roots[#roots + 1] = base
-  return base .. "/run"
-end
-
+local F = P.fixture()
+local root = F.root
+local ok_mcp, why_mcp = F.ok, F.why
 setup(function()
-  if ok_mcp then server = mcp.start {} end
+  F.setup()
+  server = F.server
 end)
-teardown(function()
-  if server then server:stop() end
-  for _, d in ipairs(roots) do P.rmdir(d) end
-end)
+teardown(F.teardown)
 
 describe("precheck runner: construction (precheck.md 2.1)", function()
   local driver = P.driver(P.answer(ANSWER_OK))
@@ -88,7 +80,7 @@ describe("precheck runner: construction (precheck.md 2.1)", function()
     expect_error("sandbox roots must be private directories owned by the service user", function()
       sandbox.precheckScriptRunner(P.options(public, {}, { driver = driver })) end)
     local base = P.tmpdir()
-    roots[#roots + 1] = base
+    F.keep(base)
     local long = base .. "/" .. string.rep("r", 72 - #base - 1)
     assert.equal(72, #long)
     sandbox.precheckScriptRunner(P.options(long, {}, { driver = driver }))
@@ -109,7 +101,7 @@ describe("precheck runner: construction (precheck.md 2.1)", function()
     expect_error("invalid resource limits", function() make { driver = driver, limits = { pids = 4 } } end)
     expect_error("invalid resource limits", function() make { driver = driver, limits = { cpus = 0 } } end)
     local comma = P.tmpdir() .. "/a,b"
-    roots[#roots + 1] = comma:match("^(.*)/")
+    F.keep(comma:match("^(.*)/"))
     expect_error("mount paths must be absolute dedicated directories", function()
       sandbox.precheckScriptRunner(P.options(comma, {}, { driver = driver })) end)
   end)
@@ -372,7 +364,7 @@ end)
 describe("precheck runner: container arguments (precheck.md 6.1)", function()
   local function args(over)
     local base = P.tmpdir()
-    roots[#roots + 1] = base
+    F.keep(base)
     local run_dir, ws = base .. "/precheck-abcdef", base .. "/precheck-ws-abcdef"
     assert(core.fs_mkdir(run_dir))
     assert(core.fs_mkdir(ws))
@@ -436,7 +428,7 @@ describe("precheck runner: container arguments (precheck.md 6.1)", function()
 
   it("keeps mount sources apart and canonical", function()
     local base = P.tmpdir()
-    roots[#roots + 1] = base
+    F.keep(base)
     local spec = sandbox.precheck.container_spec({ image = "i", uid = 1, gid = 1, entrypoint = { "/b" } },
       "roundtable-precheck-1-00000000", base, base .. "/ws")
     assert(core.fs_mkdir(base .. "/ws"))

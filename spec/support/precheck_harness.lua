@@ -35,6 +35,31 @@ end
 function P.tmpdir() return spec_fs.tmpdir("sbx-pc", nil, spec_fs.short_tmp()) end
 function P.rmdir(dir) spec_fs.rmdir(dir) end
 
+-- A spec file's run roots and its MCP server on the official SDK:
+--   local F = P.fixture()        -- F.root() -> a fresh runRoot path (not created);
+--                                -- F.keep(dir) removes dir at teardown too
+--   setup(F.setup) teardown(F.teardown); F.server is the started server (or nil
+--   when the SDK fixtures are missing: F.ok, F.why from mcp_server.available()).
+function P.fixture()
+  local mcp = require "mcp_server"
+  local F, roots = {}, {}
+  F.ok, F.why = mcp.available()
+  function F.root()
+    local base = P.tmpdir()
+    roots[#roots + 1] = base
+    return base .. "/run"
+  end
+  function F.keep(dir) roots[#roots + 1] = dir end   -- removed at teardown
+  function F.setup()
+    if F.ok then F.server = mcp.start {} end
+  end
+  function F.teardown()
+    if F.server then F.server:stop() end
+    for _, d in ipairs(roots) do P.rmdir(d) end
+  end
+  return F
+end
+
 -- Starts a precheck broker on a fresh socket for `servers` (the run's
 -- filtered grant). opts as lua/sandbox/precheck/_broker.lua's, with signal
 -- defaulting to a fresh one. Returns broker, socket path, dir, signal.
