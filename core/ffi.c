@@ -61,6 +61,8 @@ typedef struct ffi_waiter {
   char *result;          /* set by the engine thread */
   int done;
   int abandoned;         /* the caller timed out: drop the result */
+  int want_text;         /* result = the string value itself (sbx_engine_metrics) */
+  int no_text;           /* want_text, but the result was no string (a failure) */
 } ffi_waiter;
 
 struct sbx_engine {
@@ -193,13 +195,15 @@ static void queue_output(sbx_engine *e, char *json, size_t len) {
   uv_mutex_unlock(&e->mu);
 }
 
-/* emit(request_id, json [, final]): engine thread. */
+/* emit(request_id, json [, final [, text]]): engine thread. text: a string
+   result as it is, taken instead of the JSON by a waiter that wants it. */
 static int l_emit(lua_State *L) {
   sbx_engine *e = lua_touserdata(L, lua_upvalueindex(1));
   int64_t id = (int64_t)luaL_checkinteger(L, 1);
-  size_t len;
+  size_t len, tlen = 0;
   const char *json = luaL_checklstring(L, 2, &len);
   int final = lua_toboolean(L, 3);
+  const char *text = lua_type(L, 4) == LUA_TSTRING ? lua_tolstring(L, 4, &tlen) : NULL;
   char *copy;
   if (final && id > 0) {
     ffi_waiter *w;
@@ -211,6 +215,11 @@ static int l_emit(lua_State *L) {
         for (pp = &e->waiters; *pp != w; pp = &(*pp)->next) {}
         *pp = w->next;
         free(w);
+      } else if (w->want_text) {
+        w->result = text != NULL ? dup_n(text, tlen) : NULL;
+        w->no_text = text == NULL;
+        w->done = 1;
+        uv_cond_broadcast(&e->cond);
       } else {
         w->result = dup_n(json, len);
         w->done = 1;
@@ -653,8 +662,10 @@ static void unlink_waiter(sbx_engine *e, ffi_waiter *w) {
   }
 }
 
-char *sbx_engine_call(sbx_engine *e, const char *json, size_t len,
-                      int32_t timeout_ms, int32_t *code_out) {
+/* sbx_engine_call, and with want_text the string result itself
+   (sbx_engine_metrics): NULL with SBX_EINVAL when the result was a failure. */
+static char *call_wait(sbx_engine *e, const char *json, size_t len, int32_t timeout_ms,
+                       int want_text, int32_t *code_out) {
   ffi_waiter *w;
   int64_t id;
   uint64_t deadline, now;
@@ -674,6 +685,7 @@ char *sbx_engine_call(sbx_engine *e, const char *json, size_t len,
     code = -ENOMEM;
     goto out;
   }
+  w->want_text = want_text;
   id = enqueue(e, json, len, w);
   if (id < 0) {
     free(w);
@@ -690,8 +702,8 @@ char *sbx_engine_call(sbx_engine *e, const char *json, size_t len,
   if (w->done) {
     unlink_waiter(e, w);
     res = w->result;
+    if (res == NULL) code = w->no_text ? SBX_EINVAL : -ENOMEM;
     free(w);
-    if (res == NULL) code = -ENOMEM;
   } else if (e->state != ST_READY) {
     unlink_waiter(e, w);
     free(w->result);
@@ -707,9 +719,19 @@ out:
   return res;
 }
 
+char *sbx_engine_call(sbx_engine *e, const char *json, size_t len,
+                      int32_t timeout_ms, int32_t *code_out) {
+  return call_wait(e, json, len, timeout_ms, 0, code_out);
+}
+
 char *sbx_engine_status(sbx_engine *e) {
   static const char req[] = "{\"type\":\"status\"}";
   return sbx_engine_call(e, req, sizeof req - 1, SBX_FFI_STATUS_TIMEOUT_MS, NULL);
+}
+
+char *sbx_engine_metrics(sbx_engine *e) {
+  static const char req[] = "{\"type\":\"metrics\"}";
+  return call_wait(e, req, sizeof req - 1, SBX_FFI_STATUS_TIMEOUT_MS, 1, NULL);
 }
 
 void sbx_engine_stop(sbx_engine *e) {

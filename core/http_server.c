@@ -1,13 +1,15 @@
 /*
- * http_server.c: two small primitives for the CLI and the specs, not for the
- * sealed path.
+ * http_server.c: two small primitives outside the sealed path.
  *
  *  - core.http_server(opts): a loopback-only TCP HTTP/1.1 server (bound to
- *    127.0.0.1, never anything else) that serves one request per connection
- *    and always answers with `Connection: close`. Requests are framed by
- *    Debian's http_parser; the request head (target plus headers) and the
- *    body are bounded. It serves `sbx demo`'s scripted model endpoint and
- *    specs that need a real loopback upstream.
+ *    a loopback address, 127.0.0.1 unless opts.host names another of
+ *    127.0.0.0/8 or ::1, never anything else) that serves one request per
+ *    connection and always answers with `Connection: close`. Requests are
+ *    framed by Debian's http_parser; the request head (target plus headers)
+ *    and the body are bounded. It serves `sbx demo`'s scripted model
+ *    endpoint, the engine's `metricsListen` endpoint (GET /metrics,
+ *    lua/sandbox/ops/metrics_listen.lua) and specs that need a real
+ *    loopback upstream.
  *  - core.read_lines(fn): lines from stdin on the loop (tty, pipe or file), so
  *    that `sbx chat` keeps the loop turning (spinner, turns, signals) while it
  *    waits for input.
@@ -61,6 +63,7 @@ struct srv {
   int on_request_ref;
   int self_ref;            /* userdata anchored until close() */
   int port;
+  char host[INET6_ADDRSTRLEN + 2];  /* as a URL authority: 127.0.0.1 or [::1] */
   size_t max_head;
   size_t max_body;
   uint64_t timeout_ms;
@@ -422,22 +425,55 @@ static void srv_shutdown(srv_t *s) {
   uv_close((uv_handle_t *)&s->tcp, srv_handle_closed);
 }
 
-/* core.http_server{on_request=fn, port=0, max_head=, max_body=, timeout_ms=}
-   -> server | nil, err. Always bound to 127.0.0.1. */
+/* The bind address of opts.host: an IPv4 literal of 127.0.0.0/8 or the IPv6
+   loopback ::1 (brackets allowed), nothing else; 0 when it is one. */
+static int loopback_addr(const char *host, int port, struct sockaddr_storage *ss, char *shown, size_t n) {
+  char buf[INET6_ADDRSTRLEN];
+  size_t len = strlen(host);
+  memset(ss, 0, sizeof *ss);
+  if (len >= 2 && host[0] == '[' && host[len - 1] == ']') {
+    if (len - 2 >= sizeof buf) return -1;
+    memcpy(buf, host + 1, len - 2);
+    buf[len - 2] = '\0';
+    host = buf;
+  }
+  if (uv_ip4_addr(host, port, (struct sockaddr_in *)ss) == 0 && strchr(host, ':') == NULL) {
+    const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+    if ((ntohl(a->sin_addr.s_addr) >> 24) != 127) return -1;
+    if (uv_ip4_name(a, shown, n) != 0) return -1;
+    return 0;
+  }
+  memset(ss, 0, sizeof *ss);
+  if (uv_ip6_addr(host, port, (struct sockaddr_in6 *)ss) == 0 && strchr(host, '%') == NULL) {
+    const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+    if (memcmp(&a->sin6_addr, &in6addr_loopback, sizeof a->sin6_addr) != 0) return -1;
+    snprintf(shown, n, "[::1]");
+    return 0;
+  }
+  return -1;
+}
+
+/* core.http_server{on_request=fn, host="127.0.0.1", port=0, max_head=,
+   max_body=, timeout_ms=} -> server | nil, err. Always bound to a loopback
+   address: any other opts.host raises. */
 static int l_http_server(lua_State *L) {
   sbx__loop_t *lp = sbx__loop(L);
   srv_t *s;
   sbx__box_t *box;
-  struct sockaddr_in addr;
-  struct sockaddr_storage name;
+  struct sockaddr_storage addr, name;
+  char shown[INET6_ADDRSTRLEN + 2];
   int namelen = (int)sizeof name, rc;
   lua_Integer port, max_head, max_body, timeout;
+  const char *host;
   luaL_checktype(L, 1, LUA_TTABLE);
+  host = sbx__opt_string_field(L, 1, "http_server", "host", INET6_ADDRSTRLEN + 2, NULL, 0);
   port = sbx__opt_integer_field(L, 1, "http_server", "port", 0, 0, 65535);
   max_head = sbx__opt_integer_field(L, 1, "http_server", "max_head", HS_DEFAULT_MAX_HEAD, 256, 1024 * 1024);
   max_body = sbx__opt_integer_field(L, 1, "http_server", "max_body", HS_DEFAULT_MAX_BODY, 0,
                                     64 * 1024 * 1024);
   timeout = sbx__opt_integer_field(L, 1, "http_server", "timeout_ms", HS_DEFAULT_TIMEOUT, 1, 600000);
+  if (loopback_addr(host ? host : "127.0.0.1", (int)port, &addr, shown, sizeof shown) != 0)
+    return luaL_error(L, "http_server: opts.host must be a loopback address (127.0.0.0/8 or ::1)");
   if (lua_getfield(L, 1, "on_request") != LUA_TFUNCTION)
     return luaL_error(L, "http_server: on_request must be a function");
   box = sbx__box_new(L, SERVER_MT);            /* before C memory: it may raise */
@@ -446,6 +482,7 @@ static int l_http_server(lua_State *L) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   s->L = lua_tothread(L, -1);
   lua_pop(L, 1);
+  memcpy(s->host, shown, sizeof s->host);
   s->max_head = (size_t)max_head;
   s->max_body = (size_t)max_body;
   s->timeout_ms = (uint64_t)timeout;
@@ -454,7 +491,6 @@ static int l_http_server(lua_State *L) {
   s->self_ref = LUA_NOREF;
   uv_tcp_init(&lp->uv, &s->tcp);
   s->tcp.data = s;
-  uv_ip4_addr("127.0.0.1", (int)port, &addr);
   rc = uv_tcp_bind(&s->tcp, (const struct sockaddr *)&addr, 0);
   if (rc == 0) rc = uv_listen((uv_stream_t *)&s->tcp, 128, on_connection);
   if (rc == 0) rc = uv_tcp_getsockname(&s->tcp, (struct sockaddr *)&name, &namelen);
@@ -463,7 +499,8 @@ static int l_http_server(lua_State *L) {
     uv_close((uv_handle_t *)&s->tcp, srv_handle_closed);
     return sbx__push_error(L, -rc, NULL);
   }
-  s->port = ntohs(((struct sockaddr_in *)&name)->sin_port);
+  if (name.ss_family == AF_INET6) s->port = ntohs(((struct sockaddr_in6 *)&name)->sin6_port);
+  else s->port = ntohs(((struct sockaddr_in *)&name)->sin_port);
   sbx__box_bind(box, s, NULL);               /* the box owns the server */
   s->on_request_ref = sbx__ref(L, -2);       /* the function under the box */
   s->self_ref = sbx__ref(L, -1);
@@ -485,7 +522,15 @@ static int srv_url(lua_State *L) {
   srv_t *s = check_srv(L);
   const char *path = luaL_optstring(L, 2, "/");
   if (s == NULL || s->closed) return 0;
-  lua_pushfstring(L, "http://127.0.0.1:%d%s", s->port, path);
+  lua_pushfstring(L, "http://%s:%d%s", s->host, s->port, path);
+  return 1;
+}
+
+/* server:host() -> the bound address as a URL authority ("127.0.0.1", "[::1]"). */
+static int srv_host(lua_State *L) {
+  srv_t *s = check_srv(L);
+  if (s == NULL || s->closed) return 0;
+  lua_pushstring(L, s->host);
   return 1;
 }
 
@@ -724,7 +769,7 @@ static int lines_stop_l(lua_State *L) {
 
 void sbx__open_http_server(lua_State *L) {
   static const luaL_Reg srv_methods[] = {
-    {"port", srv_port}, {"url", srv_url}, {"close", srv_close}, {NULL, NULL}};
+    {"port", srv_port}, {"host", srv_host}, {"url", srv_url}, {"close", srv_close}, {NULL, NULL}};
   static const luaL_Reg req_methods[] = {
     {"reply", req_reply}, {"is_open", req_is_open}, {NULL, NULL}};
   static const luaL_Reg lines_methods[] = {{"stop", lines_stop_l}, {NULL, NULL}};

@@ -29,16 +29,16 @@
  * -------
  * Every function may be called from any thread, except sbx_engine_free
  * (never concurrently with another call on the same engine) and the
- * blocking calls sbx_engine_call/sbx_engine_status/sbx_engine_stop/
- * sbx_engine_free, which refuse (or, for free, must not be made) from inside
- * the result callback, i.e. on the engine thread.
+ * blocking calls sbx_engine_call/sbx_engine_status/sbx_engine_metrics/
+ * sbx_engine_stop/sbx_engine_free, which refuse (or, for free, must not be
+ * made) from inside the result callback, i.e. on the engine thread.
  *
  * Memory
  * ------
  * Memory is freed only by the side that allocated it. Every `char *` this
  * ABI returns (error_out, sbx_engine_poll, sbx_engine_call,
- * sbx_engine_status) was allocated by libsbx and must be released with
- * sbx_free, never with the host's free(). Buffers the caller passes in are
+ * sbx_engine_status, sbx_engine_metrics) was allocated by libsbx and must be
+ * released with sbx_free, never with the host's free(). Buffers the caller passes in are
  * copied before the call returns; the library keeps no pointer to them.
  * The `json` pointer handed to a result callback belongs to the library and
  * is valid only during that call (copy it if needed; do not free it).
@@ -107,6 +107,9 @@
  *   {"type":"ping"}                       value: true (the no-op round trip)
  *   {"type":"status"}                     value: app:status() members plus
  *       "engine":{"abi":1,"pending":n,"submitted":n,"queued":n,"dropped":n,"stopping":b}
+ *   {"type":"metrics"}                    value: the Prometheus text exposition
+ *       (a string; app:metrics(), spec/operations.md 4; sbx_engine_metrics
+ *       returns the same text without the JSON)
  *   {"type":"image"}                      value: {"image":NAME,"checked":b,"present":b?,
  *       "error":"<message>; fix: <fix>"?}: whether the daemon has the app's
  *       image, asked through its driver's inspect_image (checked false for a
@@ -291,6 +294,12 @@ char *sbx_engine_call(sbx_engine *e, const char *json, size_t len,
 /* Synchronous {"type":"status"} (SBX_FFI_STATUS_TIMEOUT_MS): the result
  * object's JSON, or NULL (stopped, timeout, engine thread). sbx_free it. */
 char *sbx_engine_status(sbx_engine *e);
+
+/* Synchronous {"type":"metrics"} (SBX_FFI_STATUS_TIMEOUT_MS): the engine's
+ * Prometheus text exposition (format 0.0.4, spec/operations.md 4) itself,
+ * NUL-terminated, not JSON; or NULL (stopped, timeout, engine thread, an
+ * engine without an app, or an app not started). sbx_free it. */
+char *sbx_engine_metrics(sbx_engine *e);
 
 /*
  * Stops the engine: new submits get SBX_ESTOPPED; the app is disposed

@@ -156,6 +156,7 @@ const SANDBOX_KEYS = [
   "maxQueuedTurns",
   "mentions",
   "maxReplyChars",
+  "metricsListen",
 ] as const;
 
 /** Options of this bridge itself (everything else is refused like sandbox{} does). */
@@ -469,6 +470,7 @@ export async function sandbox(options: SandboxOptions = {}): Promise<SandboxPlug
         .submit<{ skipped: true; reason: string } | null>({ type: "background", channel })
         .then((v) => v ?? null),
     status: () => engine.submit<SandboxStatus>({ type: "status" }),
+    metrics: () => engine.submit<string>({ type: "metrics" }).then((v) => String(v)),
     services: { SANDBOX, lifecycle },
     dispose,
     get disposed() {

@@ -315,6 +315,8 @@ export interface SandboxOptions {
   mentions?: "neutral" | "allow";
   /** The longest reply in characters (default and at most 100,000); a longer one fails the turn. */
   maxReplyChars?: number;
+  /** Serve the Prometheus metrics on GET /metrics at this loopback address, e.g. "127.0.0.1:9464" (127.0.0.0/8 or [::1] only; spec/operations.md 4). */
+  metricsListen?: string;
 
   // ---- the embedding host (not sandbox{} options) ----
   /** The host login reader used when neither this nor the config sets apiKey. */
@@ -366,6 +368,8 @@ export interface SandboxPlugin {
   /** A background host turn in a sandbox channel is skipped with the fixed reason. */
   background(channel: string): Promise<{ skipped: true; reason: string } | null>;
   status(): Promise<SandboxStatus>;
+  /** The Prometheus text exposition (format 0.0.4): turns by reason, phase histograms, broker and upstream counters, container gauges. */
+  metrics(): Promise<string>;
   readonly services: { SANDBOX: SandboxService; lifecycle: SandboxLifecycle };
   /** Stops every turn, removes its containers and frees the engine. Idempotent. */
   dispose(): Promise<void>;

@@ -143,3 +143,39 @@ describe("a turn's failure reason (operations.md 1)", () => {
     expect(handled).toEqual(answered("The sandbox turn failed."));
   });
 });
+
+describe("the metrics (operations.md 4)", () => {
+  test("plugin.metrics() is the text exposition the turns moved", async () => {
+    const p = await start();
+    const before = await p.metrics();
+    expect(before).toContain("# TYPE sbx_turns_total counter\n");
+    expect(before).toContain('\nsbx_turns_total{reason="ok"} 0\n');
+    await p.services.SANDBOX.runtime.runTurn("discord:100", SPEAKER, "model");
+    answer = () => Response.json({ error: { message: "no", type: "invalid_request_error", code: "invalid_api_key" } }, { status: 401 });
+    await p.services.SANDBOX.runtime.runTurn("discord:100", SPEAKER, "model");
+    const after = await p.metrics();
+    expect(after).toContain('\nsbx_turns_total{reason="ok"} 1\n');
+    expect(after).toContain('\nsbx_turns_total{reason="upstream_status"} 1\n');
+    expect(after).toContain('\nsbx_broker_requests_total{route_kind="model",status="200"} 1\n');
+    expect(after).toContain('\nsbx_upstream_responses_total{route_kind="model",status="401"} 1\n');
+    expect(after).toContain("\nsbx_turn_duration_seconds_count 2\n");
+    expect(after).not.toContain(KEY);
+    expect(after).not.toContain("discord:100");
+  });
+
+  test("metricsListen serves GET /metrics on loopback and refuses anything else at start", async () => {
+    const probe = Bun.serve({ hostname: "127.0.0.1", port: 0, fetch: () => new Response("") });
+    const port = probe.port;
+    probe.stop(true);
+    const p = await start({ metricsListen: `127.0.0.1:${port}` });
+    await p.services.SANDBOX.runtime.runTurn("discord:100", SPEAKER, "model");
+    const res = await fetch(`http://127.0.0.1:${port}/metrics`);
+    expect(res.status).toBe(200);
+    expect(res.headers.get("content-type")).toBe("text/plain; version=0.0.4; charset=utf-8");
+    expect(await res.text()).toContain('\nsbx_turns_total{reason="ok"} 1\n');
+    expect((await fetch(`http://127.0.0.1:${port}/other`)).status).toBe(404);
+    await p.dispose();
+    plugin = null;
+    await expect(start({ metricsListen: "0.0.0.0:9464" })).rejects.toThrow("metricsListen must be a loopback address and port");
+  });
+});

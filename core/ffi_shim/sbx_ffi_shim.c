@@ -38,6 +38,7 @@ static struct {
   int32_t (*fd)(sbx_engine *);
   char *(*call)(sbx_engine *, const char *, size_t, int32_t, int32_t *);
   char *(*status)(sbx_engine *);
+  char *(*metrics)(sbx_engine *);
   void (*stop)(sbx_engine *);
   void (*engine_free)(sbx_engine *);
   void (*mem_free)(void *);
@@ -93,6 +94,7 @@ static void load(void) {
   SYM(fd, "sbx_engine_fd")
   SYM(call, "sbx_engine_call")
   SYM(status, "sbx_engine_status")
+  SYM(metrics, "sbx_engine_metrics")
   SYM(stop, "sbx_engine_stop")
   SYM(engine_free, "sbx_engine_free")
   SYM(mem_free, "sbx_free")
@@ -139,6 +141,8 @@ char *sbx_engine_call(sbx_engine *e, const char *json, size_t len,
 }
 
 char *sbx_engine_status(sbx_engine *e) { return ready() ? api.status(e) : NULL; }
+
+char *sbx_engine_metrics(sbx_engine *e) { return ready() ? api.metrics(e) : NULL; }
 
 void sbx_engine_stop(sbx_engine *e) { if (ready()) api.stop(e); }
 

@@ -105,6 +105,10 @@
 --   app:status() -> { started=, disposed=, channels={keys}, busy={keys},
 --                     queued={key=n} }   (lists are json.array, queued a
 --                     json.object: json.encode keeps [] and {} apart)
+--   app:metrics() -> the Prometheus text exposition of the runtime
+--                     (spec/operations.md 4; raises `sandbox is not started`
+--                     before start); the channel queue's waiting turns are
+--                     its sbx_channel_queue_depth
 --   app:dispose()  (yields; idempotent) disposes the runtime.
 --   app:runtime_options(host) -> opts, checked: what app:start hands
 --     sandbox.runtime.new (3.2 steps 2-3: the options without stateFile,
@@ -112,10 +116,11 @@
 --     and the broker configuration sandbox{} already checked.
 --
 -- start, handle, command and dispose yield: call them inside a task
--- (async.spawn / async.run). claim, owns, stop, start_fresh, background and
--- status never yield. Before start nothing is owned: claim answers
--- claim=false for messages, handle returns nil, owns/background/status
--- answer; command, stop and start_fresh raise `sandbox is not started`.
+-- (async.spawn / async.run). claim, owns, stop, start_fresh, background,
+-- status and metrics never yield. Before start nothing is owned: claim
+-- answers claim=false for messages, handle returns nil, owns/background/
+-- status answer; command, stop, start_fresh and metrics raise `sandbox is
+-- not started`.
 local channels = require "sandbox.channels"
 local claim = require "sandbox.channels.claim"
 local commands = require "sandbox.channels.commands"
@@ -239,6 +244,7 @@ function App:start(host)
   self.host, self.rt, self.store = host, rt, store
   self.root = host.rootCommand or commands.DEFAULT_ROOT
   self.queue = turn_queue.new { max = o.maxQueuedTurns }
+  rt.metrics_registry:queue_source(function() return self.queue:waiting_total() end)
   self.services = {                                                   -- step 8
     SANDBOX = { id = M.SERVICE_ID, channels = store, runtime = rt },
     lifecycle = {                                                     -- step 9
@@ -382,6 +388,12 @@ function App:status()
     busy = json.array(self.started and self.rt:busy() or {}),
     queued = queued,
   }
+end
+
+-- The Prometheus text exposition (spec/operations.md 4). Never yields.
+function App:metrics()
+  require_started(self)
+  return self.rt:metrics()
 end
 
 -- Disposes the runtime (5.6): aborts active turns and waits for them.

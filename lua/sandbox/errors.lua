@@ -120,6 +120,12 @@ M.catalogue = {
   { name = "LOG_LEVEL", message = 'logLevel must be "debug", "info", "warn" or "error"' },
   { name = "AUDIT", message = "audit must be a boolean" },
   { name = "LOGGER", message = "logger must be a table of functions {debug?, info, warn, error}" },
+  -- The metrics endpoint (spec/operations.md 4)
+  { name = "METRICS_LISTEN", message = "metricsListen must be a loopback address and port",
+    fix = 'set metricsListen = "127.0.0.1:9464" (an address of 127.0.0.0/8 or [::1], then a port); '
+      .. "to scrape from another host, run a proxy with its own access control on this one" },
+  { name = "METRICS_START", message = "metricsListen could not listen: ", prefix = true,
+    fix = "another process already listens on that address and port; choose a free port for metricsListen" },
 
   -- The container's arguments (spec/runtime.md 4.2, 4.4)
   { name = "NAME_IMAGE", message = "invalid container name or image" },

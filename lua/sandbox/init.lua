@@ -10,6 +10,7 @@ local broker = require "sandbox.broker"
 local broker_config = require "sandbox.broker._config"
 local errors = require "sandbox.errors"
 local log = require "sandbox.log"
+local metrics_listen = require "sandbox.ops.metrics_listen"
 local options = require "sandbox.runtime._options"
 local turn_queue = require "sandbox.channels._queue"
 
@@ -20,7 +21,7 @@ M.OPTIONS = {
   provider = true, model = true, modelUrl = true, apiKey = true, prompt = true, tools = true,
   mcp = true, uid = true, gid = true, limits = true, turnTimeoutMs = true, driver = true,
   allowHttp = true, modelAuth = true, maxOutputTokens = true, outputTokensField = true,
-  logFormat = true, logLevel = true, audit = true, logger = true,
+  logFormat = true, logLevel = true, audit = true, logger = true, metricsListen = true,
   seccompProfile = true, workspaceQuotaMb = true, diskReserveMb = true,
   mentions = true, maxReplyChars = true, maxQueuedTurns = true,
 }
@@ -46,6 +47,7 @@ function M.new(opts)
   log.check_options(opts)
   options.check_hardening(opts)
   local max_queued = turn_queue.check_max(opts.maxQueuedTurns)
+  metrics_listen.check(opts.metricsListen)
   -- The throw-away broker check of spec/runtime.md 3.1 step 14: no socket.
   local cfg = broker_config.check(opts)
   options.check_api_key_use(opts.apiKey, cfg)

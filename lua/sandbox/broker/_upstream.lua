@@ -81,14 +81,18 @@ end
 -- M.post, then the strict parse and, when opts.credential is set, the
 -- reflection filter. Returns the decoded value and info, or nil, the turn
 -- reason and info; info = {status = the upstream's status when one
--- arrived, bytes = reply bytes, code=, type=, param= (upstream_status
--- only)}. Nothing in it is shown to a guest or holds payload.
+-- arrived, ms = the request's time when one was sent, bytes = reply bytes,
+-- code=, type=, param= (upstream_status only)}. Nothing in it is shown to a guest or holds payload.
 function M.post_json(opts, signal)
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
   o.error_body = true
+  local sent = core.now()
   local res, why, status, failed = M.post(o, signal)
   local info = { status = status or (res and res.status) }
+  -- the time of the request itself, when one was sent and not abandoned
+  -- (the metrics' upstream histogram, ops/metrics.lua)
+  if res or (why ~= "aborted" and why ~= "deadline") then info.ms = core.now() - sent end
   local filter = opts.credential and core.reflect_filter(opts.credential) or nil
   if not res then
     if why == "status" then

@@ -159,9 +159,10 @@ local function reply_json(value)
 end
 
 -- Copies an upstream outcome into the call record rec: the reason, the
--- upstream's status and tokens, and the fix an operator applies.
+-- upstream's status, time and tokens, and the fix an operator applies.
 local function note_upstream(rec, reason, info, fix_ctx)
   rec.upstream_status = info.status
+  rec.upstream_ms = info.ms
   if reason == nil then return end
   rec.reason = reason ~= "aborted" and reason or nil
   if reason == "upstream_status" then

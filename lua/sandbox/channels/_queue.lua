@@ -19,6 +19,7 @@
 --                                              -- nil, "queue_full" when over a bound
 --   q:size(channel)                            -- jobs queued or running there
 --   q:waiting(channel [, speaker_id])          -- guest turns queued, not yet started
+--   q:waiting_total()                          -- guest turns waiting, all channels
 local async = require "sandbox.async"
 local errors = require "sandbox.errors"
 
@@ -118,6 +119,14 @@ end
 
 function Queue:size(channel)
   return self.counts[channel] or 0
+end
+
+-- Guest turns waiting in every channel's queue (the metrics'
+-- sbx_channel_queue_depth).
+function Queue:waiting_total()
+  local n = 0
+  for _, c in pairs(self.turn_counts) do n = n + c end
+  return n
 end
 
 return M

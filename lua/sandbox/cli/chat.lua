@@ -58,6 +58,8 @@ function M.run(args)
   return async.run(function()
     local queue, eof, quit, wake = {}, false, false, nil
     local running = false
+    -- lines typed while a turn runs wait here (sbx_channel_queue_depth)
+    rt.metrics_registry:queue_source(function() return #queue end)
     local function poke()
       local w = wake
       wake = nil

@@ -10,9 +10,12 @@
 --                                       4.6 (yields; raises 4.8). report (optional)
 --                                       is filled with what the host observed, for
 --                                       the turn record (sandbox/ops/record.lua):
---                                       running, replied, removed (core.now()),
---                                       exit, worker_reason (a reason of the
---                                       worker's own closed list it printed)
+--                                       running, replied, removing, removed
+--                                       (core.now()), removal_failed, exit,
+--                                       worker_reason (a reason of the
+--                                       worker's own closed list it printed);
+--                                       the metrics' container gauge reads
+--                                       running/removing while the turn runs
 --   contract.attached(d, c, input, signal, {max_stdout=, check=, report=}) -> stdout
 --                                       4.6 for any checked spec and stdin bytes
 --   contract.remove(d, name)            4.7 (yields; raises the cleanup error)
@@ -219,6 +222,7 @@ function M.attached(d, c, input, signal, o)
     return stdout
   end)
   -- 10: always, last. A removal failure replaces whatever came before.
+  report.removing = core.now()
   local removed, rerr = pcall(function()
     M.remove(d, c.name)
     if (signal and signal.aborted) or failed then
@@ -228,6 +232,7 @@ function M.attached(d, c, input, signal, o)
   end)
   report.removed = core.now()
   if not removed then
+    report.removal_failed = true
     if type(d.inspect_daemon) == "function" and not d:inspect_daemon() then error(M.E_DAEMON, 0) end
     error(rerr, 0)
   end

@@ -5,7 +5,9 @@
 -- a task on the loop, emitting exactly one final result per request.
 --
 -- The C side hands `new` four closures:
---   c.emit(request_id, json, final)  an output (final: the request's result)
+--   c.emit(request_id, json, final [, text])  an output (final: the request's
+--                                    result; text: a string result as it is,
+--                                    for a caller waiting for the text itself)
 --   c.ready(err|nil)                 construction finished (nil = ok)
 --   c.done()                         the engine is finished: leave the loop
 --   c.counters() -> in, dropped, out queue sizes (for status)
@@ -175,14 +177,15 @@ function Engine:make_host(opts)
   return h
 end
 
-function Engine:emit(rid, obj, final)
+function Engine:emit(rid, obj, final, text)
   local s, err = json.encode(obj)
   if not s then
     if not final then return end
     s = assert(json.encode(object({ "type", "request", "ok", "error" },
       { type = "result", request = rid, ok = false, error = "result not encodable as JSON: " .. tostring(err) })))
+    text = nil
   end
-  self.c.emit(rid, s, final)
+  self.c.emit(rid, s, final, text)
 end
 
 function Engine:event(rid, name, fields)
@@ -207,7 +210,9 @@ function Engine:finish(rid, ok, value)
     obj = object({ "type", "request", "ok", "error", "errorInfo" },
       { type = "result", request = rid, ok = false, error = msg, errorInfo = info })
   end
-  self:emit(rid, obj, true)
+  -- a string result also goes to C as it is, for a caller that asked for
+  -- the text itself (sbx_engine_metrics)
+  self:emit(rid, obj, true, ok and type(value) == "string" and value or nil)
 end
 
 -- An error value -> its message and, for a structured error (a table with a
@@ -362,6 +367,14 @@ function HANDLERS.status(self)
     dropped = dropped, stopping = self.stopping,
   })
   return out
+end
+
+-- {"type":"metrics"}: the app's Prometheus text exposition
+-- (spec/operations.md 4), as the result's string value; sbx_engine_metrics
+-- hands the same text to a C host without the JSON around it.
+function HANDLERS.metrics(self)
+  if type(self.app.metrics) ~= "function" then error("this app has no metrics", 0) end
+  return self.app:metrics()
 end
 
 function HANDLERS.claim(self, _, req)

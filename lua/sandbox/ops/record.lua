@@ -2,19 +2,20 @@
 -- (spec/operations.md 1-4). They are the single source of every operator
 -- output about a turn: the operator log's per-turn lines and the broker's
 -- payload-free audit lines (ops/lines.lua), the turn's reason and fix in
--- rt:run_turn's result, `sbx run` and the Bun bridge. Later outputs, the
--- Prometheus metrics of operations.md 4 (counters by reason, route kind and
--- status, the phase histograms) and the warm-turn gauges, are READERS of
--- these records, subscribed with recorder:subscribe(fn): they never change
--- the code that fills them.
+-- rt:run_turn's result, `sbx run` and the Bun bridge, and the Prometheus
+-- metrics of operations.md 4 (ops/metrics.lua: counters by reason, route
+-- kind and status, the phase histograms). Those are READERS of these
+-- records, subscribed with recorder:subscribe(fn): they never change the
+-- code that fills them.
 --
 --   local record = require "sandbox.ops.record"
 --   local rec = record.recorder()              -- one per runtime (or broker)
---   rec:subscribe(function(r) ... end)         -- r.kind: "turn_started", "call", "turn"
+--   rec:subscribe(function(r) ... end)         -- r.kind: "turn_started", "call", "turn", "precheck", "cleanup"
 --   local t = rec:turn_begin("discord:1")      -- admission
 --   rec:call(t, c)                             -- a settled broker call
 --   rec:turn_end(t)                            -- the turn's outcome is set
 --   local r = rec:run_begin(channel, schedule) -- a precheck run; rec:run_end(r)
+--   rec:cleanup { ok = false, scope = "sweep" } -- a removal outside a turn (the stale sweep)
 --
 -- A call record (the broker fills it; record.call makes the skeleton):
 --   kind = "call", channel, turn (the turn id), route (the path matched, nil
@@ -26,6 +27,7 @@
 --   credential_missing, credential_error, tool_failed, request_deadline,
 --   client_closed, stopped), header (a refused header's name), ms,
 --   upstream_status, code, type, param (providers.md 4 tokens), fix,
+--   upstream_ms (the time of the upstream request, when one was sent),
 --   bytes_in, bytes_out, and for a /model 200: reply = {message = the first
 --   choice holds a message object, finish = its finish_reason (a known value
 --   or "other"), tool_calls = it asks for tools} (facts the host checks the
@@ -36,9 +38,13 @@
 --   fix, exit (the worker's exit status, when known), ms, model_calls,
 --   tool_calls, mcp_calls, refused_calls, tool_failures, ms_start (admission
 --   to container running), ms_first_call, ms_reply (stdout ended),
---   ms_removed, worker_reason (what the worker claimed, whether kept or not),
+--   ms_removed, removal_failed (true when its container's removal failed),
+--   worker_reason (what the worker claimed, whether kept or not),
 --   last_model (the last /model call record), upstream (the call record an
 --   upstream reason came from: its route, status and tokens).
+-- A cleanup record: kind = "cleanup", ok, scope ("sweep": the stale sweep
+-- of runtime.md 6.3; "warm": a warm container, spec/warm-turns.md),
+-- removed (how many containers it removed).
 -- Timings are milliseconds of core.now(); counters only count. Nothing in a
 -- record is a payload: no body, header value, credential, URL path, guest
 -- text or exception text.
@@ -121,6 +127,7 @@ function Recorder:turn_end(t, report)
   t.ms_first_call = since(t.first_call)
   t.ms_reply = since(report.replied)
   t.ms_removed = since(report.removed)
+  t.removal_failed = report.removal_failed
   self:_emit(t)
 end
 
@@ -142,6 +149,12 @@ end
 function Recorder:run_end(t)
   t.ms = core.now() - t.started
   self:_emit(t)
+end
+
+-- A removal outside a turn settled: c = {ok = boolean, scope = "sweep" |
+-- "warm", removed = n}; the readers get it as kind = "cleanup".
+function Recorder:cleanup(c)
+  self:_emit { kind = "cleanup", ok = c.ok == true, scope = c.scope, removed = c.removed }
 end
 
 return M

@@ -19,6 +19,7 @@ local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local log = require "sandbox.log"
+local metrics_listen = require "sandbox.ops.metrics_listen"
 local seccomp = require "sandbox.runtime._seccomp"
 
 local M = {}
@@ -63,7 +64,7 @@ M.DEFAULT_MENTIONS = "neutral"
 M.MAX_REPLY_CHARS = 100000
 
 -- The option names of `sandbox.runtime{}` (spec/runtime.md 2.1-2.2,
--- providers.md 1, operations.md 2-3).
+-- providers.md 1, operations.md 2-4).
 M.OPTIONS = {
   image = true, runRoot = true, workspaceRoot = true, model = true, modelUrl = true,
   apiKey = true, prompt = true, timeZone = true, tools = true, mcp = true, uid = true,
@@ -71,7 +72,7 @@ M.OPTIONS = {
   modelAuth = true, maxOutputTokens = true, outputTokensField = true,
   logFormat = true, logLevel = true, audit = true, logger = true,
   seccompProfile = true, workspaceQuotaMb = true, diskReserveMb = true, mentions = true,
-  maxReplyChars = true,
+  maxReplyChars = true, metricsListen = true,
 }
 
 local function fail(msg) error(msg, 0) end
@@ -305,6 +306,10 @@ M.STEPS = {
   end },
   { name = "prompt", run = function(s) M.check_prompt(s.opts.prompt) end },    -- 5
   { name = "log options", run = function(s) log.check_options(s.opts) end },
+  { name = "metricsListen", run = function(s)                                 -- operations.md 4
+    metrics_listen.check(s.opts.metricsListen)
+    return s.opts.metricsListen and ("GET /metrics on " .. s.opts.metricsListen) or "not served"
+  end },
   { name = "time zone", run = function(s)                                      -- 6
     s.zone = s.opts.timeZone == nil and M.DEFAULT_TIME_ZONE or s.opts.timeZone
     if not M.time_zone_ok(s.zone) then refuse(M.E_TIME_ZONE, tostring(s.zone)) end
@@ -420,7 +425,7 @@ end
 -- pids}, turnTimeoutMs, driver, builtin_driver = boolean, broker_config =
 -- the checked broker configuration, logFormat, logLevel, audit, logger,
 -- seccompProfile (absolute path), seccompCount, workspaceQuotaMb,
--- diskReserveMb, mentions, maxReplyChars}.
+-- diskReserveMb, mentions, maxReplyChars, metricsListen}.
 -- `checked`, when given, is that configuration as sandbox{} already checked
 -- it for these same options.
 function M.resolve(opts, checked)
@@ -444,6 +449,7 @@ function M.resolve(opts, checked)
     seccompProfile = s.profile.path, seccompCount = s.profile.count,
     workspaceQuotaMb = s.hard.workspaceQuotaMb, diskReserveMb = s.hard.diskReserveMb,
     mentions = s.hard.mentions, maxReplyChars = s.hard.maxReplyChars,
+    metricsListen = opts.metricsListen,
   }
 end
 

@@ -10,6 +10,10 @@
 --   rt.logger                        the one operator logger (sandbox/log.lua)
 --   rt.recorder                      the call and turn records (sandbox/ops/record.lua);
 --                                    rt.recorder:subscribe(fn) adds a reader
+--   rt:metrics() -> text             the Prometheus exposition (spec/operations.md 4,
+--                                    sandbox/ops/metrics.lua, a reader of rt.recorder)
+--   rt.metrics_registry              its metrics object (:containers_source, :queue_source)
+--   rt:metrics_address() -> "127.0.0.1:PORT" | nil   where metricsListen serves GET /metrics
 --
 -- run_turn's result (spec/operations.md 1): every turn that was admitted and
 -- set up ends with exactly one reason, decided by the host
@@ -52,6 +56,8 @@ local errors = require "sandbox.errors"
 local installation = require "sandbox.runtime._installation"
 local lines = require "sandbox.ops.lines"
 local log = require "sandbox.log"
+local metrics = require "sandbox.ops.metrics"
+local metrics_listen = require "sandbox.ops.metrics_listen"
 local options = require "sandbox.runtime._options"
 local reason = require "sandbox.ops.reason"
 local record = require "sandbox.ops.record"
@@ -121,6 +127,8 @@ function M.new(opts, checked, host)
   local logger = log.from_options(o, host and host.log or nil)
   local recorder = record.recorder()
   recorder:subscribe(lines.reader(logger, { audit = o.audit }))
+  local m = metrics.new()
+  recorder:subscribe(m:reader())
   local mcp = {}
   for i, s in ipairs(cfg.server_list) do mcp[i] = { server = s.name, tools = s.tool_list } end
   local self = setmetatable({
@@ -131,14 +139,18 @@ function M.new(opts, checked, host)
     resets = {},        -- channel -> pending start-fresh generation
     leftovers = {},     -- turn dirs a descriptor shortage kept; retried later
     disposed = false,
-    logger = logger, recorder = recorder,
+    logger = logger, recorder = recorder, metrics_registry = m,
   }, Runtime)
   self.watchdog = disk.watchdog(o)
   descriptors.raise(logger)
+  m:containers_source(function() return self:_containers() end)
   self.lock = installation.lock(o.runRoot)                          -- step 15
   local ok, err = pcall(function()                                  -- step 16
     self.installation = installation.id(o.workspaceRoot, o.runRoot)
     self.owner = installation.owner_id()
+    if o.metricsListen then                                         -- operations.md 4
+      self.metrics_server = metrics_listen.serve(o.metricsListen, function() return m:render() end)
+    end
   end)
   if not ok then
     self.lock:release()
@@ -156,10 +168,12 @@ end
 
 function Runtime:_start_sweep()
   local task = async.spawn(function()
-    local removed = installation.sweep {
+    local ok, removed = pcall(installation.sweep, {
       driver = self.driver, installation = self.installation, self = self.owner,
       run_root = self.options.runRoot, active = self.run_dirs, log = self.logger:fn(),
-    }
+    })
+    self.recorder:cleanup { ok = ok, scope = "sweep", removed = ok and removed or 0 }
+    if not ok then error(removed, 0) end
     self.sweep_ok = true
     return removed
   end)
@@ -447,6 +461,32 @@ function Runtime:stop(channel)
   return true
 end
 
+-- The containers of the running turns, by state, from what each turn's
+-- driver reported so far (drivers/contract.lua): running from start until
+-- removal begins, removing until it ended. The metrics' sbx_containers
+-- reads it at scrape time.
+function Runtime:_containers()
+  local running, removing = 0, 0
+  for _, turn in pairs(self.active) do
+    local r = turn.report
+    if r.running and not r.removing and not r.removed then running = running + 1
+    elseif r.removing and not r.removed then removing = removing + 1 end
+  end
+  return { running = running, removing = removing }
+end
+
+-- The Prometheus text exposition of this runtime (spec/operations.md 4).
+function Runtime:metrics()
+  return self.metrics_registry:render()
+end
+
+-- "HOST:PORT" where metricsListen serves, nil when it is not set.
+function Runtime:metrics_address()
+  local srv = self.metrics_server
+  if not srv or not srv:port() then return nil end
+  return srv:host() .. ":" .. srv:port()
+end
+
 function Runtime:busy()
   local list = {}
   for k in pairs(self.active) do list[#list + 1] = k end
@@ -483,6 +523,7 @@ function Runtime:dispose()
       if sweep and not sweep.done then async.wait(sweep) end
       self:_retry_leftovers()
       self.watchdog:stop()
+      if self.metrics_server then self.metrics_server:close() end
       self.lock:release()
       self.lock = nil
     end)

@@ -269,6 +269,30 @@ static int t_status_sync(void) {
   return 0;
 }
 
+/* sbx_engine_metrics needs an app that has metrics: a duck-typed app
+ * without them and a utility engine give NULL, never JSON or a crash, and
+ * the failed request leaks nothing into the poll queue. */
+static int t_metrics_unavailable(void) {
+  sbx_engine *e = fake_engine(NULL, NULL);
+  char *m;
+  if (e == NULL) return -1;
+  m = sbx_engine_metrics(e);
+  if (m != NULL) {
+    snprintf(why, sizeof why, "metrics of a fake app: %.100s", m);
+    sbx_free(m);
+    sbx_engine_free(e);
+    return -1;
+  }
+  CHECK(sbx_engine_poll(e) == NULL, "the metrics result leaked into the poll queue");
+  sbx_engine_free(e);
+  e = sbx_engine_new(NULL, NULL, NULL, NULL, NULL);
+  CHECK(e != NULL, "utility engine");
+  m = sbx_engine_metrics(e);
+  sbx_engine_free(e);
+  CHECK(m == NULL, "metrics of a utility engine: %.100s", m);
+  return 0;
+}
+
 static int t_poll_mode(void) {
   sbx_engine *e = fake_engine(NULL, "{\"luaDir\":null}");
   struct pollfd p;
@@ -721,6 +745,36 @@ static int t_real_app(void) {
       rc = -1;
     }
   }
+  /* the Prometheus exposition through the ABI (spec/operations.md 4): the
+   * text itself, moved by the turns above (three ok, one upstream_status;
+   * the first /model call answered 200, the null key's and the refused
+   * one 502; the provider answered 200 once and 401 once) */
+  if (rc == 0) {
+    static const char *lines[] = {
+      "# TYPE sbx_turns_total counter\n",
+      "\nsbx_turns_total{reason=\"ok\"} 3\n",
+      "\nsbx_turns_total{reason=\"upstream_status\"} 1\n",
+      "\nsbx_broker_requests_total{route_kind=\"model\",status=\"200\"} 1\n",
+      "\nsbx_broker_requests_total{route_kind=\"model\",status=\"502\"} 2\n",
+      "\nsbx_upstream_responses_total{route_kind=\"model\",status=\"401\"} 1\n",
+      "\nsbx_turn_duration_seconds_count 4\n",
+      "\nsbx_containers{state=\"warm\"} 0\n",
+    };
+    size_t i;
+    char *m = sbx_engine_metrics(e);
+    if (m == NULL || m[0] != '#') {
+      snprintf(why, sizeof why, "sbx_engine_metrics: %.100s", m ? m : "NULL");
+      rc = -1;
+    }
+    for (i = 0; rc == 0 && i < sizeof lines / sizeof lines[0]; i++) {
+      if (strstr(m, lines[i]) == NULL) {
+        snprintf(why, sizeof why, "the exposition lacks %s", lines[i]);
+        fprintf(stderr, "%s", m);
+        rc = -1;
+      }
+    }
+    sbx_free(m);
+  }
   /* stop while a real turn runs: the turn is aborted, its message request
    * still gets its own result (the guest-visible failure text) before stop
    * returns */
@@ -788,6 +842,7 @@ static const test_case CASES[] = {
   {"new_errors", t_new_errors},
   {"utility_engine_and_host_calls", t_utility_engine},
   {"status_sync", t_status_sync},
+  {"metrics_unavailable", t_metrics_unavailable},
   {"poll_mode_eventfd", t_poll_mode},
   {"bad_requests", t_bad_requests},
   {"message_events_and_result", t_message},
