@@ -221,7 +221,7 @@ function Registry:_family(kind, name, help, labels)
     label_names = label_names(labels), series = {}, count = 0 }, Family)
   self.families[#self.families + 1] = f
   self.by_name[name] = f
-  if #f.label_names == 0 and kind ~= "histogram" then f:_series({}) end
+  if #f.label_names == 0 and kind ~= "histogram" then f:_series({}) end   -- 0 from the start
   return f
 end
 
@@ -251,6 +251,7 @@ function Registry:histogram(name, help, labels, bounds)
   end
   local f = self:_family("histogram", name, help, labels)
   f.bounds = bounds
+  if #f.label_names == 0 then f:_series({}) end
   return f
 end
 
