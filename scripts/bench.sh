@@ -25,6 +25,8 @@ as_sbx build/bench/ffi_bench "${BENCH_FFI_CALLS:-20000}"
 as_sbx bun bench/ffi_bench.ts "${BENCH_FFI_CALLS:-20000}"
 echo "== rich turn: host overhead vs model time, Lua peer worker (bench/rich_bench.lua)"
 as_sbx build/sbx lua bench/rich_bench.lua "${BENCH_RICH_TURNS:-50}"
+echo "== a turn with vs without the metrics reader, and one render (bench/metrics_bench.lua)"
+as_sbx build/sbx lua bench/metrics_bench.lua "${BENCH_METRIC_TURNS:-500}"
 if [ "${BENCH_DOCKER:-1}" = 1 ]; then
   make --no-print-directory image >/dev/null
   make --no-print-directory image-pi >/dev/null

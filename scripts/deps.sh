@@ -54,6 +54,7 @@ chk_docker_pkg() { have docker && have dockerd; }
 chk_openssl()    { have openssl; }
 chk_cacerts()    { [ -f /etc/ssl/certs/ca-certificates.crt ]; }
 chk_tzdata()     { [ -f /usr/share/zoneinfo/UTC ] && [ -f /usr/share/zoneinfo/Asia/Taipei ]; }
+chk_prometheus() { have prometheus && have promtool; }
 
 APT_CHECKS=(
   "cc, make (build-essential)|build-essential|chk_build"
@@ -76,6 +77,7 @@ APT_CHECKS=(
   "openssl|openssl|chk_openssl"
   "ca-certificates|ca-certificates|chk_cacerts"
   "tz database (worker image)|tzdata|chk_tzdata"
+  "prometheus + promtool (metrics specs)|prometheus|chk_prometheus"
 )
 
 # Node.js and npm: preinstalled from nodesource on these machines; Debian's
