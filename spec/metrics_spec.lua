@@ -77,6 +77,13 @@ local function dispose(rt) async.run(function() rt:dispose() end) end
 
 local function v(rt, series) return P.value(rt:metrics(), series) end
 
+-- Each {series, value} of want is a sample of text with that value.
+local function expect_samples(text, want)
+  for _, w in ipairs(want) do
+    assert.equal(w[2], P.value(text, w[1]), w[1] .. "\n" .. text)
+  end
+end
+
 -- A driver over the real contract (drivers/contract.lua) whose primitives
 -- play a container: stdout is `stdout`; gates.read / gates.remove, when
 -- set, hold that step until the spec opens them; removal answers `removal`.
@@ -127,12 +134,14 @@ describe("the text exposition (format 0.0.4)", function()
     local h = reg:histogram("spec_seconds", "Time.", { route_kind = { model = true } }, { 0.5, 1, 2.5 })
     for _, x in ipairs { 0.2, 0.7, 0.9, 3 } do h:observe({ route_kind = "model" }, x) end
     local text = reg:render()
-    assert.equal(1, P.value(text, 'spec_seconds_bucket{route_kind="model",le="0.5"}'))
-    assert.equal(3, P.value(text, 'spec_seconds_bucket{route_kind="model",le="1"}'))
-    assert.equal(3, P.value(text, 'spec_seconds_bucket{route_kind="model",le="2.5"}'))
-    assert.equal(4, P.value(text, 'spec_seconds_bucket{route_kind="model",le="+Inf"}'))
-    assert.equal(4.8, P.value(text, 'spec_seconds_sum{route_kind="model"}'))
-    assert.equal(4, P.value(text, 'spec_seconds_count{route_kind="model"}'))
+    expect_samples(text, {
+      { 'spec_seconds_bucket{route_kind="model",le="0.5"}', 1 },
+      { 'spec_seconds_bucket{route_kind="model",le="1"}', 3 },
+      { 'spec_seconds_bucket{route_kind="model",le="2.5"}', 3 },
+      { 'spec_seconds_bucket{route_kind="model",le="+Inf"}', 4 },
+      { 'spec_seconds_sum{route_kind="model"}', 4.8 },
+      { 'spec_seconds_count{route_kind="model"}', 4 },
+    })
     assert.truthy(text:find("# TYPE spec_seconds histogram\n", 1, true))
   end)
 
@@ -206,10 +215,12 @@ describe("the engine's metrics on real turns", function()
     for _, s in ipairs { "running", "warm", "removing" } do
       assert.equal(0, P.value(text, 'sbx_containers{state="' .. s .. '"}'), s)
     end
-    assert.equal(0, P.value(text, 'sbx_broker_refusals_total{reason="unknown_route"}'))
-    assert.equal(0, P.value(text, "sbx_channel_queue_depth"))
-    assert.equal(0, P.value(text, "sbx_reflection_refusals_total"))
-    assert.equal(0, P.value(text, "sbx_turn_duration_seconds_count"))
+    expect_samples(text, {
+      { 'sbx_broker_refusals_total{reason="unknown_route"}', 0 },
+      { "sbx_channel_queue_depth", 0 },
+      { "sbx_reflection_refusals_total", 0 },
+      { "sbx_turn_duration_seconds_count", 0 },
+    })
   end)
 
   it("an ok turn with a tool call: turns, broker requests by route kind, upstream responses and times", function()
@@ -221,14 +232,16 @@ describe("the engine's metrics on real turns", function()
     assert.is_true(r.ok, r.reason)
     local text = rt:metrics()
     dispose(rt)
-    assert.equal(1, P.value(text, 'sbx_turns_total{reason="ok"}'))
-    assert.equal(2, P.value(text, 'sbx_broker_requests_total{route_kind="model",status="200"}'))
-    assert.equal(1, P.value(text, 'sbx_broker_requests_total{route_kind="tools",status="200"}'), text)
-    assert.equal(2, P.value(text, 'sbx_upstream_responses_total{route_kind="model",status="200"}'))
-    assert.equal(2, P.value(text, 'sbx_upstream_duration_seconds_count{route_kind="model"}'))
-    assert.equal(2, P.value(text, 'sbx_upstream_duration_seconds_bucket{route_kind="model",le="+Inf"}'))
-    assert.equal(1, P.value(text, "sbx_turn_duration_seconds_count"))
-    assert.equal(1, P.value(text, 'sbx_turn_phase_seconds_count{phase="first_call"}'))
+    expect_samples(text, {
+      { 'sbx_turns_total{reason="ok"}', 1 },
+      { 'sbx_broker_requests_total{route_kind="model",status="200"}', 2 },
+      { 'sbx_broker_requests_total{route_kind="tools",status="200"}', 1 },
+      { 'sbx_upstream_responses_total{route_kind="model",status="200"}', 2 },
+      { 'sbx_upstream_duration_seconds_count{route_kind="model"}', 2 },
+      { 'sbx_upstream_duration_seconds_bucket{route_kind="model",le="+Inf"}', 2 },
+      { "sbx_turn_duration_seconds_count", 1 },
+      { 'sbx_turn_phase_seconds_count{phase="first_call"}', 1 },
+    })
     -- nothing of the turn's own data is a label or a value
     for _, secret in ipairs { KEY, CHANNEL, SPEAKER.id, SPEAKER.principalId, "secret_tool_name", "TOOL-RESULT-77",
         "What time", "/v1/chat", "127.0.0.1" } do
@@ -246,14 +259,16 @@ describe("the engine's metrics on real turns", function()
     assert.equal("reflection", turn(rt).reason)
     local text = rt:metrics()
     dispose(rt)
-    assert.equal(1, P.value(text, 'sbx_turns_total{reason="upstream_status"}'))
-    assert.equal(1, P.value(text, 'sbx_turns_total{reason="reflection"}'))
-    assert.equal(0, P.value(text, 'sbx_turns_total{reason="ok"}'))
-    assert.equal(1, P.value(text, 'sbx_upstream_responses_total{route_kind="model",status="401"}'))
-    assert.equal(1, P.value(text, 'sbx_upstream_responses_total{route_kind="model",status="200"}'))
-    assert.equal(2, P.value(text, 'sbx_broker_requests_total{route_kind="model",status="502"}'))
-    assert.equal(1, P.value(text, "sbx_reflection_refusals_total"))
-    assert.equal(2, P.value(text, "sbx_turn_duration_seconds_count"))
+    expect_samples(text, {
+      { 'sbx_turns_total{reason="upstream_status"}', 1 },
+      { 'sbx_turns_total{reason="reflection"}', 1 },
+      { 'sbx_turns_total{reason="ok"}', 0 },
+      { 'sbx_upstream_responses_total{route_kind="model",status="401"}', 1 },
+      { 'sbx_upstream_responses_total{route_kind="model",status="200"}', 1 },
+      { 'sbx_broker_requests_total{route_kind="model",status="502"}', 2 },
+      { "sbx_reflection_refusals_total", 1 },
+      { "sbx_turn_duration_seconds_count", 2 },
+    })
     assert.is_nil(text:find(KEY, 1, true))
   end)
 
@@ -268,9 +283,11 @@ describe("the engine's metrics on real turns", function()
     assert.is_true(r.ok)
     local text = rt:metrics()
     dispose(rt)
-    assert.equal(1, P.value(text, 'sbx_broker_refusals_total{reason="unknown_route"}'))
-    assert.equal(1, P.value(text, 'sbx_broker_refusals_total{reason="query"}'))
-    assert.equal(2, P.value(text, 'sbx_broker_requests_total{route_kind="other",status="404"}'))
+    expect_samples(text, {
+      { 'sbx_broker_refusals_total{reason="unknown_route"}', 1 },
+      { 'sbx_broker_refusals_total{reason="query"}', 1 },
+      { 'sbx_broker_requests_total{route_kind="other",status="404"}', 2 },
+    })
     assert.is_nil(text:find("not-configured", 1, true))
   end)
 
