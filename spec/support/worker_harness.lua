@@ -16,7 +16,9 @@
 -- The sanitizer run (scripts/check.sh) puts build-asan/ on the cpath.
 local B = package.cpath:match("(build%-asan)/") or "build"
 package.path = "worker/lua/?.lua;" .. package.path
-package.cpath = B .. "/worker/?.so;" .. package.cpath
+-- appended, not prepended: specs that start child interpreters take the
+-- first build*/?.so of package.cpath as sandbox.core's (hardening_spec, log_spec)
+package.cpath = package.cpath .. ";" .. B .. "/worker/?.so"
 local spec_fs = require "spec_fs"
 
 local W = {}
