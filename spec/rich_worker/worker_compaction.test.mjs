@@ -2,7 +2,8 @@
 // 15.1-15.2 and 14.2's compaction privacy; behaviours 105, 107, 109, 112,
 // 114-117 and the worker halves of 110 and 111). The real worker process on
 // the real Pi packages, on Pi's own anthropic-messages provider (a 1M-token
-// model registered by the content module, pointed at the forwarder); the
+// model registered by the content module, pointed at the forwarder), and for
+// 107 also on the claude-bridge model (real Claude Code, 200,000 tokens); the
 // scripted broker peer answers /compaction/compact with a spec compactor and
 // records /compaction/report; the Anthropic-shaped upstream reports the
 // context sizes (message_start usage) Pi's threshold reads. Every turn text
@@ -30,11 +31,12 @@ const hostTools = {
 
 // abortAfterMs: a content extension of the operator's that aborts the agent
 // (Pi's ctx.abort(), which aborts a running compaction) that long after a
-// compaction starts.
-const content = ({ abortAfterMs } = {}) => `
+// compaction starts. bridge: the claude-bridge model (real Claude Code, a
+// 200,000-token window) instead of the 1M one.
+const content = ({ abortAfterMs, bridge } = {}) => `
 export function workerContent() {
   return {
-    model: { provider: "spec-direct", id: "spec-model" },
+    model: ${bridge ? `{ provider: "claude-bridge", id: "claude-sonnet-4-6" }` : `{ provider: "spec-direct", id: "spec-model" }`},
     prompt: "Spec persona.",
     brokerTools: ${JSON.stringify(TOOLS)},
     extensions: () => [(pi) => {
@@ -145,6 +147,44 @@ describe("compaction in the worker (15.1, 15.2)", () => {
     expect(sent).not.toContain("recall_fail");
     expect(compactions(w)[0].summary).toContain("Pi's summary");
     expect(w.peer.reports).toEqual([expect.objectContaining({ type: "end", reason: "threshold", engine: "pi", nextCompactionAt: 300_000 })]);
+  }, 120_000);
+
+  test("B107 (claude-bridge): the bridge's own summary through Claude Code is fed the redacted preparation: no private exchange, prompt memory or reasoning", async () => {
+    // A 200,000-token window is at or under SOFT, so Pi's own threshold
+    // (200,000 - 16,384) applies: 100,000 stays under it, 190,000 compacts
+    // (Claude Code itself refuses a prompt it counts near its window, so the
+    // first turn stays well under). Bridge tools reach Claude Code as
+    // mcp__custom-tools__<name>.
+    const w = await worker({
+      content: content({ bridge: true }), tools: hostTools, config: {},
+      script: [
+        toolReply("mcp__custom-tools__recall_fail", { about: "ARGSECRET-66" }),
+        { events: message([thinking("THINKSECRET-99"), text("noted")], { inputTokens: 100_000 }) },
+        toolReply("mcp__custom-tools__recall", { about: "ARGSECRET-66" }),
+        reply("second", 190_000),
+        textReply("## Goal\nThe bridge's summary"),
+      ],
+    });
+    await w.peer.whenReady();
+    expect((await w.waitLog("compaction ready")).hostCompactor).toBe(false);
+    expect((await w.peer.runTurn(ann("t1", big("first")))).text).toBe("noted");
+    const stored = JSON.stringify(sessionEntries(w));                // the raw session keeps what the summary must not get
+    expect(["ARGSECRET-66", "ERRSECRET-88", "THINKSECRET-99"].filter((s) => !stored.includes(s))).toEqual([]);
+    expect(summaryCalls(w).length).toBe(0);
+    expect((await w.peer.runTurn(ann("t2", big("second")))).text).toBe("second");
+    expect(w.peer.events).not.toContain("POST /compaction/compact");
+    const calls = summaryCalls(w);
+    expect(calls.length).toBe(1);
+    // Claude Code's isolated summary query (the bridge's takeover: no tools),
+    // not one of the turns' requests.
+    expect(calls[0].headers["user-agent"]).toStartWith("claude-cli/");
+    expect(calls[0].body.tools ?? []).toEqual([]);
+    const sent = JSON.stringify(calls[0].body);
+    expect(sent.includes("first lorem")).toBe(true);
+    expect([...SECRETS, "recall_fail"].filter((s) => sent.includes(s))).toEqual([]);
+    const [entry] = compactions(w);
+    expect(entry.summary).toContain("The bridge's summary");
+    expect(w.peer.reports).toEqual([expect.objectContaining({ type: "end", reason: "threshold", engine: "pi" })]);
   }, 120_000);
 
   test("B111 (worker half): a declining compactor falls back to Pi's summary with the host's reason logged", async () => {
