@@ -27,9 +27,10 @@ export function workerContent(profile) {
 }
 `;
 
-// startWorker({content, script, tools, servers, config, peerOptions, env, dir})
+// startWorker({content, script, tools, servers, config, peerOptions, env, dir, wrap})
 // dir: reuse an earlier worker's directory (its workspace and content), as a
-// restarted container does.
+// restarted container does. wrap: a command prefix the worker runs under
+// (e.g. ["unshare", "--user", "--map-root-user", "--mount"], which execs it).
 export async function startWorker(opts = {}) {
   const dir = opts.dir ?? realpathSync(mkdtempSync(join(tmpdir(), "rich-worker-")));
   const ws = join(dir, "workspace");
@@ -57,7 +58,7 @@ export async function startWorker(opts = {}) {
     SANDBOX_BROKER_SOCKET: socketPath,
     ...(opts.env ?? {}),
   };
-  const proc = Bun.spawn(["bun", MAIN], { env, stdout: "pipe", stderr: "pipe", cwd: dir });
+  const proc = Bun.spawn([...(opts.wrap ?? []), "bun", MAIN], { env, stdout: "pipe", stderr: "pipe", cwd: dir });
   const exited = proc.exited;
   (async () => {
     const dec = new TextDecoder();

@@ -2,9 +2,11 @@
 // 16.5; behaviour 128 and the worker half of 31): the real worker on Pi's own
 // anthropic-messages provider (through the forwarder), a local content tool
 // that writes into the turn's outbox the way a contribution does, a host tool
-// answering an image, and files and links planted by the "guest".
+// answering an image, files and links planted by the "guest", and a file
+// whose bytes read differ from its size (a sysfs attribute bind-mounted in the
+// worker's own user and mount namespace).
 import { describe, test, expect, afterEach } from "bun:test";
-import { existsSync, readFileSync, writeFileSync, symlinkSync, mkdirSync, readdirSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync, symlinkSync, mkdirSync, readdirSync, statSync } from "node:fs";
 import { startWorker, turn } from "./harness.mjs";
 import { textReply, toolReply } from "../fixtures/anthropic_sse_upstream.mjs";
 
@@ -12,9 +14,12 @@ const live = [];
 async function worker(opts) { const w = await startWorker(opts); live.push(w); return w; }
 afterEach(async () => { while (live.length) await live.pop().stop(); });
 
-// make_files {files:[{name, text}], link?:{name, to}} writes into the turn's outbox.
+// make_files {files:[{name, text}], link?:{name, to}, bind?:{name, from}}
+// writes into the turn's outbox; bind mounts \`from\` over the entry \`name\`
+// (only in a worker started in its own user and mount namespace).
 const CONTENT = `
 import { writeFileSync, symlinkSync } from "node:fs";
+import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 export function workerContent() {
   return {
@@ -33,6 +38,11 @@ export function workerContent() {
         async execute(_id, p) {
           for (const f of p.files ?? []) writeFileSync(join(turn.outbox, f.name), f.text);
           if (p.link) symlinkSync(p.link.to, join(turn.outbox, p.link.name));
+          if (p.bind) {
+            writeFileSync(join(turn.outbox, p.bind.name), "placeholder");
+            const m = spawnSync("mount", ["--bind", p.bind.from, join(turn.outbox, p.bind.name)], { encoding: "utf8" });
+            if (m.status !== 0) throw new Error("mount --bind failed: " + m.stderr);
+          }
           return { content: [{ type: "text", text: "written" }], details: {} };
         },
       });
@@ -91,5 +101,26 @@ describe("the worker outbox (16.5)", () => {
     expect(await w.peer.runTurn(turn())).toEqual({ ok: true, text: "ok", files: [{ name: "a.txt", data: b64("A") }] });
     expect(readdirSync(`${w.dir}/elsewhere`)).toEqual(["loot.txt"]);
     expect(readFileSync(`${w.dir}/elsewhere/loot.txt`, "utf8")).toBe("outside");
+  });
+
+  // "The bytes read must equal its size": the worker fstats the open
+  // descriptor and reads that many bytes. A sysfs attribute is a regular
+  // file whose stat size (4096) is never what a read delivers, exactly what
+  // the reader sees when a file shrinks between its fstat and its read, with
+  // no race to win. It is bind-mounted over an outbox entry during the turn,
+  // in the worker's own user and mount namespace (the mount goes with the
+  // process; the harness removes the plain file underneath).
+  test("B128: a file whose bytes read differ from its size (changed while reading) fails the turn's output", async () => {
+    const ATTR = "/sys/kernel/uevent_seqnum";
+    expect(statSync(ATTR).isFile() && statSync(ATTR).size > readFileSync(ATTR).byteLength).toBe(true);
+    const ns = Bun.spawnSync(["unshare", "--user", "--map-root-user", "--mount", "true"], { stderr: "pipe" });
+    if (ns.exitCode !== 0) throw new Error(`this spec needs unprivileged user namespaces (unshare --user --map-root-user --mount): ${ns.stderr}`);
+    const w = await worker({
+      content: CONTENT, wrap: ["unshare", "--user", "--map-root-user", "--mount"],
+      script: [toolReply("make_files", { files: [{ name: "a.txt", text: "A" }], bind: { name: "b.txt", from: ATTR } }), textReply("changed")],
+    });
+    await w.peer.whenReady();
+    expect(await w.peer.runTurn(turn())).toEqual({ ok: false, error: "Worker output failed" });
+    expect(w.logs().filter((l) => l.msg === "turn output failed").map((l) => l.error)).toEqual(["File changed while reading"]);
   });
 });
