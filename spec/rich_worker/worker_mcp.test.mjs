@@ -13,7 +13,13 @@ beforeAll(async () => {
   mcp = Bun.spawn(["node", join(ROOT, "spec", "fixtures", "mcp_server.mjs"), "--require-key", "mcp-host-token", "--parent-pid", String(process.pid)], { stdout: "pipe", stderr: "inherit" });
   const reader = mcp.stdout.getReader();
   let line = "";
-  while (!line.includes("\n")) line += new TextDecoder().decode((await reader.read()).value);
+  // bounded: the server's first line, or a clear failure when it exits first
+  // (its npm fixtures missing: `make deps`) or the line grows past 4 KiB
+  while (!line.includes("\n")) {
+    const { value, done } = await reader.read();
+    if (done || line.length > 4096) throw new Error("spec/fixtures/mcp_server.mjs ended before its port line (run `make deps`)");
+    line += new TextDecoder().decode(value);
+  }
   mcpUrl = `http://127.0.0.1:${JSON.parse(line).port}/mcp`;
 });
 afterAll(() => mcp?.kill());
