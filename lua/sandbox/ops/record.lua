@@ -86,13 +86,19 @@ function Recorder:_emit(r)
   for _, fn in ipairs(self.readers) do pcall(fn, r) end
 end
 
+-- A record whose counters the calls move (Recorder:call): a turn's or a
+-- precheck run's.
+local function counting(kind, channel, id)
+  return {
+    kind = kind, channel = channel, turn = id or M.turn_id(), started = core.now(),
+    model_calls = 0, tool_calls = 0, mcp_calls = 0, refused_calls = 0, tool_failures = 0,
+  }
+end
+
 -- A new turn record at admission; readers get {kind = "turn_started",
 -- channel, turn, record = t} (the `turn started` line, a running gauge).
 function Recorder:turn_begin(channel, id)
-  local t = {
-    kind = "turn", channel = channel, turn = id or M.turn_id(), started = core.now(),
-    model_calls = 0, tool_calls = 0, mcp_calls = 0, refused_calls = 0, tool_failures = 0,
-  }
+  local t = counting("turn", channel, id)
   self:_emit { kind = "turn_started", channel = channel, turn = t.turn, record = t }
   return t
 end
@@ -140,10 +146,9 @@ end
 -- (deadline, stopped, invalid_reply, cleanup_failed, daemon_unavailable,
 -- image_missing, worker_failed).
 function Recorder:run_begin(channel, schedule)
-  return {
-    kind = "precheck", channel = channel, turn = M.turn_id(), schedule = schedule, started = core.now(),
-    model_calls = 0, tool_calls = 0, mcp_calls = 0, refused_calls = 0, tool_failures = 0,
-  }
+  local r = counting("precheck", channel)
+  r.schedule = schedule
+  return r
 end
 
 function Recorder:run_end(t)
