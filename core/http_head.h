@@ -188,6 +188,7 @@ const char *sbx__http_reason(int status);
 #define SBX_BODY_FORBIDDEN_CRED "forbidden credential"
 #define SBX_BODY_FORBIDDEN_HOST "forbidden host"
 #define SBX_BODY_TURN_ENDED    "turn ended"
+#define SBX_BODY_NOT_READY     "broker not ready"
 #define SBX_BODY_BUSY          "call budget exhausted or busy"
 #define SBX_BODY_CALL_FAILED   "broker call failed"
 #define SBX_BODY_INVALID_INPUT "invalid input"

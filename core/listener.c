@@ -99,6 +99,9 @@ struct lst {
   int stopped;             /* stop() ran (or bind failed): no new work */
   int lua_gone;            /* userdata collected: never call Lua again */
   int turn_ended;
+  int unbound;             /* opts.unbound: a warm turn's broker before its
+                              bind (spec/warm-turns.md 1): every head gets 503
+                              `broker not ready`, no budget, no on_call */
   int in_flight;
   lua_Integer budget;      /* calls left */
   int test_echo;          /* the test seam opts.test_echo (see API.md) */
@@ -594,6 +597,11 @@ static void head_complete(conn_t *c, size_t head_len) {
   sbx__head_result_t r;
 
   arm_timer(c, lst->request_ms);               /* request deadline starts */
+  if (lst->unbound) {                          /* warm-turns.md 1: before the bind */
+    reply_text(c, 503, SBX_BODY_NOT_READY);
+    report(lst, "not_bound", 503, -1, 0, NULL, 0);
+    return;
+  }
   if (lst->precheck) {
     sbx__precheck_ctx_t pc;
     pc.routes = lst->routes;
@@ -884,6 +892,7 @@ static int l_broker_listen(lua_State *L) {
   lst->request_ms = (uint64_t)sbx__opt_integer_field(L, 1, WHO, "request_timeout_ms",
                                                      SBX_REQUEST_DEADLINE_MS, 1, SBX_REQUEST_DEADLINE_MS);
   lst->test_echo = sbx__opt_boolean_field(L, 1, WHO, "test_echo", 0);
+  lst->unbound = sbx__opt_boolean_field(L, 1, WHO, "unbound", 0);
   lst->max_body = (size_t)sbx__opt_integer_field(L, 1, WHO, "max_body", SBX_MAX_BODY_BYTES, 1,
                                                  SBX_MAX_BODY_BYTES);
   policy = sbx__opt_string_field(L, 1, WHO, "policy", 16, NULL, 0);
@@ -950,6 +959,14 @@ static int l_broker_reclaim(lua_State *L) {
 
 static int l_lst_end_turn(lua_State *L) {
   check_lst(L, 1)->turn_ended = 1;
+  return 0;
+}
+
+/* listener:bind(): the warm broker's bind (spec/warm-turns.md 1); once. */
+static int l_lst_bind(lua_State *L) {
+  lst_t *lst = check_lst(L, 1);
+  if (lst == NULL || !lst->unbound) return luaL_error(L, "broker listener is not unbound");
+  lst->unbound = 0;
   return 0;
 }
 
@@ -1077,7 +1094,7 @@ static int l_call_gc(lua_State *L) {
 
 void sbx__open_listener(lua_State *L) {
   static const luaL_Reg lst_methods[] = {
-    {"end_turn", l_lst_end_turn}, {"stop", l_lst_stop}, {"stats", l_lst_stats},
+    {"end_turn", l_lst_end_turn}, {"bind", l_lst_bind}, {"stop", l_lst_stop}, {"stats", l_lst_stats},
     {NULL, NULL}};
   static const luaL_Reg call_methods[] = {
     {"route", l_call_route}, {"body", l_call_body}, {"reply", l_call_reply},

@@ -90,6 +90,8 @@ struct proc {
   int term_signal;
   char *stdin_buf;
   size_t stdin_len;
+  int stdin_open;        /* opts.stdin_open: the pipe waits for write_stdin */
+  int stdin_done;        /* the stdin pipe was written or closed */
   char *file;            /* for the spawn error text */
   capture_t cap[2];      /* stdout, stderr */
 };
@@ -324,6 +326,8 @@ static int l_spawn(lua_State *L) {
   max_out = (size_t)sbx__opt_integer_field(L, 1, "spawn", "max_stdout", PROC_DEFAULT_CAP, 0, PROC_MAX_CAP);
   max_err = (size_t)sbx__opt_integer_field(L, 1, "spawn", "max_stderr", PROC_DEFAULT_CAP, 0, PROC_MAX_CAP);
   kill_over = sbx__opt_boolean_field(L, 1, "spawn", "kill_on_overflow", 0);
+  int keep_open = sbx__opt_boolean_field(L, 1, "spawn", "stdin_open", 0);
+  luaL_argcheck(L, !(keep_open && in != NULL), 1, "stdin and stdin_open are exclusive");
   lua_getfield(L, 1, "on_exit");
   luaL_checktype(L, -1, LUA_TFUNCTION);
   fn_idx = lua_gettop(L);
@@ -351,6 +355,7 @@ static int l_spawn(lua_State *L) {
   p->cap[0].max = max_out;
   p->cap[1].max = max_err;
   p->kill_on_overflow = kill_over;
+  p->stdin_open = keep_open;
   p->exit_ref = exit_ref;
   sbx__box_bind(box, p, &p->box);
 
@@ -388,11 +393,15 @@ static int l_spawn(lua_State *L) {
     return 1;
   }
   p->spawned = 1;
-  if (p->stdin_len > 0) {
+  if (p->stdin_open) {
+    /* write_stdin() writes and closes it later (a warm container's turn) */
+  } else if (p->stdin_len > 0) {
+    p->stdin_done = 1;
     uv_buf_t b = uv_buf_init(p->stdin_buf, (unsigned)p->stdin_len);
     if (uv_write(&p->wreq, (uv_stream_t *)&p->in, &b, 1, stdin_written) != 0)
       close_handle((uv_handle_t *)&p->in);
   } else {
+    p->stdin_done = 1;
     close_handle((uv_handle_t *)&p->in);
   }
   if (uv_read_start((uv_stream_t *)&p->out, on_alloc, on_read) != 0) {
@@ -419,6 +428,41 @@ static int proc_kill(lua_State *L) {
   return 1;
 }
 
+/* process:write_stdin(bytes) -> boolean: a process spawned with stdin_open
+ * gets these bytes on stdin, then end of file; once. False when it was not
+ * spawned that way, never started, or stdin was already written. */
+static int proc_write_stdin(lua_State *L) {
+  proc_t *p = check_proc(L, 1);
+  size_t len;
+  const char *in = luaL_checklstring(L, 2, &len);
+  luaL_argcheck(L, len <= PROC_MAX_STDIN, 2, "stdin too large");
+  if (p == NULL || !p->spawned || p->exited || !p->stdin_open || p->stdin_done) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  p->stdin_done = 1;
+  if (len == 0) {
+    close_handle((uv_handle_t *)&p->in);
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  p->stdin_buf = malloc(len);
+  if (p->stdin_buf == NULL) {
+    close_handle((uv_handle_t *)&p->in);
+    return luaL_error(L, "out of memory");
+  }
+  memcpy(p->stdin_buf, in, len);
+  p->stdin_len = len;
+  uv_buf_t b = uv_buf_init(p->stdin_buf, (unsigned)len);
+  if (uv_write(&p->wreq, (uv_stream_t *)&p->in, &b, 1, stdin_written) != 0) {
+    close_handle((uv_handle_t *)&p->in);
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* process:pid() -> pid (0 if it never started). */
 static int proc_pid(lua_State *L) {
   proc_t *p = check_proc(L, 1);
@@ -428,7 +472,7 @@ static int proc_pid(lua_State *L) {
 
 void sbx__open_process(lua_State *L) {
   static const luaL_Reg proc_methods[] = {
-    {"kill", proc_kill}, {"pid", proc_pid}, {NULL, NULL}};
+    {"kill", proc_kill}, {"pid", proc_pid}, {"write_stdin", proc_write_stdin}, {NULL, NULL}};
   static const luaL_Reg fns[] = {{"spawn", l_spawn}, {NULL, NULL}};
   /* A collected userdata leaves the child running; on_exit still fires. */
   sbx__class(L, PROC_MT, proc_methods, sbx__box_gc);

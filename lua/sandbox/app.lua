@@ -346,6 +346,7 @@ function App:command(event, admission)
   local key = commands.key(event)
   if key == nil then return panel(commands.GUILD_ONLY) end
   local ok, text = pcall(self.queue.run, self.queue, key, commands.apply, self.store, key, sub)
+  if ok and sub == "off" then self.rt:cool(key) end          -- spec/warm-turns.md 2
   if not ok then
     self:_log("error", commands.LOG_FAILED)
     return panel(host.failure or commands.FAILED)

@@ -127,6 +127,9 @@ M.catalogue = {
   { name = "METRICS_START", message = "metricsListen could not listen: ", prefix = true,
     fix = "another process already listens on that address and port; choose a free port for metricsListen" },
 
+  { name = "WARM_OPTION", message = "invalid warm settings",
+    fix = "set warm = { channels = 0..1024, idleMs = 1000..86400000 } (channels = 0 turns warm turns off)" },
+
   -- The container's arguments (spec/runtime.md 4.2, 4.4)
   { name = "NAME_IMAGE", message = "invalid container name or image" },
   { name = "NON_ROOT", message = "sandbox requires a non-root user and group" },

@@ -6,7 +6,9 @@
 --
 -- A broker is bound at construction to one channel, one speaker (a copy made
 -- now; later changes to the caller's table do not reach it) and one turn
--- signal. It is never reused: one broker, one budget, one turn.
+-- signal. It is never reused: one broker, one budget, one turn. A warm
+-- turn's broker (M.unbound) is started before its turn and bound once when
+-- the turn arrives; until then it answers 503 `broker not ready`.
 --
 -- Every request makes one call record (sandbox/ops/record.lua): the calls
 -- that reach a handler here, and the ones the listener refused at steps
@@ -63,28 +65,60 @@ function M.new(opts)
   return M.bind(cfg, opts)
 end
 
+-- The binding's fields (M.bind, Broker:bind): apiKey, speaker, turn signal,
+-- recorder, turn record, turn id.
+local function set_binding(self, b)
+  self.api_key = b.apiKey
+  self.speaker = copy_speaker(b.speaker)
+  self.turn_signal = b.signal or signal.new()
+  self.recorder = b.recorder or self.recorder
+  self.turn = b.turn
+  -- every line about a turn carries its id: a broker made alone (sbx
+  -- broker, a spec) gets one of its own
+  self.turn_id = b.turnId or (b.turn and b.turn.turn) or self.turn_id or record.turn_id()
+  self.turn_signal:on_abort(function()
+    if self.listener then self.listener:end_turn() end
+  end)
+end
+
 -- A broker over a configuration broker/_config.check already returned (the
 -- runtime checks it once at construction, not once per turn), bound to
 -- b = {apiKey, channel, speaker, signal, recorder, turn, turnId} as in M.new.
 function M.bind(cfg, b)
   if type(b.channel) ~= "string" then error("broker channel must be a string", 0) end
-  local self = setmetatable({
-    cfg = cfg,
-    api_key = b.apiKey,
-    channel = b.channel,
-    speaker = copy_speaker(b.speaker),
-    turn_signal = b.signal or signal.new(),
-    recorder = b.recorder,
-    turn = b.turn,
-    -- every line about a turn carries its id: a broker made alone (sbx
-    -- broker, a spec) gets one of its own
-    turn_id = b.turnId or (b.turn and b.turn.turn) or record.turn_id(),
-  }, Broker)
+  local self = setmetatable({ cfg = cfg, channel = b.channel }, Broker)
   self.route_list = self:_route_table()
-  self.turn_signal:on_abort(function()
-    if self.listener then self.listener:end_turn() end
-  end)
+  set_binding(self, b)
   return self
+end
+
+-- A warm turn's broker (spec/warm-turns.md 1): made and started before its
+-- turn for one channel, unbound: until :bind every request is answered 503
+-- `broker not ready` by the listener (its audit reason not_bound), spends
+-- no budget and calls no hook. o = {channel=, recorder=}.
+function M.unbound(cfg, o)
+  if type(o.channel) ~= "string" then error("broker channel must be a string", 0) end
+  local self = setmetatable({ cfg = cfg, channel = o.channel, recorder = o.recorder, unbound = true,
+    turn_id = record.turn_id() }, Broker)
+  self.route_list = self:_route_table()
+  return self
+end
+
+-- Binds an unbound, started broker to its turn: b as in M.bind, for the
+-- channel it was made for. Exactly once; a second bind is a programming
+-- error (warm-turns.md 1).
+function Broker:bind(b)
+  if not self.unbound then error("broker already bound", 0) end
+  if b.channel ~= self.channel then error("a warm broker is bound only to its own channel", 0) end
+  if type(b.speaker) ~= "table" or type(b.speaker.principalId) ~= "string" or b.speaker.principalId == "" then
+    error("a broker is never bound without a non-empty principalId", 0)
+  end
+  if not self.listener then error("a warm broker is bound once started", 0) end
+  self.turn_id = nil
+  set_binding(self, b)
+  self.unbound = nil
+  self.listener:bind()
+  if self.turn_signal.aborted then self.listener:end_turn() end
 end
 
 -- The routes this broker serves, as data: { path, kind, handle(self, body,
@@ -113,7 +147,7 @@ end
 
 -- Binds the socket and starts serving. Returns true, or nil and a message.
 function Broker:start(path)
-  if self.speaker.principalId == "" then
+  if not self.unbound and self.speaker.principalId == "" then
     error("a broker is never started without a non-empty principalId", 0)
   end
   if self.listener then error("broker already started", 0) end
@@ -122,6 +156,7 @@ function Broker:start(path)
     path = path,
     routes = self:routes(),
     max_calls = self.cfg.maxCalls,
+    unbound = self.unbound == true,
     header_timeout_ms = self.cfg.listen and self.cfg.listen.header_ms or nil,
     request_timeout_ms = self.cfg.listen and self.cfg.listen.request_ms or nil,
     on_call = function(call, i, n) self:_dispatch(call, self.route_list[i], n) end,
@@ -129,7 +164,7 @@ function Broker:start(path)
   }
   if not listener then return nil, err end
   self.listener = listener
-  if self.turn_signal.aborted then listener:end_turn() end
+  if self.turn_signal and self.turn_signal.aborted then listener:end_turn() end
   return true
 end
 

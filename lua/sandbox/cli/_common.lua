@@ -157,11 +157,14 @@ end
 
 -- The runtime of a loaded config under sbx: the app's own runtime options
 -- (app:runtime_options; sbx has no host login, the zone is $TZ), with
--- --timeout over turnTimeoutMs. Raises the construction error.
-local function runtime_of(cfg, timeout, log_format)
+-- --timeout over turnTimeoutMs. `sbx run` is one turn: warm turns off
+-- (spec/warm-turns.md: it stays cold); `sbx chat` keeps the config's.
+-- Raises the construction error.
+local function runtime_of(cfg, timeout, log_format, cold)
   local opts, checked = cfg:runtime_options { timeZone = M.time_zone() }
   if timeout then opts.turnTimeoutMs = timeout end
   if log_format then opts.logFormat = log_format end
+  if cold then opts.warm = { channels = 0 } end
   return require("sandbox.runtime").new(opts, checked)
 end
 
@@ -177,7 +180,7 @@ function M.open(cmd, parsed)
     if fix then io.stderr:write("  fix: ", fix, "\n") end
     return nil, errors.EXIT.config
   end
-  local ok, rt = pcall(runtime_of, cfg, parsed.timeout, parsed.log_format)
+  local ok, rt = pcall(runtime_of, cfg, parsed.timeout, parsed.log_format, cmd == "run")
   if not ok then
     M.report(cmd, rt, cfg, path)
     return nil, errors.EXIT.config

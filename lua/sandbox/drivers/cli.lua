@@ -96,6 +96,7 @@ function Driver:exec(args, o)
   local res = async.await(function(resume)
     proc = core.spawn {
       file = self.binary, args = args, env = M.environment(self.getenv), stdin = o.stdin,
+      stdin_open = o.stdin_open,
       max_stdout = o.max_stdout, max_stderr = o.max_stderr,
       kill_on_overflow = o.kill_on_overflow, on_exit = resume,
     }
@@ -120,16 +121,24 @@ function Driver:create(c, signal)
   return { argv = container.argv(c), signal = signal }
 end
 
--- Spawns `docker run` with the turn on stdin (then EOF); an abort SIGKILLs
--- the CLI, never the container (4.6 step 4).
+-- Spawns `docker run` with the turn on stdin (then EOF), or with input nil
+-- its stdin left open for feed (a warm container); an abort SIGKILLs the
+-- CLI, never the container (4.6 step 4).
 function Driver:start(h, input, max_stdout)
   h.task = async.spawn(self.exec, self, h.argv, {
-    stdin = input, max_stdout = max_stdout or M.MAX_STDOUT, max_stderr = M.MAX_STDERR,
-    kill_on_overflow = true,
+    stdin = input, stdin_open = input == nil, max_stdout = max_stdout or M.MAX_STDOUT,
+    max_stderr = M.MAX_STDERR, kill_on_overflow = true,
     on_proc = function(proc)
+      h.proc = proc
       if h.signal then h.unregister = h.signal:on_abort(function() proc:kill(core.SIGKILL) end) end
     end,
   })
+end
+
+-- A warm container's turn on the CLI's stdin (docker run -i forwards it),
+-- then end of file.
+function Driver:feed(h, input)
+  return h.proc ~= nil and h.proc:write_stdin(input) == true
 end
 
 function Driver:read(h)
@@ -142,8 +151,15 @@ end
 
 function Driver:wait(h)
   local res = h.res
+  if res == nil then return nil end
   if res.term_signal ~= 0 then return nil end
   return res.exit_status
+end
+
+-- `docker run` reports its status as it exits, which read already waited
+-- for: no wait is left to bound.
+function Driver:wait_within(h, _)
+  return self:wait(h)
 end
 
 function Driver:release(h)

@@ -32,7 +32,10 @@
 --                                   refused. From here on an abort of signal
 --                                   ends everything h holds (4.6 step 4).
 --   d:start(h, input, max_stdout)   start it attached and write input on its
---                                   stdin, then end of file (4.6 step 3, 5)
+--                                   stdin, then end of file (4.6 step 3, 5);
+--                                   input nil: stdin stays open for d:feed
+--   d:feed(h, input) -> boolean     a warm container's turn on its stdin,
+--                                   then end of file (spec/warm-turns.md)
 --   d:read(h) -> stdout, truncated  stdout until it ends, within max_stdout,
 --                                   stderr drained within MAX_STDERR (either
 --                                   limit: truncated); or nil, nil, err when
@@ -40,6 +43,8 @@
 --                                   error; nothing to remove)
 --   d:wait(h) -> exit | nil         the exit status; nil when unknown (a
 --                                   failed wait, a death by signal)
+--   d:wait_within(h, ms) -> exit | nil   the same, giving up (nil) after ms
+--                                   (a warm turn's status after delivery)
 --   d:release(h)                    drop the abort hook; kill and reap what is
 --                                   left (4.6 step 10, first half)
 --   d:remove_once(name) -> "ok" | "retry" | "fail"   one 4.7 attempt, bounded
@@ -68,6 +73,7 @@ local container = require "sandbox.runtime.container"
 local errors = require "sandbox.errors"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
+local signal = require "sandbox.signal"
 
 local M = {}
 
@@ -99,6 +105,17 @@ function M.local_endpoint(value)
   if value == nil or value == "" then return true end
   local path = value:match("^unix://(/.*)$")
   return path ~= nil and not path:find("%z")
+end
+
+-- Inside a task: true once `task` finished within ms, false when ms passed
+-- first (the task keeps running; the caller ends it).
+function M.finished_within(task, ms)
+  if task.done then return true end
+  local timeout = signal.new()
+  local timer = core.timer(ms, function() timeout:abort("timed out") end)
+  local done = async.wait_or_abort(task, timeout)
+  timer:stop()
+  return done
 end
 
 -- The error a driver raises when its turn signal aborted.
@@ -182,6 +199,56 @@ local function failure_of(d, h, c, exit, since)
   return DIAGNOSED[why] or M.E_WORKER
 end
 
+-- Steps 7-8 once stdout was read and the exit status is known: the error of
+-- a failed run, or nil.
+local function outcome(d, h, c, signal, o, stdout, truncated, exit, since)
+  local report = o.report or {}
+  if truncated then return M.E_TOO_LARGE end                          -- 6
+  if signal and signal.aborted then return M.abort_reason(signal) end -- 7
+  if exit ~= 0 then                                                   -- 8
+    report.worker_reason = M.worker_reason(stdout)
+    return failure_of(d, h, c, exit, since)
+  end
+  return nil
+end
+
+-- Step 10: always, last; raises the removal's error (the daemon's when it
+-- does not answer). `twice`: an aborted or failed run gets the second
+-- removal after SECOND_REMOVAL_DELAY_MS.
+local function removal(d, c, report, twice)
+  report.removing = core.now()
+  local removed, rerr = pcall(function()
+    M.remove(d, c.name)
+    if twice then
+      async.sleep(M.SECOND_REMOVAL_DELAY_MS)
+      M.remove(d, c.name)
+    end
+  end)
+  report.removed = core.now()
+  if not removed then
+    report.removal_failed = true
+    if type(d.inspect_daemon) == "function" and not d:inspect_daemon() then error(M.E_DAEMON, 0) end
+    error(rerr, 0)
+  end
+end
+
+-- Steps 3-5 without the wait for stdout: the container of the checked spec
+-- c created and started attached, `input` on its stdin then end of file,
+-- or, with input nil, its stdin left open for M.feed (a warm container,
+-- spec/warm-turns.md: blocked on stdin until its turn). An abort of signal
+-- from here on ends everything h holds. Returns h.
+function M.launch(d, c, signal, input, max_stdout)
+  local h = d:create(c, signal)
+  d:start(h, input, max_stdout or M.MAX_STDOUT)
+  return h
+end
+
+-- A warm container's turn on its stdin, then end of file. False when the
+-- container was never started or its stdin is gone.
+function M.feed(d, h, input)
+  return d:feed(h, input) == true
+end
+
 -- One run of the checked spec c (runtime/container.lua check) in a fresh
 -- container, attached (4.6 steps 2-8 and 10): `input` on stdin, then stdout
 -- once the container exited 0, within o.max_stdout bytes (default
@@ -195,10 +262,11 @@ end
 function M.attached(d, c, input, signal, o)
   o = o or {}
   local report = o.report or {}
+  o.report = report
   if signal and signal.aborted then error(M.abort_reason(signal), 0) end  -- 2
   local since = os.time() - 1
-  local h = d:create(c, signal)                                        -- 3-4
-  d:start(h, input, o.max_stdout or M.MAX_STDOUT)                       -- 3, 5
+  report.container = c.name
+  local h = M.launch(d, c, signal, input, o.max_stdout)                 -- 3-5
   report.running = core.now()
   local stdout, truncated, unstarted = d:read(h)                        -- 6
   report.replied = core.now()
@@ -210,34 +278,53 @@ function M.attached(d, c, input, signal, o)
   local exit = d:wait(h)
   d:release(h)
   report.exit = exit
-  local failed = exit ~= 0
   local ok, out = pcall(function()
-    if truncated then fail(M.E_TOO_LARGE) end                           -- 6
-    if signal and signal.aborted then error(M.abort_reason(signal), 0) end  -- 7
-    if failed then                                                      -- 8
-      report.worker_reason = M.worker_reason(stdout)
-      fail(failure_of(d, h, c, exit, since))
-    end
+    local err = outcome(d, h, c, signal, o, stdout, truncated, exit, since)
+    if err then fail(err) end
     if o.check then return o.check(stdout) end                          -- 9
     return stdout
   end)
   -- 10: always, last. A removal failure replaces whatever came before.
-  report.removing = core.now()
-  local removed, rerr = pcall(function()
-    M.remove(d, c.name)
-    if (signal and signal.aborted) or failed then
-      async.sleep(M.SECOND_REMOVAL_DELAY_MS)
-      M.remove(d, c.name)
-    end
-  end)
-  report.removed = core.now()
-  if not removed then
-    report.removal_failed = true
-    if type(d.inspect_daemon) == "function" and not d:inspect_daemon() then error(M.E_DAEMON, 0) end
-    error(rerr, 0)
-  end
+  removal(d, c, report, (signal and signal.aborted) or exit ~= 0)
   if not ok then error(out, 0) end
   return out
+end
+
+-- A warm container's turn once M.feed wrote it (spec/warm-turns.md 3): its
+-- stdout to end of file (`read`: a task of d:read(h) started at launch, so
+-- a container lost before its turn is seen), then, when it parses as the
+-- reply (o.check), the reply at once. Returns ok, the reply or the error,
+-- and finish: what runs after delivery (the exit status collected, within
+-- o.exit_wait_ms, then the removal of step 10; raises the removal's error;
+-- a non-zero status with a good reply goes to o.on_fault(exit)). `since`:
+-- the epoch second the container was launched (diagnose).
+function M.deliver(d, h, c, signal, read, since, o)
+  local report = o.report or {}
+  local okr, stdout, truncated, unstarted = async.wait(read)
+  report.replied = core.now()
+  if not okr then stdout, truncated, unstarted = nil, nil, stdout end
+  if unstarted then
+    d:release(h)
+    return false, unstarted, function() removal(d, c, report, true) end
+  end
+  local early_ok, early
+  if not truncated and not (signal and signal.aborted) then
+    early_ok, early = pcall(o.check, stdout)
+  end
+  if early_ok then
+    return true, early, function()
+      local exit = d:wait_within(h, o.exit_wait_ms)
+      d:release(h)
+      report.exit = exit
+      if exit ~= 0 and o.on_fault then o.on_fault(exit) end
+      removal(d, c, report, exit ~= 0)
+    end
+  end
+  local exit = d:wait_within(h, o.exit_wait_ms)
+  d:release(h)
+  report.exit = exit
+  local err = outcome(d, h, c, signal, o, stdout, truncated, exit, since) or early
+  return false, err, function() removal(d, c, report, true) end
 end
 
 -- One turn in one fresh container (4.6). turn is the 8.2 turn (its table,

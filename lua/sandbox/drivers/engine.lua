@@ -308,9 +308,19 @@ function Driver:start(h, input, max_stdout)
     h.failed = true
     return
   end
-  a.handle:write(input)
-  a.handle:shutdown()
   h.attach, h.wait_task = a, wait_task
+  if input ~= nil then self:feed(h, input) end
+end
+
+-- The turn on the attach stream, then a half-close (a warm container's
+-- turn, or start's own input).
+function Driver:feed(h, input)
+  local a = h.attach
+  if not a or a.ended or h.fed then return false end
+  h.fed = true
+  if not a.handle:write(input) then return false end
+  a.handle:shutdown()
+  return true
 end
 
 -- The demultiplexed stdout once the attach stream ended (4.6 step 6).
@@ -324,7 +334,13 @@ end
 -- StatusCode of the wait answer; nil for a missing or failed wait, or when
 -- the attach stream carried another stream type (4.6 table, step 8).
 function Driver:wait(h)
+  return self:wait_within(h, nil)
+end
+
+-- The same, giving up after ms (nil: no bound) with nil.
+function Driver:wait_within(h, ms)
   if not h.wait_task then return nil end
+  if ms and not contract.finished_within(h.wait_task, ms) then return nil end
   local _, wstatus, wbody = async.wait(h.wait_task)
   if h.attach.bad or wstatus ~= 200 then return nil end
   local v = json.decode(wbody)

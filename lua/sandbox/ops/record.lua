@@ -134,6 +134,7 @@ function Recorder:turn_end(t, report)
   t.ms_reply = since(report.replied)
   t.ms_removed = since(report.removed)
   t.removal_failed = report.removal_failed
+  t.warm = report.warm == true or nil     -- ran in a warm container (spec/warm-turns.md)
   self:_emit(t)
 end
 

@@ -7,9 +7,11 @@
 --   descriptors.raise(logger)     once per process, at the first runtime:
 --                                 the soft RLIMIT_NOFILE goes up to the hard
 --                                 limit, and the value is logged (info)
---   descriptors.acquire(signal)   yields until the turn's charge fits:
---                                 first it reclaims idle pooled broker
---                                 connections (core.broker_reclaim), then it
+--   descriptors.acquire(signal[, reclaim])   yields until the turn's charge
+--                                 fits: first it reclaims idle pooled broker
+--                                 connections (core.broker_reclaim), then
+--                                 calls reclaim() (the warm pool gives back
+--                                 another channel's charge), then it
 --                                 waits, re-checking every POLL_MS, for
 --                                 turns to settle; raises
 --                                 `sandbox host is out of file descriptors`
@@ -44,11 +46,12 @@ local function stop(signal, timed_out_reason)
   error(signal.reason, 0)
 end
 
-function M.acquire(signal, timed_out_reason)
+function M.acquire(signal, timed_out_reason, reclaim)
   while true do
     local ok, short = core.fd_turn_acquire()
     if ok then return end
     if core.broker_reclaim(short) > 0 and core.fd_turn_acquire() then return end
+    if reclaim then reclaim() end
     if signal.aborted then stop(signal, timed_out_reason) end
     async.sleep(M.POLL_MS)
   end

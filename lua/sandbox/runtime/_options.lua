@@ -73,6 +73,7 @@ M.OPTIONS = {
   logFormat = true, logLevel = true, audit = true, logger = true,
   seccompProfile = true, workspaceQuotaMb = true, diskReserveMb = true, mentions = true,
   maxReplyChars = true, metricsListen = true,
+  warm = true,      -- spec/warm-turns.md 2
 }
 
 local function fail(msg) error(msg, 0) end
@@ -139,6 +140,27 @@ function M.check_hardening(opts)
   end
   return { workspaceQuotaMb = quota, diskReserveMb = reserve, mentions = mentions, maxReplyChars = max_reply,
     seccompProfile = profile }
+end
+
+-- Warm turns (spec/warm-turns.md 2): nil -> the defaults; a table of
+-- channels (0-1,024; 0 turns warm turns off) and idleMs (1,000-86,400,000),
+-- no other key. Returns {channels, idleMs}.
+M.DEFAULT_WARM_CHANNELS = 16
+M.MAX_WARM_CHANNELS = 1024
+M.DEFAULT_WARM_IDLE_MS = 600000
+M.MIN_WARM_IDLE_MS = 1000
+M.MAX_WARM_IDLE_MS = 86400000
+function M.check_warm(warm)
+  if warm == nil then return { channels = M.DEFAULT_WARM_CHANNELS, idleMs = M.DEFAULT_WARM_IDLE_MS } end
+  if type(warm) ~= "table" or getmetatable(warm) ~= nil then fail(errors.WARM_OPTION) end
+  for k in pairs(warm) do
+    if k ~= "channels" and k ~= "idleMs" then fail(errors.WARM_OPTION) end
+  end
+  return {
+    channels = integer_in(warm.channels, M.DEFAULT_WARM_CHANNELS, 0, M.MAX_WARM_CHANNELS, errors.WARM_OPTION),
+    idleMs = integer_in(warm.idleMs, M.DEFAULT_WARM_IDLE_MS, M.MIN_WARM_IDLE_MS, M.MAX_WARM_IDLE_MS,
+      errors.WARM_OPTION),
+  }
 end
 
 -- Step 2. A native Linux kernel (no driver was supplied).
@@ -425,7 +447,8 @@ end
 -- pids}, turnTimeoutMs, driver, builtin_driver = boolean, broker_config =
 -- the checked broker configuration, logFormat, logLevel, audit, logger,
 -- seccompProfile (absolute path), seccompCount, workspaceQuotaMb,
--- diskReserveMb, mentions, maxReplyChars, metricsListen}.
+-- diskReserveMb, mentions, maxReplyChars, metricsListen, warm = {channels,
+-- idleMs}}.
 -- `checked`, when given, is that configuration as sandbox{} already checked
 -- it for these same options.
 function M.resolve(opts, checked)
@@ -438,7 +461,9 @@ function M.resolve(opts, checked)
       error(err, 0)
     end
   end
+  local warm = M.check_warm(opts.warm)
   return {
+    warm = warm,
     image = opts.image, runRoot = s.run_root, workspaceRoot = s.ws_root, model = opts.model,
     modelUrl = opts.modelUrl, allowHttp = opts.allowHttp == true, apiKey = opts.apiKey,
     prompt = opts.prompt or M.DEFAULT_PROMPT, timeZone = s.zone, tools = opts.tools,

@@ -49,6 +49,7 @@ local async = require "sandbox.async"
 local broker = require "sandbox.broker"
 local channel_key = require "sandbox.channels._key"
 local container = require "sandbox.runtime.container"
+local contract = require "sandbox.drivers.contract"
 local core = require "sandbox.core"
 local descriptors = require "sandbox.runtime._descriptors"
 local disk = require "sandbox.runtime._disk"
@@ -63,6 +64,7 @@ local reason = require "sandbox.ops.reason"
 local record = require "sandbox.ops.record"
 local reply_text = require "sandbox.channels._reply_text"
 local signal = require "sandbox.signal"
+local warm = require "sandbox.runtime._warm"
 
 local M = {}
 
@@ -142,6 +144,7 @@ function M.new(opts, checked, host)
     logger = logger, recorder = recorder, metrics_registry = m,
   }, Runtime)
   self.watchdog = disk.watchdog(o)
+  self.pool = warm.new(self)
   descriptors.raise(logger)
   m:containers_source(function() return self:_containers() end)
   self.lock = installation.lock(o.runRoot)                          -- step 15
@@ -349,17 +352,89 @@ function Runtime:_retry_leftovers()
   end
 end
 
-function Runtime:_turn(turn, text)
-  self:_await_sweep(turn.signal)
-  if turn.signal.aborted then fail(turn.signal.reason) end
-  self:_retry_leftovers()
-  descriptors.acquire(turn.signal, M.TIMED_OUT)
+-- A turn in the channel's warm container e (spec/warm-turns.md 3): bind
+-- its broker, write the turn on its stdin, deliver the reply at stdout's end
+-- of file; the container, broker and turn dir are removed afterwards by the
+-- pool. Returns the reply, or nil when the container was gone before its
+-- turn reached it (the turn then runs cold).
+function Runtime:_warm_turn(turn, text, e)
+  local sig, o, d = turn.signal, self.options, self.driver
+  local ok, input = pcall(function()
+    local _, bytes = container.turn {
+      text = text, speaker = turn.speaker, model = o.model, prompt = o.prompt, timeZone = o.timeZone,
+      reset = turn.reset, tools = self.cfg.tool_list, mcp = self.mcp,
+    }
+    if #bytes > M.MAX_TURN_BYTES then fail(M.E_TOO_LARGE) end
+    if sig.aborted then fail(sig.reason) end
+    e.broker:bind { apiKey = o.apiKey, channel = turn.channel, speaker = turn.speaker, signal = sig,
+      recorder = self.recorder, turn = turn.record }
+    return bytes
+  end)
+  if not ok then
+    self.pool:drop(e)
+    error(input, 0)
+  end
+  local unlink = sig:on_abort(function(why) e.ws:abort(why) end)
+  turn.report.running = core.now()
+  if not contract.feed(d, e.h, input) then
+    unlink()
+    self.logger:warn(warm.LOG_LOST, { channel = turn.channel, turn = turn.record.turn })
+    self.pool:drop(e)
+    return nil
+  end
+  local delivered, out, finish = contract.deliver(d, e.h, e.c, sig, e.read, e.since, {
+    check = contract.parse_reply, report = turn.report, exit_wait_ms = warm.EXIT_WAIT_MS,
+    on_fault = function(exit)
+      self.logger:warn(warm.LOG_FAULT, { channel = turn.channel, turn = turn.record.turn, exit = exit })
+    end,
+  })
+  unlink()
+  self.pool:finish(e, finish, turn.workspace)
+  if not delivered then fail(out) end
+  local reply = self:_reply(turn, out)
+  if reply.ok and (self.resets[turn.channel] or 0) == turn.snapshot then   -- §7.4
+    self.resets[turn.channel] = nil
+  end
+  return reply
+end
+
+-- The turn's descriptor charge (hardening.md 2); a warm container of
+-- another channel gives its charge back when none is left.
+function Runtime:_charge(turn)
+  local pool = self.pool
+  descriptors.acquire(turn.signal, M.TIMED_OUT,
+    pool.enabled and function() return pool:evict_other(turn.channel) end or nil)
   turn.charged = true
-  local workspace_dir = self:_workspace(turn.channel)
-  local start = disk.before_turn(self.options, workspace_dir)
-  if turn.signal.aborted then fail(turn.signal.reason) end
-  self.watchdog:add(turn, workspace_dir, start)
-  return self:_in_run_dir(turn, text, workspace_dir)
+end
+
+function Runtime:_turn(turn, text)
+  local sig, pool = turn.signal, self.pool
+  self:_await_sweep(sig)
+  if sig.aborted then fail(sig.reason) end
+  self:_retry_leftovers()
+  -- a warm container is taken first (it holds its own charge), then every
+  -- earlier container of the channel must be confirmed removed
+  local e = pool.enabled and pool:take(turn.channel, sig) or nil
+  local ok, err = pcall(function()
+    if pool.enabled then pool:settle(turn.channel, sig) end
+    if e then turn.report.warm = true else self:_charge(turn) end
+    turn.workspace = self:_workspace(turn.channel)
+    local start = disk.before_turn(self.options, turn.workspace)
+    if sig.aborted then fail(sig.reason) end
+    self.watchdog:add(turn, turn.workspace, start)
+  end)
+  if not ok then
+    if e then pool:drop(e) end
+    error(err, 0)
+  end
+  if e then
+    local reply = self:_warm_turn(turn, text, e)
+    if reply ~= nil then return reply end
+    turn.report.warm = nil                    -- lost at the last moment: cold
+    pool:settle(turn.channel, sig)
+    self:_charge(turn)
+  end
+  return self:_in_run_dir(turn, text, turn.workspace)
 end
 
 -- The fix printed with a reason (errors.lua), with this installation's
@@ -423,6 +498,12 @@ function Runtime:run_turn(channel, speaker, text)
   turn.signal:abort(M.SETTLED)                                      -- 5.3 step 11
   turn.timer:stop()
   self.active[channel] = nil
+  -- spec/warm-turns.md 2: after a cold turn, the channel's next container
+  -- (a warm turn's pool:finish starts it once its container is removed)
+  if turn.workspace and not turn.report.warm then
+    if turn.report.removal_failed then self.pool:blocked_by(channel, turn.report.container)
+    else self.pool:refill_soon(channel, turn.workspace) end
+  end
   local waiters = turn.waiters
   turn.waiters = nil
   for _, w in ipairs(waiters) do w() end
@@ -454,6 +535,12 @@ function Runtime:guest_turn(channel, speaker, text)
   return res.guest, true, res
 end
 
+-- The channel's warm container removed (its mode turned off); its next
+-- turn runs cold.
+function Runtime:cool(channel)
+  self.pool:cool(channel)
+end
+
 function Runtime:stop(channel)
   local turn = type(channel) == "string" and self.active[channel] or nil
   if not turn then return false end
@@ -472,7 +559,8 @@ function Runtime:_containers()
     if r.running and not r.removing and not r.removed then running = running + 1
     elseif r.removing and not r.removed then removing = removing + 1 end
   end
-  return { running = running, removing = removing }
+  local pool = self.pool:counts()
+  return { running = running, removing = removing + pool.removing, warm = pool.warm }
 end
 
 -- The Prometheus text exposition of this runtime (spec/operations.md 4).
@@ -521,6 +609,7 @@ function Runtime:dispose()
       end
       local sweep = self.sweep_task
       if sweep and not sweep.done then async.wait(sweep) end
+      self.pool:dispose()
       self:_retry_leftovers()
       self.watchdog:stop()
       if self.metrics_server then self.metrics_server:close() end
