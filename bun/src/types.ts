@@ -29,6 +29,14 @@ export type SandboxApiKey = (scope: SandboxCredentialScope) => MaybePromise<stri
 /** The host login reader (`context.apiKey(provider)` in the product), used when no apiKey is set. */
 export type SandboxHostLogin = (provider: string) => MaybePromise<string | undefined | null>;
 
+/** Warm turns (spec/warm-turns.md 2). */
+export interface SandboxWarm {
+  /** Warm containers at most, one per channel (0-1024; 0 turns warm turns off). Default 16. */
+  channels?: number;
+  /** A warm container idle this long is removed (1000-86400000 ms). Default 600000. */
+  idleMs?: number;
+}
+
 /** Per-container resource limits (spec/runtime.md 2.3). */
 export interface SandboxLimits {
   memoryMb?: number;
@@ -317,6 +325,9 @@ export interface SandboxOptions {
   maxReplyChars?: number;
   /** Serve the Prometheus metrics on GET /metrics at this loopback address, e.g. "127.0.0.1:9464" (127.0.0.0/8 or [::1] only; spec/operations.md 4). */
   metricsListen?: string;
+  /** Warm turns (spec/warm-turns.md): each channel's next container waits, fresh and unbound, for its next turn.
+   *  Default { channels: 16, idleMs: 600000 }; channels 0-1024 (0: off), idleMs 1000-86400000. */
+  warm?: SandboxWarm;
 
   // ---- the embedding host (not sandbox{} options) ----
   /** The host login reader used when neither this nor the config sets apiKey. */

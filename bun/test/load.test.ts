@@ -118,6 +118,18 @@ describe("construction errors carry the Lua message", () => {
     );
   });
 
+  test("warm settings sandbox{} refuses (spec/warm-turns.md 2)", async () => {
+    roots = makeRoots();
+    for (const warm of [{ channels: 1025 }, { channels: -1 }, { idleMs: 999 }, { idleMs: 1.5e3 + 0.5 }, { bogus: 1 }]) {
+      await expect(
+        sandbox({ ...baseOptions(roots), warm: warm as never, apiKey: () => "k" }),
+      ).rejects.toThrow(/^invalid warm settings$/);
+    }
+    const plugin = await sandbox({ ...baseOptions(roots), warm: { channels: 0, idleMs: 1000 }, apiKey: () => "k" });
+    expect((await plugin.status()).started).toBe(true);
+    await plugin.dispose();
+  });
+
   test("the default time zone is this process's, and valid options start an engine", async () => {
     roots = makeRoots();
     const { timeZone: _tz, ...rest } = baseOptions(roots);

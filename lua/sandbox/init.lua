@@ -24,6 +24,7 @@ M.OPTIONS = {
   logFormat = true, logLevel = true, audit = true, logger = true, metricsListen = true,
   seccompProfile = true, workspaceQuotaMb = true, diskReserveMb = true,
   mentions = true, maxReplyChars = true, maxQueuedTurns = true,
+  warm = true,      -- spec/warm-turns.md 2
 }
 
 M.DEFAULT_TURN_TIMEOUT_MS = options.DEFAULT_TURN_TIMEOUT_MS
@@ -48,6 +49,7 @@ function M.new(opts)
   options.check_hardening(opts)
   local max_queued = turn_queue.check_max(opts.maxQueuedTurns)
   metrics_listen.check(opts.metricsListen)
+  options.check_warm(opts.warm)
   -- The throw-away broker check of spec/runtime.md 3.1 step 14: no socket.
   local cfg = broker_config.check(opts)
   options.check_api_key_use(opts.apiKey, cfg)

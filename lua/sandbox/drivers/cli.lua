@@ -130,7 +130,14 @@ function Driver:start(h, input, max_stdout)
     max_stderr = M.MAX_STDERR, kill_on_overflow = true,
     on_proc = function(proc)
       h.proc = proc
-      if h.signal then h.unregister = h.signal:on_abort(function() proc:kill(core.SIGKILL) end) end
+      if h.signal then
+        h.unregister = h.signal:on_abort(function()
+          proc:kill(core.SIGKILL)
+          -- a warm container's stdin, still open: closed, so nothing the
+          -- CLI started can wait on it
+          if input == nil then proc:write_stdin("") end
+        end)
+      end
     end,
   })
 end
