@@ -157,6 +157,7 @@ const SANDBOX_KEYS = [
   "mentions",
   "maxReplyChars",
   "metricsListen",
+  "runtime",
 ] as const;
 
 /** Options of this bridge itself (everything else is refused like sandbox{} does). */

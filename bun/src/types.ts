@@ -317,6 +317,8 @@ export interface SandboxOptions {
   maxReplyChars?: number;
   /** Serve the Prometheus metrics on GET /metrics at this loopback address, e.g. "127.0.0.1:9464" (127.0.0.0/8 or [::1] only; spec/operations.md 4). */
   metricsListen?: string;
+  /** The container runtime every sealed container runs under: a runtime the Docker daemon has registered, e.g. "runsc" (gVisor; `make deps RUNSC=1` registers it) or "crun"; default: the daemon's default runtime. A name outside ^[a-z][a-z0-9_.-]{0,63}$ rejects with `invalid container runtime`. */
+  runtime?: string;
 
   // ---- the embedding host (not sandbox{} options) ----
   /** The host login reader used when neither this nor the config sets apiKey. */
