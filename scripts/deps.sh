@@ -226,11 +226,13 @@ fi
 # reloaded with SIGHUP (running containers keep running), then checked with
 # `docker info`. runsc gets --network=none and --fsgofer-host-uds (gVisor
 # otherwise refuses the bind-mounted broker socket; this runsc still takes
-# that flag, a deprecated alias of --host-uds=all). crun is registered plain,
+# that flag, a deprecated alias of --host-uds=all), and --oci-seccomp: without
+# it gVisor ignores the container's seccomp profile (hardening.md 1), so
+# `sbx doctor` fails a runsc registered without it. crun is registered plain,
 # to be measured beside runc (`make bench`); nothing depends on it (it
 # refuses hosts with a hybrid cgroup v1 + v2 hierarchy, as some VMs have).
 DAEMON_JSON="/etc/docker/daemon.json"
-RUNSC_ARGS='["--network=none","--fsgofer-host-uds"]'
+RUNSC_ARGS='["--network=none","--fsgofer-host-uds","--oci-seccomp"]'
 registered() { docker info --format '{{json .Runtimes}}' 2>/dev/null | jq -e --arg n "$1" 'has($n)' >/dev/null 2>&1; }
 # in_sync NAME: the daemon lists NAME exactly as daemon.json registers it.
 in_sync() {

@@ -235,6 +235,8 @@ return require("sandbox") {
 
   local RUNC_ONLY = '{"io.containerd.runc.v2":{"path":"runc"},"runc":{"path":"runc"}}\n'
   local WITH_RUNSC = '{"runc":{"path":"runc"},"runsc":{"path":"/usr/bin/runsc",'
+    .. '"runtimeArgs":["--network=none","--fsgofer-host-uds","--oci-seccomp"]}}\n'
+  local RUNSC_NO_SECCOMP = '{"runc":{"path":"runc"},"runsc":{"path":"/usr/bin/runsc",'
     .. '"runtimeArgs":["--network=none","--fsgofer-host-uds"]}}\n'
 
   it("an unregistered runsc fails the step, naming make deps RUNSC=1", function()
@@ -256,10 +258,18 @@ return require("sandbox") {
   it("a registered runtime passes; without the option nothing is asked", function()
     if not spec_fs.service_account(pending) then return end
     local out = doctor('runtime = "runsc",', WITH_RUNSC)
-    assert.matches("ok    daemon runtime   runsc registered\n", out, 1, true)
+    assert.matches("ok    daemon runtime   runsc registered (--network=none --fsgofer-host-uds --oci-seccomp)\n",
+      out, 1, true)
     out = doctor("", RUNC_ONLY)
     assert.matches("ok    runtime          the daemon's default\n", out, 1, true)
     assert.is_nil(out:find("daemon runtime", 1, true))
+  end)
+
+  it("runsc registered without --oci-seccomp fails (gVisor would not apply the seccomp profile)", function()
+    if not spec_fs.service_account(pending) then return end
+    local out = doctor('runtime = "runsc",', RUNSC_NO_SECCOMP)
+    assert.matches("FAIL  daemon runtime   runsc is registered without --oci-seccomp: runtimeArgs --network=none "
+      .. "--fsgofer-host-uds\n      fix: as root: make deps RUNSC=1", out, 1, true)
   end)
 
   it("a bad name fails the runtime step with the catalogue's words and asks the daemon nothing", function()

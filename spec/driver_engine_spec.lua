@@ -246,10 +246,12 @@ describe("Engine API driver (fake daemon)", function()
   it("lists the daemon's registered runtimes from GET /info .Runtimes (warm-turns.md 4)", function()
     local d = engine { socket = sock }
     reset {}
-    assert.same({ runc = true }, async.run(function() return d:runtimes() end))
+    assert.same({ runc = { path = "runc", args = {} } }, async.run(function() return d:runtimes() end))
     reset { runtimes = { runc = { path = "runc" }, runsc = { path = "/usr/bin/runsc",
       runtimeArgs = { "--network=none", "--fsgofer-host-uds" } } } }
-    assert.same({ runc = true, runsc = true }, async.run(function() return d:runtimes() end))
+    assert.same({ runc = { path = "runc", args = {} },
+      runsc = { path = "/usr/bin/runsc", args = { "--network=none", "--fsgofer-host-uds" } } },
+      async.run(function() return d:runtimes() end))
     local set, why = async.run(function() return engine({ socket = dir .. "/nothing.sock" }):runtimes() end)
     assert.is_nil(set)
     assert.equal("no answer", why)

@@ -13,6 +13,7 @@ local core = require "sandbox.core"
 local installation = require "sandbox.runtime._installation"
 local json = require "sandbox.json"
 local seccomp = require "sandbox.runtime._seccomp"
+local D = require "docker_runtime"
 local signal = require "sandbox.signal"
 local spec_fs = require "spec_fs"
 
@@ -71,6 +72,7 @@ describe("drivers against real Docker", function()
       uid = uid, gid = gid, memoryMb = 128, cpus = 0.5, pids = 32,
       labels = container.labels(inst, owner),
       seccompProfile = seccomp.default_path(),     -- as every sealed turn (hardening.md 1)
+      runtime = D.name,                             -- the docker-runsc pass (docker_runtime.lua)
     }
     for k, v in pairs(over or {}) do s[k] = v end
     return s

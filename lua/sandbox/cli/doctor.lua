@@ -80,6 +80,10 @@ Exits 0 when every check passed, 1 otherwise (2 for usage errors).
                   {name, status ("ok"|"fail"|"skip"), detail, message, fix}
 ]==]
 
+-- The runtimeArgs runsc needs (shared/spec/warm-turns.md 4; scripts/deps.sh
+-- registers exactly these): no network of its own, the broker socket, and
+-- the container's seccomp profile applied inside the sandbox.
+M.RUNSC_ARGS = { "--network=none", "--fsgofer-host-uds", "--oci-seccomp" }
 M.PROBE_CHANNEL = "sandbox:doctor"
 M.PROBE_SPEAKER = { id = "sbx-doctor", name = "sbx doctor", principalId = "sbx-doctor" }
 
@@ -236,8 +240,26 @@ local function runtime_check(r, docker, name)
     r.fail("daemon runtime", errors.DAEMON, "its runtimes could not be listed", errors.reason_fix("daemon_unavailable"))
     return
   end
-  if set[name] then
-    r.ok("daemon runtime", name .. " registered")
+  local got = set[name]
+  if got and name == "runsc" then
+    -- gVisor applies the container's seccomp profile only with --oci-seccomp
+    -- (hardening.md 1 must hold under it too), and refuses the bind-mounted
+    -- broker socket without host-UDS access
+    local have = {}
+    for _, a in ipairs(got.args) do have[a] = true end
+    local missing = {}
+    for _, want in ipairs(M.RUNSC_ARGS) do
+      if not have[want] then missing[#missing + 1] = want end
+    end
+    if #missing > 0 then
+      r.fail("daemon runtime", "runsc is registered without " .. table.concat(missing, " "),
+        "runtimeArgs " .. (#got.args > 0 and table.concat(got.args, " ") or "none"),
+        "as root: make deps RUNSC=1 (registers runsc with " .. table.concat(M.RUNSC_ARGS, " ") .. ")")
+      return
+    end
+  end
+  if got then
+    r.ok("daemon runtime", name .. " registered" .. (#got.args > 0 and (" (" .. table.concat(got.args, " ") .. ")") or ""))
     return
   end
   local names = {}

@@ -226,7 +226,7 @@ function Driver:inspect_image(image)
 end
 
 -- The runtimes the daemon has registered (shared/spec/warm-turns.md 4,
--- `sbx doctor`): a set {name = true} from `docker info --format
+-- `sbx doctor`): {name = {path=, args=}} from `docker info --format
 -- '{{json .Runtimes}}'`, or nil and inspect_daemon's reasons.
 function Driver:runtimes()
   local res = self:exec({ "info", "--format", "{{json .Runtimes}}" },

@@ -367,7 +367,7 @@ function Driver:inspect_image(image)
 end
 
 -- The runtimes the daemon has registered (GET /info .Runtimes), as the
--- CLI driver's runtimes: a set {name = true} or nil, "no answer".
+-- CLI driver's runtimes: {name = {path=, args=}} or nil, "no answer".
 function Driver:runtimes()
   local status, body = self:http("GET", "/info", { max = 1048576, timeout_ms = M.CONTROL_TIMEOUT_MS })
   if status ~= 200 then return nil, "no answer" end
