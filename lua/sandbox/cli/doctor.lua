@@ -40,9 +40,10 @@ Checks, one line each, and names the fix for every failure, in the words
   options .. broker   every construction check of `sbx run` (option names,
                   model, apiKey against modelAuth, prompt, log options, time
                   zone, turnTimeoutMs, runRoot, workspaceRoot, roots, user,
-                  socket path, container image and limits, docker endpoint,
-                  the broker configuration and the model route it will use:
-                  host, auth mode, output field and limit, never the key)
+                  socket path, container runtime name, image and limits,
+                  docker endpoint, the broker configuration and the model
+                  route it will use: host, auth mode, output field and
+                  limit, never the key)
   stateFile       the channel state file: absolute, outside the roots, its
                   directory private, the file parses
   descriptors     the descriptor limit the host raises itself to (the hard
