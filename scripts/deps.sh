@@ -219,6 +219,99 @@ else
   failed=1
 fi
 
+# ---- Container runtimes (RUNSC=1; shared/spec/warm-turns.md 4) -------------------
+# With RUNSC=1 (the Makefile sets it under CI=true): Debian's runsc (gVisor)
+# and crun, registered in the daemon's configuration (merged into
+# /etc/docker/daemon.json with jq, every other key kept) and the daemon
+# reloaded with SIGHUP (running containers keep running), then checked with
+# `docker info`. runsc gets --network=none and --fsgofer-host-uds (gVisor
+# otherwise refuses the bind-mounted broker socket; this runsc still takes
+# that flag, a deprecated alias of --host-uds=all), and --oci-seccomp: without
+# it gVisor ignores the container's seccomp profile (hardening.md 1), so
+# `sbx doctor` fails a runsc registered without it. crun is registered plain,
+# to be measured beside runc (`make bench`); nothing depends on it (it
+# refuses hosts with a hybrid cgroup v1 + v2 hierarchy, as some VMs have).
+DAEMON_JSON="/etc/docker/daemon.json"
+RUNSC_ARGS='["--network=none","--fsgofer-host-uds","--oci-seccomp"]'
+registered() { docker info --format '{{json .Runtimes}}' 2>/dev/null | jq -e --arg n "$1" 'has($n)' >/dev/null 2>&1; }
+# in_sync NAME: the daemon lists NAME exactly as daemon.json registers it.
+in_sync() {
+  local want
+  want="$(jq -cS --arg n "$1" '.runtimes[$n]' "$DAEMON_JSON" 2>/dev/null)" || return 1
+  [ "$want" != null ] &&
+    [ "$(docker info --format '{{json .Runtimes}}' 2>/dev/null | jq -cS --arg n "$1" '.[$n]')" = "$want" ]
+}
+# register NAME PATH ARGS_JSON: merges runtimes.NAME into daemon.json; prints
+# "changed" when the file changed. Fails (nothing written) on a file that is not JSON.
+register() {
+  local cur new
+  if [ -f "$DAEMON_JSON" ]; then cur="$(cat "$DAEMON_JSON")"; else cur='{}'; fi
+  new="$(printf '%s' "$cur" | jq --arg n "$1" --arg p "$2" --argjson a "$3" \
+    '.runtimes[$n] = ({path: $p} + (if $a == [] then {} else {runtimeArgs: $a} end))')" || return 1
+  if [ "$(printf '%s' "$cur" | jq -S .)" != "$(printf '%s' "$new" | jq -S .)" ]; then
+    mkdir -p "$(dirname "$DAEMON_JSON")" &&
+      printf '%s\n' "$new" >"$DAEMON_JSON.sbx-tmp" && mv "$DAEMON_JSON.sbx-tmp" "$DAEMON_JSON" &&
+      echo changed
+  fi
+}
+reload_dockerd() {
+  local pid=""
+  [ -f /var/run/docker.pid ] && pid="$(cat /var/run/docker.pid)"
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || pid="$(pidof dockerd | cut -d' ' -f1)"
+  [ -n "$pid" ] && kill -HUP "$pid"
+}
+if [ "${RUNSC:-}" = 1 ]; then
+  rt_pkgs=()
+  [ -x /usr/bin/runsc ] || rt_pkgs+=(runsc)
+  [ -x /usr/bin/crun ] || rt_pkgs+=(crun)
+  have jq || rt_pkgs+=(jq)
+  if [ ${#rt_pkgs[@]} -gt 0 ] && is_root; then
+    say deps "installing with apt-get (RUNSC=1): ${rt_pkgs[*]}"
+    $APT_INSTALL "${rt_pkgs[@]}" >/tmp/sbx-apt-runsc.log 2>&1 ||
+      { apt-get update -q >/dev/null 2>&1 && $APT_INSTALL "${rt_pkgs[@]}" >>/tmp/sbx-apt-runsc.log 2>&1; } ||
+      { say deps "apt-get install ${rt_pkgs[*]} failed; tail of /tmp/sbx-apt-runsc.log:"; tail -n 15 /tmp/sbx-apt-runsc.log; }
+  fi
+  changed=""
+  for rt in "runsc|/usr/bin/runsc|$RUNSC_ARGS" "crun|/usr/bin/crun|[]"; do
+    IFS='|' read -r name path args <<<"$rt"
+    if [ ! -x "$path" ]; then
+      line "$name (RUNSC=1)" "missing: apt-get install $name"
+      failed=1
+    elif ! have jq; then
+      line "$name (RUNSC=1)" "missing: apt-get install jq (merges $DAEMON_JSON)"
+      failed=1
+    elif ! is_root; then
+      registered "$name" && line "$name (RUNSC=1)" "ok (registered with the daemon)" ||
+        { line "$name (RUNSC=1)" "missing: not registered with the daemon: sudo make deps RUNSC=1"; failed=1; }
+    elif out="$(register "$name" "$path" "$args")"; then
+      [ -n "$out" ] && changed="$changed $name"
+    else
+      line "$name (RUNSC=1)" "missing: $DAEMON_JSON is not valid JSON; fix it, then make deps RUNSC=1"
+      failed=1
+    fi
+  done
+  if is_root && have jq && docker_up; then
+    if [ -n "$changed" ]; then
+      reload_dockerd
+      for _ in $(seq 1 20); do in_sync runsc && in_sync crun && break; sleep 0.5; done
+    fi
+    for name in runsc crun; do
+      [ -x "/usr/bin/$name" ] || continue
+      if in_sync "$name"; then
+        case " $changed " in *" $name "*) what="installed" ;; *) what="ok" ;; esac
+        line "$name (RUNSC=1)" "$what (registered with the daemon: $(docker info --format '{{json .Runtimes}}' |
+          jq -c --arg n "$name" '.[$n]'))"
+      else
+        line "$name (RUNSC=1)" "missing: registered in $DAEMON_JSON but the daemon does not list it after SIGHUP (see $DOCKERD_LOG)"
+        failed=1
+      fi
+    done
+  elif is_root && have jq; then
+    line "runsc, crun (RUNSC=1)" "missing: the Docker daemon does not answer, so nothing was registered"
+    failed=1
+  fi
+fi
+
 # ---- The non-root service account ----------------------------------------------
 # The product refuses to run as root, so as root the tests run as this account.
 in_docker_group() { id -nG "$SBX_USER" 2>/dev/null | tr ' ' '\n' | grep -qx docker; }

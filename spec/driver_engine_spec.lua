@@ -243,6 +243,30 @@ describe("Engine API driver (fake daemon)", function()
       .. INST .. "%22%5D%7D", url)
   end)
 
+  it("lists the daemon's registered runtimes from GET /info .Runtimes (warm-turns.md 4)", function()
+    local d = engine { socket = sock }
+    reset {}
+    assert.same({ runc = { path = "runc", args = {} } }, async.run(function() return d:runtimes() end))
+    reset { runtimes = { runc = { path = "runc" }, runsc = { path = "/usr/bin/runsc",
+      runtimeArgs = { "--network=none", "--fsgofer-host-uds" } } } }
+    assert.same({ runc = { path = "runc", args = {} },
+      runsc = { path = "/usr/bin/runsc", args = { "--network=none", "--fsgofer-host-uds" } } },
+      async.run(function() return d:runtimes() end))
+    local set, why = async.run(function() return engine({ socket = dir .. "/nothing.sock" }):runtimes() end)
+    assert.is_nil(set)
+    assert.equal("no answer", why)
+  end)
+
+  it("creates a container with HostConfig.Runtime when the spec names a runtime", function()
+    reset { stdout = '{"ok":true,"text":"Done."}' }
+    local s = spec()
+    s.runtime = "runsc"
+    local ok, res = run(s)
+    assert.is_true(ok, tostring(res))
+    local body = json.decode(log()[1].body)
+    assert.equal("runsc", body.HostConfig.Runtime)
+  end)
+
   it("parses chunked and sized answers", function()
     local st, _, body = engine.parse_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
     assert.equal(200, st)

@@ -188,8 +188,29 @@ static void prune_aside(const char *dir, const char *base, int keep) {
 }
 
 /*
+ * rename(2) that never replaces an entry: renameat2(RENAME_NOREPLACE), or,
+ * where the filesystem refuses the flag with EINVAL (gVisor's gofer mounts,
+ * i.e. /workspace under runsc: shared/spec/warm-turns.md 4), an lstat of the
+ * target then a plain rename. The gap between the two is no weakness: during
+ * its turn only this container writes the workspace (every earlier one is
+ * confirmed removed), and the target is an aside name nothing else uses.
+ * 0, or -1 with errno (EEXIST when the target exists).
+ */
+static int rename_noreplace(const char *from, const char *to) {
+  struct stat st;
+  if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0) return 0;
+  if (errno != EINVAL) return -1;
+  if (lstat(to, &st) == 0) {
+    errno = EEXIST;
+    return -1;
+  }
+  if (errno != ENOENT) return -1;
+  return rename(from, to);
+}
+
+/*
  * Renames path to `<path>.invalid-<YYYYMMDDTHHMMSSZ>` (then `-1`, `-2`, ...
- * when taken: RENAME_NOREPLACE never replaces an entry), then prunes to the
+ * when taken: rename_noreplace never replaces an entry), then prunes to the
  * `keep` newest. On success *name gets the new last component. 0 or -1.
  */
 static int move_aside(const char *path, int keep, char *name, size_t cap) {
@@ -207,7 +228,7 @@ static int move_aside(const char *path, int keep, char *name, size_t cap) {
     int n = i == 0 ? snprintf(target, sizeof target, "%s" ASIDE_TAG "%s", path, stamp)
                    : snprintf(target, sizeof target, "%s" ASIDE_TAG "%s-%d", path, stamp, i);
     if (n < 0 || (size_t)n >= sizeof target) return -1;
-    if (renameat2(AT_FDCWD, path, AT_FDCWD, target, RENAME_NOREPLACE) == 0) {
+    if (rename_noreplace(path, target) == 0) {
       const char *tbase = strrchr(target, '/');
       size_t tlen;
       tbase = tbase ? tbase + 1 : target;

@@ -158,6 +158,7 @@ const SANDBOX_KEYS = [
   "maxReplyChars",
   "metricsListen",
   "warm",
+  "runtime",
 ] as const;
 
 /** Options of this bridge itself (everything else is refused like sandbox{} does). */

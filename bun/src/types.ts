@@ -328,6 +328,8 @@ export interface SandboxOptions {
   /** Warm turns (spec/warm-turns.md): each channel's next container waits, fresh and unbound, for its next turn.
    *  Default { channels: 16, idleMs: 600000 }; channels 0-1024 (0: off), idleMs 1000-86400000. */
   warm?: SandboxWarm;
+  /** The container runtime every sealed container runs under: a runtime the Docker daemon has registered, e.g. "runsc" (gVisor; `make deps RUNSC=1` registers it) or "crun"; default: the daemon's default runtime. A name outside ^[a-z][a-z0-9_.-]{0,63}$ rejects with `invalid container runtime`. */
+  runtime?: string;
 
   // ---- the embedding host (not sandbox{} options) ----
   /** The host login reader used when neither this nor the config sets apiKey. */

@@ -130,6 +130,22 @@ describe("construction errors carry the Lua message", () => {
     await plugin.dispose();
   });
 
+  test("a container runtime sandbox{} refuses (warm-turns.md 2)", async () => {
+    roots = makeRoots();
+    for (const runtime of ["gVisor", "", "-runsc", "a".repeat(65)]) {
+      await expect(sandbox({ ...baseOptions(roots), runtime, apiKey: () => "k" })).rejects.toThrow(
+        /^invalid container runtime$/,
+      );
+    }
+  });
+
+  test("a valid container runtime starts an engine (it is asked of the daemon only per turn)", async () => {
+    roots = makeRoots();
+    const plugin = await sandbox({ ...baseOptions(roots), runtime: "runsc", apiKey: () => "k" });
+    expect((await plugin.status()).started).toBe(true);
+    await plugin.dispose();
+  });
+
   test("the default time zone is this process's, and valid options start an engine", async () => {
     roots = makeRoots();
     const { timeZone: _tz, ...rest } = baseOptions(roots);

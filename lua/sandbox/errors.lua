@@ -139,6 +139,23 @@ M.catalogue = {
   { name = "LABELS", message = "invalid container labels" },
   { name = "ENTRYPOINT", message = "invalid entrypoint",
     fix = "give entrypoint as a list of absolute paths and arguments, none empty or starting with '-'" },
+  -- The container runtime (shared/spec/warm-turns.md 2, 4)
+  { name = "RUNTIME", message = "invalid container runtime",
+    fix = 'set runtime to the name of a runtime the Docker daemon has registered (lowercase letters, digits, '
+      .. '"_", "." or "-", at most 64 characters), e.g. runtime = "runsc" for gVisor, or remove it for the '
+      .. "daemon's default" },
+  { name = "RUNTIME_UNREGISTERED", message = "container runtime not registered with the Docker daemon: ",
+    prefix = true,
+    fix = function(ctx)
+      local name = ctx.runtime or "NAME"
+      if name == "runsc" then
+        return "as root: make deps RUNSC=1 (installs Debian's runsc, registers it in /etc/docker/daemon.json "
+          .. "and reloads the daemon)"
+      end
+      return string.format('register it in /etc/docker/daemon.json ("runtimes": {"%s": {"path": "/usr/bin/%s"}}) '
+        .. "and reload the daemon (as root: kill -HUP $(pidof dockerd)), or remove runtime from the config",
+        name, name)
+    end },
 
   -- Broker configuration (spec/broker.md 4)
   { name = "BROKER_OPTIONS", message = "broker options must be a table" },

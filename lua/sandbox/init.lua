@@ -23,7 +23,7 @@ M.OPTIONS = {
   allowHttp = true, modelAuth = true, maxOutputTokens = true, outputTokensField = true,
   logFormat = true, logLevel = true, audit = true, logger = true, metricsListen = true,
   seccompProfile = true, workspaceQuotaMb = true, diskReserveMb = true,
-  mentions = true, maxReplyChars = true, maxQueuedTurns = true,
+  mentions = true, maxReplyChars = true, maxQueuedTurns = true, runtime = true,
   warm = true,      -- spec/warm-turns.md 2
 }
 
@@ -47,6 +47,7 @@ function M.new(opts)
   local timeout = options.check_turn_timeout(opts.turnTimeoutMs)
   log.check_options(opts)
   options.check_hardening(opts)
+  options.check_runtime(opts.runtime)
   local max_queued = turn_queue.check_max(opts.maxQueuedTurns)
   metrics_listen.check(opts.metricsListen)
   options.check_warm(opts.warm)

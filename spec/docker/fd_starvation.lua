@@ -50,6 +50,7 @@ async.run(function()
     model = "fake-model", modelUrl = server:url("/v1/chat/completions"), allowHttp = true,
     apiKey = function() return KEY end, driver = driver, turnTimeoutMs = 120000,
     logger = { info = quiet, warn = quiet, error = quiet },
+    runtime = require("docker_runtime").name,
   }
   local hostile = {}
   for i = 1, 6 do

@@ -22,6 +22,7 @@ local json = require "sandbox.json"
 local runtime = require "sandbox.runtime"
 local sandbox = require "sandbox"
 local seccomp = require "sandbox.runtime._seccomp"
+local D = require "docker_runtime"
 local probe_images = require "probe_images"
 local spec_fs = require "spec_fs"
 
@@ -103,6 +104,7 @@ describe("hostile guests on real Docker", function()
       image = IMAGE, runRoot = base .. "/run", workspaceRoot = base .. "/work",
       model = "fake-model", modelUrl = server:url("/v1/chat/completions"),
       apiKey = function() return KEY end, allowHttp = true, driver = driver_for(cli), logger = logger,
+      runtime = D.name,
     }
     for k, v in pairs(over or {}) do o[k] = v end
     return runtime.new(o)
@@ -279,12 +281,26 @@ describe("hostile guests on real Docker", function()
     clean()
   end)
 
+  if D.name == "runsc" then
+    pending("under runsc, a planted FIFO store (behaviour 8): gVisor's gofer refuses host FIFOs (EPERM on lstat, "
+      .. "open, rename), so the worker fails the turn closed (memory_store) instead of moving it aside; a guest "
+      .. "cannot plant one (a FIFO made under runsc never reaches the host workspace)")
+  end
+
   it("moves a planted FIFO, directory or garbage store aside and the turn succeeds (behaviour 8)", function()
     local plants = {
       fifo = function(p) os.execute("mkfifo " .. q(p)) end,
       dir = function(p) os.execute("mkdir -p " .. q(p .. "/inside")) end,
       garbage = function(p) spec_fs.write(p, "\0\1garbage{") end,
     }
+    if D.name == "runsc" then
+      -- gVisor's gofer refuses every operation on a host FIFO (lstat, open
+      -- and rename give EPERM), so the worker cannot move one aside; it fails
+      -- closed (memory_store) without blocking. Nor can a guest plant one:
+      -- a FIFO made under runsc lives in the sandbox only and never reaches
+      -- the host workspace. The FIFO case is the case below, pending here.
+      plants.fifo = nil
+    end
     local lines = {}
     sink = function(level, msg, fields) lines[#lines + 1] = { level, msg, fields } end
     local ok, err = pcall(function()
@@ -295,7 +311,7 @@ describe("hostile guests on real Docker", function()
           os.execute("mkdir -p -m 0700 " .. q(ws))
           plant(ws .. "/" .. store)
           local res = with_bystander(rt, "fake:bystander-plant", function() return try(rt, channel, "Hello") end)
-          assert.is_true(res.ok, tostring(res.reason or res.raised))
+          assert.is_true(res.ok, channel .. ": " .. tostring(res.reason or res.raised))
           assert.equal("ok", res.reason)                       -- a repaired store is no failure
           assert.equal("bystander ok", res.text)
           local aside = 0
@@ -316,7 +332,9 @@ describe("hostile guests on real Docker", function()
         reasons[l[3].reason] = (reasons[l[3].reason] or 0) + 1
       end
     end
-    assert.same({ memory_store = 3, history = 3 }, reasons)
+    local kinds = 0
+    for _ in pairs(plants) do kinds = kinds + 1 end
+    assert.same({ memory_store = kinds, history = kinds }, reasons)
     clean()
   end)
 
@@ -326,6 +344,7 @@ describe("hostile guests on real Docker", function()
       image = IMAGE, runRoot = base .. "/run", workspaceRoot = base .. "/work", stateFile = base .. "/state/c.json",
       model = "fake-model", modelUrl = server:url("/v1/chat/completions"), apiKey = function() return KEY end,
       allowHttp = true, driver = driver_for(cli), initialChannels = { "discord:1", "discord:2" },
+      runtime = D.name,
     }
     local function mention(channel, author, text)
       return { type = "message", channelId = channel, guildId = "9", author = { id = author, name = author },

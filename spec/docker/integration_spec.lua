@@ -5,6 +5,7 @@
 -- daemon fails the spec rather than skipping it. Runs as the sbx account.
 local async = require "sandbox.async"
 local container = require "sandbox.runtime.container"
+local D = require "docker_runtime"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 local sandbox = require "sandbox"
@@ -48,6 +49,7 @@ describe("sealed turns on real Docker", function()
   local runtimes = {}
 
   local function runtime(opts)
+    opts.runtime = D.name
     local rt = sandbox.runtime(opts)
     runtimes[#runtimes + 1] = rt
     return rt
@@ -133,6 +135,9 @@ describe("sealed turns on real Docker", function()
     local envs = {}
     for i, a in ipairs(argv) do if a == "--env" then envs[#envs + 1] = argv[i + 1] end end
     assert.same({ "HOME=/tmp/home" }, envs)
+    local runtimes = {}
+    for i, a in ipairs(argv) do if a == "--runtime" then runtimes[#runtimes + 1] = argv[i + 1] end end
+    assert.same(D.name and { D.name } or {}, runtimes)
     local blobs = { json.encode(turn), table.concat(argv, "\n"), json.encode(reply) }
     for k, v in pairs(spec) do
       blobs[#blobs + 1] = tostring(k) .. "=" .. (type(v) == "table" and json.encode(v) or tostring(v))
@@ -199,6 +204,10 @@ describe("sealed turns on real Docker", function()
       assert.equal(44, #name)
       local owner = sh("docker inspect -f '{{index .Config.Labels \"roundtable.sandbox.owner\"}}' " .. name)
       assert.equal(rt.owner, owner)
+      -- the daemon runs it under the configured runtime (warm-turns.md 4;
+      -- the docker-runsc pass checks runsc here, the first pass the default)
+      local ran = sh("docker inspect -f '{{.HostConfig.Runtime}}' " .. name)
+      assert.equal(D.name or "runc", ran)
       local stopped_at = core.now()
       assert.is_true(rt:stop("fake:hostile"))
       local _, r = async.wait(task)

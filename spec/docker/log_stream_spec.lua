@@ -53,7 +53,8 @@ describe("Docker log frames through the Engine API (rich-mode.md 5.4)", function
   -- Creates, starts and waits for a container of IMAGE; returns its log body.
   local function run_and_read(name, tty)
     local body = assert(json.encode { Image = IMAGE, Tty = tty,
-      HostConfig = { NetworkMode = "none", LogConfig = { Type = "json-file" } } })
+      HostConfig = { NetworkMode = "none", LogConfig = { Type = "json-file" },
+        Runtime = require("docker_runtime").name } })
     local status, answer = call("POST", "/containers/create?name=" .. name, body)
     assert.are.equal(201, status, answer)
     status = call("POST", "/containers/" .. name .. "/start")

@@ -29,6 +29,16 @@ if not ENABLED then
   end)
   return
 end
+-- The docker-runsc pass (docker_runtime.lua): the precheck runner has no
+-- `runtime` option (warm-turns.md 2 gives it to the sealed runtime only), so
+-- its containers would run under the default runtime again: said, not rerun.
+if require("docker_runtime").name then
+  describe("precheck runner on real Docker", function()
+    pending("SBX_RUNTIME=" .. require("docker_runtime").name .. ": the precheck runner takes no runtime option "
+      .. "(its containers always use the daemon's default; the first docker pass covered them)")
+  end)
+  return
+end
 
 describe("precheck runner on real Docker", function()
   local base, server, runner, root

@@ -70,6 +70,7 @@ describe("a real Prometheus scrape of real turns", function()
       image = "pi-roundtable-sandbox:local", runRoot = root .. "/run", workspaceRoot = root .. "/work",
       model = "fake-model", modelUrl = server:url("/v1/chat/completions"), allowHttp = true,
       apiKey = function() return KEY end, metricsListen = "127.0.0.1:0", logLevel = "error",
+      runtime = require("docker_runtime").name,
     }
     os.execute("mkdir -m 700 " .. spec_fs.q(root .. "/prom"))
     prom = async.run(function() return P.prometheus { target = assert(rt:metrics_address()), dir = root .. "/prom" } end)

@@ -14,6 +14,7 @@ local json = require "sandbox.json"
 local fake_upstream = require "fake_upstream"
 local spec_fs = require "spec_fs"
 local C = require "log_capture"
+local D = require "docker_runtime"
 
 local ENABLED = os.getenv("SANDBOX_DOCKER_TEST") == "1"
 local KEY = "reasons-spec-key-Zq81"
@@ -83,10 +84,11 @@ return require("sandbox") {
   model = "spec-model", modelUrl = %q, allowHttp = true,
   apiKey = %s,
   %s
+  %s
 }
 ]], opts.prelude or "", opts.image or WORKER, dir .. "/run", dir .. "/work", dir .. "/state/c.json",
       opts.url or up:url("/v1/chat/completions"), opts.api_key or string.format("function() return %q end", KEY),
-      extra or ""))
+      extra or "", D.lua()))
     if opts.before then opts.before(dir) end
     local cmd = string.format("%s %s run %s --channel %s --speaker guest %s -- %s",
       opts.env or "", BUILD .. "/sbx", q(path), q(opts.channel or "fake:reasons"),

@@ -30,6 +30,16 @@ if not ENABLED then
   end)
   return
 end
+-- The docker-runsc pass (docker_runtime.lua): rich mode's driver has no
+-- `runtime` option (warm-turns.md 2 gives it to the sealed runtime only), so
+-- its containers would run under the default runtime again: said, not rerun.
+if require("docker_runtime").name then
+  describe("rich mode on real Docker", function()
+    pending("SBX_RUNTIME=" .. require("docker_runtime").name .. ": rich mode takes no runtime option "
+      .. "(its containers always use the daemon's default; the first docker pass covered them)")
+  end)
+  return
+end
 
 describe("rich mode on real Docker (129-131)", function()
   local up, dirs, names, images, seq = nil, {}, {}, {}, 0

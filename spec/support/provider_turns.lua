@@ -107,6 +107,7 @@ function P.runtime(root, case, upstream, driver, over)
     modelUrl = string.format("http://127.0.0.1:%d%s", upstream.port, case.path), allowHttp = true,
     apiKey = function() return P.KEY end,
     tools = { P.CLOCK }, driver = driver, turnTimeoutMs = 60000,
+    runtime = require("docker_runtime").name,   -- the docker-runsc pass
   }
   for k, v in pairs(case.options) do o[k] = v end
   if o.modelAuth == "none" then o.apiKey = nil end

@@ -17,6 +17,7 @@ local broker = require "sandbox.broker"
 local channel_key = require "sandbox.channels._key"
 local channels = require "sandbox.channels"
 local common = require "sandbox.cli._common"
+local container = require "sandbox.runtime.container"
 local contract = require "sandbox.drivers.contract"
 local core = require "sandbox.core"
 local credential = require "sandbox.broker._credential"
@@ -39,9 +40,10 @@ Checks, one line each, and names the fix for every failure, in the words
   options .. broker   every construction check of `sbx run` (option names,
                   model, apiKey against modelAuth, prompt, log options, time
                   zone, turnTimeoutMs, runRoot, workspaceRoot, roots, user,
-                  socket path, container image and limits, docker endpoint,
-                  the broker configuration and the model route it will use:
-                  host, auth mode, output field and limit, never the key)
+                  socket path, container runtime name, image and limits,
+                  docker endpoint, the broker configuration and the model
+                  route it will use: host, auth mode, output field and
+                  limit, never the key)
   stateFile       the channel state file: absolute, outside the roots, its
                   directory private, the file parses
   descriptors     the descriptor limit the host raises itself to (the hard
@@ -50,6 +52,9 @@ Checks, one line each, and names the fix for every failure, in the words
   workspace       with --channel: that channel's workspace against
                   workspaceQuotaMb (its turns are refused above it)
   docker          the daemon answers on a local socket (the turns' own driver)
+  daemon runtime  with runtime set: the daemon has that runtime registered
+                  (`docker info` runtimes; for runsc the fix is
+                  `make deps RUNSC=1`)
   image           the configured image exists (the fix names this tree's
                   own build command: `make image` in a checkout, an
                   installed tree's build-image)
@@ -59,8 +64,8 @@ Checks, one line each, and names the fix for every failure, in the words
   probe           with --probe: one real request to modelUrl
 Exits 0 when every check passed, 1 otherwise (2 for usage errors).
 
-  --no-docker     skip the checks that ask the daemon (docker, image,
-                  docker data, stale)
+  --no-docker     skip the checks that ask the daemon (docker, daemon
+                  runtime, image, docker data, stale)
   --channel KEY   call apiKey (and each MCP server's apiKey) once with the
                   scope {channel = KEY, speaker = ID}; report only whether
                   it returned a credential, never the credential; and
@@ -76,6 +81,10 @@ Exits 0 when every check passed, 1 otherwise (2 for usage errors).
                   {name, status ("ok"|"fail"|"skip"), detail, message, fix}
 ]==]
 
+-- The runtimeArgs runsc needs (shared/spec/warm-turns.md 4; scripts/deps.sh
+-- registers exactly these): no network of its own, the broker socket, and
+-- the container's seccomp profile applied inside the sandbox.
+M.RUNSC_ARGS = { "--network=none", "--fsgofer-host-uds", "--oci-seccomp" }
 M.PROBE_CHANNEL = "sandbox:doctor"
 M.PROBE_SPEAKER = { id = "sbx-doctor", name = "sbx doctor", principalId = "sbx-doctor" }
 
@@ -222,6 +231,46 @@ local function hardening_checks(r, cfg, state, opts)
   end
 end
 
+-- The configured runtime is one the daemon has registered
+-- (shared/spec/warm-turns.md 4); nothing to ask for the daemon's default or
+-- for a name the "runtime" step already refused.
+local function runtime_check(r, docker, name)
+  if name == nil or not container.runtime_ok(name) then return end
+  local set = docker:runtimes()
+  if not set then
+    r.fail("daemon runtime", errors.DAEMON, "its runtimes could not be listed", errors.reason_fix("daemon_unavailable"))
+    return
+  end
+  local got = set[name]
+  if got and name == "runsc" then
+    -- gVisor applies the container's seccomp profile only with --oci-seccomp
+    -- (hardening.md 1 must hold under it too), and refuses the bind-mounted
+    -- broker socket without host-UDS access
+    local have = {}
+    for _, a in ipairs(got.args) do have[a] = true end
+    local missing = {}
+    for _, want in ipairs(M.RUNSC_ARGS) do
+      if not have[want] then missing[#missing + 1] = want end
+    end
+    if #missing > 0 then
+      r.fail("daemon runtime", "runsc is registered without " .. table.concat(missing, " "),
+        "runtimeArgs " .. (#got.args > 0 and table.concat(got.args, " ") or "none"),
+        "as root: make deps RUNSC=1 (registers runsc with " .. table.concat(M.RUNSC_ARGS, " ") .. ")")
+      return
+    end
+  end
+  if got then
+    r.ok("daemon runtime", name .. " registered" .. (#got.args > 0 and (" (" .. table.concat(got.args, " ") .. ")") or ""))
+    return
+  end
+  local names = {}
+  for n in pairs(set) do names[#names + 1] = n end
+  table.sort(names)
+  local msg = errors.RUNTIME_UNREGISTERED .. name
+  r.fail("daemon runtime", msg, "the daemon has " .. (#names > 0 and table.concat(names, ", ") or "none"),
+    errors.fix(msg, { runtime = name }))
+end
+
 -- The daemon, through the turns' own docker driver (drivers/cli.lua).
 local function docker_checks(r, cfg, state, path)
   local o = cfg.options
@@ -249,6 +298,7 @@ local function docker_checks(r, cfg, state, path)
     return
   end
   r.ok("docker", "daemon " .. (info.version or "?") .. " answers")
+  runtime_check(r, docker, o.runtime)
 
   local image = o.image
   if type(image) == "string" and image ~= "" then

@@ -248,4 +248,15 @@ function Driver:inspect_image(image)
   return not res.error and res.exit_status == 0 and res.term_signal == 0
 end
 
+-- The runtimes the daemon has registered (shared/spec/warm-turns.md 4,
+-- `sbx doctor`): {name = {path=, args=}} from `docker info --format
+-- '{{json .Runtimes}}'`, or nil and inspect_daemon's reasons.
+function Driver:runtimes()
+  local res = self:exec({ "info", "--format", "{{json .Runtimes}}" },
+    { max_stdout = M.MAX_RM_STDOUT, max_stderr = M.MAX_STDERR, kill_after_ms = M.INSPECT_TIMEOUT_MS })
+  if res.error then return nil, res.code == "ENOENT" and "not found" or "cannot run" end
+  if res.exit_status ~= 0 or res.term_signal ~= 0 then return nil, "no answer" end
+  return contract.runtime_set(res.stdout)
+end
+
 return setmetatable(M, { __call = function(_, opts) return M.new(opts) end })

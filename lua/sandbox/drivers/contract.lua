@@ -54,6 +54,8 @@
 --   d:inspect_daemon() -> {version=, root=} | nil, "not found" | "cannot run"
 --                                   | "permission denied" | "no answer"
 --   d:inspect_image(image) -> boolean
+--   d:runtimes() -> {name = {path=, args=}, ...} | nil, why   the daemon's
+--                                   registered runtimes (shared/spec/warm-turns.md 4)
 -- Optional, for the failure reasons of spec/operations.md 1 (what the host
 -- sees, never what the container prints):
 --   d:diagnose(h, c, exit, since) -> "oom" | "image" | "daemon" | nil
@@ -333,6 +335,25 @@ function M.run(d, spec, turn, signal, report)
   local c = container.check(spec)                                      -- 1
   local input = input_of(spec, turn)
   return M.attached(d, c, input, signal, { check = M.parse_reply, report = report })
+end
+
+-- The daemon's Runtimes object (`docker info` JSON text, or GET /info's
+-- decoded .Runtimes) as {name = {path=, args={...}}}, or nil, "no answer".
+function M.runtime_set(v)
+  if type(v) == "string" then v = json.decode(v) end
+  if json.kind(v) ~= "object" then return nil, "no answer" end
+  local set = {}
+  for name, r in pairs(v) do
+    if type(name) == "string" then
+      local args = {}
+      local list = type(r) == "table" and (r.runtimeArgs or r.RuntimeArgs) or nil
+      if json.kind(list) == "array" then
+        for _, a in ipairs(list) do if type(a) == "string" then args[#args + 1] = a end end
+      end
+      set[name] = { path = type(r) == "table" and type(r.path) == "string" and r.path or nil, args = args }
+    end
+  end
+  return set
 end
 
 -- The driver methods of spec 4.1 for a driver class made of primitives:

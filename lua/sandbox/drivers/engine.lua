@@ -382,6 +382,16 @@ function Driver:inspect_image(image)
   return status == 200
 end
 
+-- The runtimes the daemon has registered (GET /info .Runtimes), as the
+-- CLI driver's runtimes: {name = {path=, args=}} or nil, "no answer".
+function Driver:runtimes()
+  local status, body = self:http("GET", "/info", { max = 1048576, timeout_ms = M.CONTROL_TIMEOUT_MS })
+  if status ~= 200 then return nil, "no answer" end
+  local v = json.decode(body)
+  if json.kind(v) ~= "object" then return nil, "no answer" end
+  return contract.runtime_set(v.Runtimes)
+end
+
 function Driver:release(h)
   if h.unregister then h.unregister() end
   h.unregister = nil

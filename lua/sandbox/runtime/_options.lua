@@ -422,6 +422,33 @@ M.STEPS = {
   end },
 }
 
+-- ---- The container runtime (shared/spec/warm-turns.md 2, 4) ---------------
+-- `runtime`: nil (the daemon's default runtime) or the name of a runtime
+-- the daemon has registered (`runsc` for gVisor, `crun`); the name rule is
+-- container.lua's (runtime_ok), so the option and the ContainerSpec field
+-- cannot disagree. Whether the daemon has it registered is `sbx doctor`'s
+-- check (cli/doctor.lua), never a startup step: construction asks no daemon.
+M.OPTIONS.runtime = true
+M.E_RUNTIME = errors.RUNTIME
+
+-- The resolved runtime name (nil: the daemon's default), or raises
+-- `invalid container runtime`. Shared with sandbox{}.
+function M.check_runtime(name)
+  if not container.runtime_ok(name) then fail(M.E_RUNTIME) end
+  return name
+end
+
+-- Its step, right before the container dry run (step 12).
+for i, step in ipairs(M.STEPS) do
+  if step.name == "container" then
+    table.insert(M.STEPS, i, { name = "runtime", run = function(s)
+      s.runtime = M.check_runtime(s.opts.runtime)
+      return s.runtime or "the daemon's default"
+    end })
+    break
+  end
+end
+
 local function new_state(opts, checked, dry)
   local puid, pgid = core.getuid()
   return { opts = opts, checked = checked, dry = dry, puid = puid, pgid = pgid,
@@ -445,7 +472,7 @@ end
 -- {image, runRoot, workspaceRoot (canonical), model, modelUrl, allowHttp,
 -- apiKey, prompt, timeZone, tools, mcp, uid, gid, limits = {memoryMb, cpus,
 -- pids}, turnTimeoutMs, driver, builtin_driver = boolean, broker_config =
--- the checked broker configuration, logFormat, logLevel, audit, logger,
+-- the checked broker configuration, runtime (nil: the daemon's), logFormat, logLevel, audit, logger,
 -- seccompProfile (absolute path), seccompCount, workspaceQuotaMb,
 -- diskReserveMb, mentions, maxReplyChars, metricsListen, warm = {channels,
 -- idleMs}}.
@@ -469,6 +496,7 @@ function M.resolve(opts, checked)
     prompt = opts.prompt or M.DEFAULT_PROMPT, timeZone = s.zone, tools = opts.tools,
     mcp = opts.mcp, uid = s.uid, gid = s.gid, limits = s.limits, turnTimeoutMs = s.timeout,
     driver = s.driver, builtin_driver = s.builtin, broker_config = s.cfg,
+    runtime = s.runtime,
     logFormat = opts.logFormat, logLevel = opts.logLevel, audit = opts.audit ~= false,
     logger = opts.logger,
     seccompProfile = s.profile.path, seccompCount = s.profile.count,

@@ -3,8 +3,9 @@
 -- on the two mount sources and the OS random source for names.
 --
 --   container.args(spec)        -> argv for `docker` (43 elements + image;
---                                  41 without a seccomp profile), after the
---                                  4.2 validation (exact errors)
+--                                  41 without a seccomp profile; 2 more with
+--                                  a runtime), after the 4.2 validation
+--                                  (exact errors)
 --   container.check(spec)       -> the validated spec with canonical mount
 --                                  sources and formatted numbers (raises)
 --   container.engine_body(spec) -> the Engine API create body (JSON text) of
@@ -26,7 +27,14 @@
 -- seccomp profile (shared/spec/hardening.md 1, runtime/_seccomp.lua): the
 -- argv gains `--security-opt seccomp=<path>` right after no-new-privileges,
 -- the Engine API body "seccomp=<its JSON>" in SecurityOpt (a sealed runtime
--- always sets it; without it Docker's default profile applies). labels = {[LABEL_INSTALLATION]=..., [LABEL_OWNER]=...}. A label
+-- always sets it; without it Docker's default profile applies).
+-- runtime is nil (the daemon's default runtime) or the name of a runtime
+-- the daemon has registered (shared/spec/warm-turns.md 2, 4: `runsc` for
+-- gVisor, `crun`), matching ^[a-z][a-z0-9_.-]{0,63}$ (else `invalid
+-- container runtime`): the argv gains `--runtime <name>` right after
+-- `--env HOME=/tmp/home` (before an entrypoint and the image, so every
+-- index of the 4.3 table stays), the Engine API body HostConfig.Runtime.
+-- labels = {[LABEL_INSTALLATION]=..., [LABEL_OWNER]=...}. A label
 -- missing from `labels` is rendered with an empty value (the runtime's
 -- construction dry run passes none); the driver refuses to run without both.
 -- The precheck runner's containers (shared/spec/precheck.md 6.1) add three
@@ -49,6 +57,7 @@ M.E_MOUNT_SEPARATE = errors.MOUNT_SEPARATE
 M.E_LIMITS = errors.LIMITS
 M.E_LABELS = errors.LABELS
 M.E_ENTRYPOINT = errors.ENTRYPOINT
+M.E_RUNTIME = errors.RUNTIME
 
 M.LABEL_INSTALLATION = "roundtable.sandbox.installation"
 M.LABEL_OWNER = "roundtable.sandbox.owner"
@@ -156,6 +165,12 @@ local function entrypoint_ok(ep)
 end
 M.entrypoint_ok = entrypoint_ok
 
+-- The runtime rule of shared/spec/warm-turns.md 2: nil (the daemon's
+-- default), or a name matching ^[a-z][a-z0-9_.-]{0,63}$.
+function M.runtime_ok(name)
+  return name == nil or (type(name) == "string" and #name <= 64 and name:find("^[a-z][a-z0-9_.%-]*$") ~= nil)
+end
+
 local function label_ok(v)
   return v == nil or (type(v) == "string" and #v <= 256 and not v:find("[^\33-\126]"))
 end
@@ -164,7 +179,8 @@ end
 -- canonical mount sources and the formatted numbers:
 -- {name, image, runDir, workspaceDir, uid, gid, memoryMb, cpus (text),
 --  nanoCpus, pids, installation, owner, labelled, workspaceReadOnly,
---  entrypoint, seccomp = the loaded profile {path, json, count} or nil}.
+--  entrypoint, runtime, seccomp = the loaded profile {path, json, count}
+--  or nil}.
 -- A seccompProfile that cannot be read raises the startup error of
 -- runtime/_seccomp.lua (the runtime loaded it at construction already).
 function M.check(spec)
@@ -197,17 +213,19 @@ function M.check(spec)
   for k in pairs(labels) do
     if k ~= M.LABEL_INSTALLATION and k ~= M.LABEL_OWNER then fail(M.E_LABELS) end
   end
+  if not M.runtime_ok(spec.runtime) then fail(M.E_RUNTIME) end
   return {
     name = spec.name, image = spec.image, runDir = run_dir, workspaceDir = ws_dir,
     uid = uid, gid = gid, memoryMb = mem, cpus = cpus, nanoCpus = nano, pids = pids,
     installation = inst or "", owner = owner or "", labelled = labelled,
     workspaceReadOnly = spec.workspaceReadOnly == true, entrypoint = spec.entrypoint,
+    runtime = spec.runtime,
     seccomp = spec.seccompProfile ~= nil and seccomp.load(spec.seccompProfile) or nil,
   }
 end
 
 -- The argv of spec 4.3 (without the binary itself): 43 elements (41
--- without a seccomp profile), then the image. Raises the 4.2 errors. A
+-- without a seccomp profile, 2 more with a runtime), then the image. Raises the 4.2 errors. A
 -- precheck spec (see the top) drops the two labels, may mount the
 -- workspace read-only and names its entrypoint.
 function M.args(spec)
@@ -248,6 +266,7 @@ function M.argv(c)
     "--mount", "type=bind,src=" .. c.workspaceDir .. ",dst=/workspace,"
       .. (c.workspaceReadOnly and "readonly," or "") .. "bind-propagation=rprivate",
     "--env", M.ENV)
+  if c.runtime then add("--runtime", c.runtime) end
   if c.entrypoint then add("--entrypoint", c.entrypoint[1]) end
   add(c.image)
   if c.entrypoint then
@@ -275,7 +294,7 @@ function M.body(c)
     })
   end
   local host = obj({ "AutoRemove", "LogConfig", "NetworkMode", "ReadonlyRootfs", "CapDrop",
-    "SecurityOpt", "Memory", "MemorySwap", "NanoCpus", "PidsLimit", "Ulimits", "Tmpfs", "Mounts" }, {
+    "SecurityOpt", "Memory", "MemorySwap", "NanoCpus", "PidsLimit", "Ulimits", "Tmpfs", "Mounts", "Runtime" }, {
     AutoRemove = true,
     LogConfig = obj({ "Type", "Config" }, { Type = "none", Config = obj({}, {}) }),
     NetworkMode = "none",
@@ -286,6 +305,7 @@ function M.body(c)
     Ulimits = json.array { obj({ "Name", "Soft", "Hard" }, { Name = "nofile", Soft = 256, Hard = 256 }) },
     Tmpfs = obj({ "/tmp" }, { ["/tmp"] = M.TMPFS:match("^/tmp:(.*)$") }),
     Mounts = json.array { mount(c.runDir, "/broker", true), mount(c.workspaceDir, "/workspace", false) },
+    Runtime = c.runtime,
   })
   local body = obj({ "Image", "User", "Env", "Labels", "AttachStdin", "AttachStdout", "AttachStderr",
     "OpenStdin", "StdinOnce", "Tty", "HostConfig" }, {

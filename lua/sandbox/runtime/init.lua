@@ -269,7 +269,7 @@ function Runtime:_container_spec(turn, run_dir, workspace_dir)
     image = o.image, runDir = run_dir, workspaceDir = workspace_dir, uid = o.uid, gid = o.gid,
     memoryMb = o.limits.memoryMb, cpus = o.limits.cpus, pids = o.limits.pids,
     labels = container.labels(self.installation, self.owner),
-    seccompProfile = o.seccompProfile,
+    seccompProfile = o.seccompProfile, runtime = o.runtime,
   }
 end
 
