@@ -48,6 +48,7 @@ local function runtime(name, over)
     model = "bench-model", modelUrl = server:url("/v1/chat/completions"),
     apiKey = function() return "bench-key" end, allowHttp = true, driver = cli,
     logLevel = "warn",                    -- the per-turn info lines are not the bench's output
+    warm = { channels = 0 },       -- cold turns: warm_bench.lua measures warm ones
   }
   for k, v in pairs(over or {}) do o[k] = v end
   return sandbox.runtime(o)

@@ -41,6 +41,7 @@ for _, s in ipairs(SERIES) do
     apiKey = function() return "bench-key" end, allowHttp = true, driver = cli,
     logLevel = "error",                  -- the per-turn lines are not the bench's output
     runtime = s.runtime,
+    warm = { channels = 0 },       -- cold turns: warm_bench.lua measures warm ones
   }
 end
 

@@ -52,6 +52,7 @@ local rt = sandbox.runtime {
   image = IMAGE, runRoot = root .. "/run", workspaceRoot = root .. "/work",
   model = "bench-model", modelUrl = server:url("/v1/chat/completions"),
   apiKey = function() return "bench-key" end, allowHttp = true,
+  warm = { channels = 0 },         -- cold turns: bench/warm_bench.lua measures warm ones
 }
 local uid, gid = core.getuid()
 local env = { "PATH=" .. (os.getenv("PATH") or "/usr/bin:/bin"), "HOME=" .. root, "DOCKER_CONTEXT=default" }

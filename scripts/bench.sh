@@ -34,6 +34,8 @@ if [ "${BENCH_DOCKER:-1}" = 1 ]; then
   as_sbx build/sbx lua bench/rich_bench.lua "${BENCH_RICH_DOCKER_TURNS:-20}" --docker
   echo "== sealed turn vs bare docker run --rm, host RSS (bench/turn_bench.lua)"
   as_sbx build/sbx lua bench/turn_bench.lua "${BENCH_TURNS:-20}"
+  echo "== warm turns: cold, warm (CLI, Engine), 32 channels at once, idle cost vs bare docker run --rm (bench/warm_bench.lua)"
+  as_sbx build/sbx lua bench/warm_bench.lua "${BENCH_TURNS:-20}"
   echo "== cold turn under runsc and crun vs runc (bench/runtime_bench.lua; make deps RUNSC=1 registers them)"
   as_sbx build/sbx lua bench/runtime_bench.lua "${BENCH_TURNS:-20}"
   echo "== container drivers: CLI vs Engine API (bench/turn_overhead.lua)"

@@ -9,6 +9,7 @@
 -- writing into the workspace). Both built-in drivers run the same cases.
 -- Opt-in with SANDBOX_DOCKER_TEST=1.
 local async = require "sandbox.async"
+local D = require "docker_runtime"
 local core = require "sandbox.core"
 local probe_images = require "probe_images"
 local sandbox = require "sandbox"
@@ -110,7 +111,7 @@ describe("warm turns on real Docker", function()
     local opts = {
       image = images[mode], runRoot = dir .. "/run", workspaceRoot = dir .. "/work",
       model = "fake", modelUrl = server:url("/v1/chat/completions"), allowHttp = true,
-      apiKey = function() return "k" end, turnTimeoutMs = 20000,
+      apiKey = function() return "k" end, turnTimeoutMs = 20000, runtime = D.name,
       logger = { debug = keep, info = keep, warn = keep, error = keep },
       tools = { { name = "probe", description = "counts", parameters = {},
                   run = function() tool_calls = tool_calls + 1; return "counted" end } },
@@ -342,7 +343,7 @@ describe("warm turns on real Docker", function()
 local async = require "sandbox.async"
 local sandbox = require "sandbox"
 local rt = sandbox.runtime { image = %q, runRoot = %q, workspaceRoot = %q, model = "fake",
-  modelUrl = %q, allowHttp = true, apiKey = function() return "k" end }
+  modelUrl = %q, allowHttp = true, apiKey = function() return "k" end, %s }
 async.run(function()
   assert(rt:run_turn("fake:a", { id = "g", name = "G", principalId = "p" }, "x").ok)
   async.sleep(3000)
@@ -350,7 +351,7 @@ async.run(function()
   io.stdout:flush()
   os.exit(1, false)       -- no dispose: a crash leaves the warm container
 end)
-]]):format(images.hello, dir .. "/run", dir .. "/work", server:url("/v1/chat/completions")))
+]]):format(images.hello, dir .. "/run", dir .. "/work", server:url("/v1/chat/completions"), D.lua()))
     -- the child runs on its own loop; the spec's server answers nothing it needs
     local out, rc = sh("LUA_PATH=" .. q(package.path) .. " LUA_CPATH=" .. q(package.cpath)
       .. " lua5.4 " .. q(script) .. " 2>/dev/null")
@@ -361,7 +362,7 @@ end)
     assert.is_not.equal("", left, "the crashed host left no warm container to sweep")
     local rt = sandbox.runtime { image = images.hello, runRoot = dir .. "/run", workspaceRoot = dir .. "/work",
       model = "fake", modelUrl = server:url("/v1/chat/completions"), allowHttp = true,
-      apiKey = function() return "k" end }
+      apiKey = function() return "k" end, runtime = D.name }
     runtimes[#runtimes + 1] = rt
     async.run(function() rt:sweep() end)
     assert.equal("", sh("docker ps -aq --filter label=" .. LABEL .. "=" .. installation))

@@ -6,7 +6,7 @@
 -- line about the same call or turn says; nothing here is a second
 -- bookkeeping of a turn. The gauges are read at scrape time
 -- from sources that own the live state (the runtime's active turns, the
--- channel queue, and the warm pool once warm turns exist).
+-- channel queue, and the warm pool of runtime/_warm.lua).
 --
 --   local metrics = require "sandbox.ops.metrics"
 --   local m = metrics.new()
@@ -41,13 +41,12 @@
 -- Label values are only ever the closed sets above: never a channel, a
 -- speaker, a tool or server name, a URL, a credential or any payload.
 --
--- For warm turns (spec/warm-turns.md; not on this branch yet): the warm
--- pool registers its containers as a source,
---   rt.metrics_registry:containers_source(function() return { warm = ready, removing = draining } end)
--- (sbx_containers{state="warm"} reads 0 until one does), reports a failed
--- removal of a warm container as rt.recorder:cleanup { ok = false, scope = "warm" },
--- and its `not_bound` refusals arrive through the broker's call records like
--- every other refusal.
+-- Warm turns (spec/warm-turns.md, runtime/_warm.lua): the runtime's one
+-- containers source adds the pool's counts (warm = waiting or starting,
+-- removing = removals still running after delivery or eviction); a failed
+-- removal of a warm container is rt.recorder:cleanup { ok = false, scope =
+-- "warm" }, and the unbound broker's `not_bound` refusals arrive through
+-- the broker's call records like every other refusal.
 local errors = require "sandbox.errors"
 local exposition = require "sandbox.ops.exposition"
 local lines = require "sandbox.ops.lines"
