@@ -391,6 +391,37 @@ describe("disk (hardening.md 3; behaviour 3)", function()
     end)
   end)
 
+  it("the watchdog looks sooner the less room is left above diskReserveMb (every 100 ms at most, 10 ms at least)", function()
+    local disk = require "sandbox.runtime._disk"
+    assert.equal(disk.TICK_MS, disk.tick_delay(math.huge))
+    assert.equal(disk.TICK_MS, disk.tick_delay(64 * 1024 * MIB))
+    assert.equal(disk.MIN_TICK_MS, disk.tick_delay(0))
+    assert.equal(disk.MIN_TICK_MS, disk.tick_delay(-MIB))      -- below the reserve
+    -- between two looks a turn writing MAX_WRITE_RATE uses at most 1/ROOM_SHARE of the room
+    -- (hostile_spec.lua's loop filesystem has ~420 MiB above its 32 MiB reserve)
+    for _, room in ipairs { 420 * MIB, 2048 * MIB } do
+      local ms = disk.tick_delay(room)
+      assert.is_true(ms > disk.MIN_TICK_MS and ms < disk.TICK_MS, tostring(ms))
+      assert.is_true(disk.MAX_WRITE_RATE * ms / 1000 <= room / disk.ROOM_SHARE, tostring(ms))
+    end
+    -- a turn on a filesystem with little room: the first look comes long before TICK_MS
+    local root = tmproot()
+    local ws = root .. "/work/ws"
+    assert(core.fs_mkdir_p(ws))
+    local o = { workspaceRoot = root .. "/work", runRoot = root, workspaceQuotaMb = 16,
+      diskReserveMb = math.max(1, core.fs_statfs(root).free // MIB - 64) }
+    local wd = disk.watchdog(o)
+    local looks = 0
+    wd.tick = function(self) looks = looks + 1 end
+    run(function()
+      local turn = { signal = { aborted = false } }
+      wd:add(turn, ws, disk.before_turn(o, ws))
+      async.sleep(disk.TICK_MS // 2)                      -- a timer due after the first look's
+      wd:remove(turn)
+    end)
+    assert.is_true(looks >= 1)
+  end)
+
   it("with two turns on one filesystem, only the one that grew is stopped", function()
     if not service_account() then return end
     local root = tmproot()

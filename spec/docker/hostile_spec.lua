@@ -403,9 +403,14 @@ describe("hostile guests on real Docker", function()
     local ok, err = pcall(function()
       local res = with_bystander(r2, "fake:bystander-fill", function() return try(r2, "fake:fill", "ATTACK:fill") end)
       failed(res, "workspace_quota", errors.WORKSPACE_QUOTA)
-      -- stopped within a few ticks: far from filling the filesystem
+      -- stopped past its quota before it took the reserve the other channels need
+      -- (hardening.md 3). How far past is not the page's to promise: the look
+      -- comes within _disk.tick_delay, but the container writes on (at up to
+      -- ~4 GiB/s into the page cache) until Docker has removed it, tens of ms.
       local written = core.fs_stat(base .. "/work/" .. core.sha256_hex("fake:fill") .. "/fill")
-      assert.is_true(written ~= nil and written.size < total // 2)
+      assert.is_true(written ~= nil and written.size > 16 * MIB)
+      local left = core.fs_statfs(LOOPFS).free
+      assert.is_true(left >= 32 * MIB, string.format("%d MiB left of %d", left // MIB, total // MIB))
       clean(r2, base)
       -- the channel stays refused until an operator frees space; the reason says so
       res = turn(r2, "fake:fill", "Hello")
