@@ -46,7 +46,7 @@ end
 
 -- Inside a task: polls fn every 50 ms until it returns a true value or ms pass.
 local function until_true(fn, ms)
-  local deadline = core.now() + (ms or 15000)
+  local deadline = core.now() + (ms or 30000)
   while core.now() < deadline do
     local v = fn()
     if v then return v end
@@ -214,40 +214,50 @@ describe("warm turns on real Docker", function()
         leaves_nothing(rt, dir)
       end)
 
-      it("binds a channel's next turn only once its lingering earlier container is gone (behaviours 3, 6)", function()
-        local rt, dir = runtime("linger", { driver = driver(), turnTimeoutMs = 2000 })
+      it("kills a warm turn at its deadline and binds the next only once that container is gone (behaviours 3, 6)",
+        function()
+        local rt, dir, _, records = runtime("linger", { driver = driver(), turnTimeoutMs = 2000 })
         local since = os.time() - 1
-        local work
+        local work, elapsed
         async.run(function()
-          local first = rt:run_turn("fake:a", SPEAKER, "one")      -- cold
+          local first = rt:run_turn("fake:a", SPEAKER, "one")      -- cold, replies and exits
+          assert.is_true(first.ok, first.reason)
           work = dir .. "/work/" .. sh("ls " .. q(dir .. "/work")):gsub("%s+$", "")
-          until_true(function() return #containers(rt) == 1 end)
-          local second = rt:run_turn("fake:a", SPEAKER, "two")     -- warm, then lingers
-          assert.is_not_nil(first.reason)
-          assert.is_not_nil(second.reason)
+          assert.truthy(until_true(function() return #containers(rt) == 1 end))
+          -- warm: replies, then ignores SIGTERM and writes into the workspace
+          local t0 = core.now()
+          local second = rt:run_turn("fake:a", SPEAKER, "two")
+          elapsed = core.now() - t0
+          assert.equal("deadline", second.reason)
+          -- at once: its container may still be being removed, and writing
           local third = rt:run_turn("fake:a", SPEAKER, "three")
-          assert.is_not_nil(third.reason)
+          assert.equal("deadline", third.reason)
         end)
+        assert.is_true(elapsed < 8000, "took " .. elapsed .. " ms")
+        local t = turns_of(records)
+        assert.same({ false, true, false }, { t[1].warm == true, t[2].warm == true, t[3].warm == true })
         async.run(function() rt:dispose() end)
         -- every container of the channel was destroyed before the next one was created
         local out = sh("docker events --since " .. since .. " --until " .. (os.time() + 1)
           .. " --filter label=" .. LABEL .. "=" .. rt.installation
           .. " --filter event=create --filter event=destroy --format '{{.Action}} {{.Actor.Attributes.name}}'")
-        local live, order = {}, {}
+        local live, creates = {}, 0
         for action, name in out:gmatch("(%a+) (%S+)") do
           if action == "create" then
             assert.is_nil(next(live), "created " .. name .. " while another container of the channel existed")
             live[name] = true
+            creates = creates + 1
           else
             live[name] = nil
           end
-          order[#order + 1] = action
         end
-        assert.is_true(#order >= 6, out)
+        assert.equal(3, creates, out)       -- the deadline turns leave the channel cold
+        assert.is_nil(next(live), out)
         -- nothing writes into the workspace any more
-        local size1 = spec_fs.read(work .. "/tick")
+        local ticks = spec_fs.read(work .. "/tick")
+        assert.truthy(ticks and #ticks > 0, "the lingering containers never wrote")
         async.run(function() async.sleep(300) end)
-        assert.equal(size1, spec_fs.read(work .. "/tick"))
+        assert.equal(ticks, spec_fs.read(work .. "/tick"))
         leaves_nothing(rt, dir)
       end)
 
@@ -267,13 +277,14 @@ describe("warm turns on real Docker", function()
       end)
 
       it("evicts the least recently used channel's container at the cap (behaviour 4)", function()
-        local rt, dir, _, records = runtime("hello", { driver = driver(), warm = { channels = 1 } })
+        local rt, dir, cap, records = runtime("hello", { driver = driver(), warm = { channels = 1 } })
         async.run(function()
           assert.is_true(rt:run_turn("fake:a", SPEAKER, "a").ok)
           local wa = until_true(function() local l = containers(rt); return #l == 1 and l[1] end)
           assert.is_true(rt:run_turn("fake:b", SPEAKER, "b").ok)
           local wb = until_true(function() local l = containers(rt); return #l == 1 and l[1] ~= wa and l[1] end)
-          assert.truthy(wb, "b's container did not replace a's")
+          assert.truthy(wb, "b's container did not replace a's: " .. table.concat(containers(rt, true), ",")
+            .. " | " .. table.concat(cap.lines, " | "))
           assert.is_true(rt:run_turn("fake:a", SPEAKER, "a2").ok)     -- cold: a was evicted
           assert.truthy(until_true(function()
             local l = containers(rt); return #l == 1 and l[1] ~= wb

@@ -266,7 +266,7 @@ function Pool:finish(e, fn, workspace)
     if not rok then error(rerr, 0) end
   end)
   async.on_done(task, function()
-    if task.ok ~= false then self:refill_soon(e.channel, workspace) end
+    if task.ok ~= false and not e.no_refill then self:refill_soon(e.channel, workspace) end
   end)
 end
 

@@ -375,9 +375,11 @@ function Runtime:_warm_turn(turn, text, e)
     error(input, 0)
   end
   local unlink = sig:on_abort(function(why) e.ws:abort(why) end)
+  turn.entry = e
   turn.report.running = core.now()
   if not contract.feed(d, e.h, input) then
     unlink()
+    turn.entry = nil
     self.logger:warn(warm.LOG_LOST, { channel = turn.channel, turn = turn.record.turn })
     self.pool:drop(e)
     return nil
@@ -498,12 +500,6 @@ function Runtime:run_turn(channel, speaker, text)
   turn.signal:abort(M.SETTLED)                                      -- 5.3 step 11
   turn.timer:stop()
   self.active[channel] = nil
-  -- spec/warm-turns.md 2: after a cold turn, the channel's next container
-  -- (a warm turn's pool:finish starts it once its container is removed)
-  if turn.workspace and not turn.report.warm then
-    if turn.report.removal_failed then self.pool:blocked_by(channel, turn.report.container)
-    else self.pool:refill_soon(channel, turn.workspace) end
-  end
   local waiters = turn.waiters
   turn.waiters = nil
   for _, w in ipairs(waiters) do w() end
@@ -512,7 +508,31 @@ function Runtime:run_turn(channel, speaker, text)
       fix = errors.fix(res, self:fix_context()) })
     error(res, 0)
   end
-  return self:_settle(turn, ok, res)
+  local result = self:_settle(turn, ok, res)
+  self:_after_turn(turn, result.reason)
+  return result
+end
+
+-- Turns whose failure came from the sandbox itself (its container, the
+-- daemon, the host's budgets): the channel's next turn runs cold, so a
+-- hostile or broken worker never has a container waiting for it.
+local NO_WARM_AFTER = { invalid_turn = true, worker_failed = true, worker_oom = true, invalid_reply = true,
+  deadline = true, stopped = true, cleanup_failed = true, daemon_unavailable = true, workspace_quota = true,
+  disk_low = true, queue_full = true, host_descriptors = true, state_write_failed = true, image_missing = true }
+
+-- spec/warm-turns.md 2: after a turn settled, the channel's next container
+-- (a cold turn's now; a warm turn's once its container is removed, by
+-- pool:finish). A cold removal that failed blocks the channel instead.
+function Runtime:_after_turn(turn, why)
+  if not turn.workspace then return end
+  local again = not NO_WARM_AFTER[why]
+  if turn.entry then
+    turn.entry.no_refill = not again
+  elseif turn.report.removal_failed then
+    self.pool:blocked_by(turn.channel, turn.report.container)
+  elseif again then
+    self.pool:refill_soon(turn.channel, turn.workspace)
+  end
 end
 
 -- The guest-facing wrapper of spec/runtime.md 5.7 (what the claim and
