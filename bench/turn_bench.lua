@@ -9,17 +9,16 @@
 --     channels run turns at once.
 -- Run as the sbx account: build/sbx lua bench/turn_bench.lua [TURNS]
 local async = require "sandbox.async"
-local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 local sandbox = require "sandbox"
 
 local TURNS = tonumber(arg and arg[1]) or 20
 local IMAGE = os.getenv("SBX_IMAGE") or "pi-roundtable-sandbox:local"
-local NOOP_IMAGE = "sbx-bench-noop:" .. core.random_hex(4)
 
 package.path = "bench/?.lua;" .. package.path
 local B = require "bench_lib"
+local bare_baseline = require "bare_baseline"
 local sh, q, summary = B.sh, B.q, B.summary
 
 local function rss_kib()
@@ -31,16 +30,9 @@ end
 
 assert(core.getuid() ~= 0, "run as the sbx account (runuser -u sbx -- build/sbx lua bench/turn_bench.lua)")
 local root = core.realpath(sh("mktemp -d /tmp/sbx-tb-XXXXXX"))
-os.execute("chmod 700 " .. q(root) .. " && mkdir -m 700 -p " .. q(root .. "/base/run") .. " " .. q(root .. "/base/ws")
-  .. " " .. q(root .. "/ctx"))
-
-local out, ok = sh("cc -static -O2 -o " .. q(root .. "/ctx/probe") .. " spec/fixtures/hostile/probe.c")
-assert(ok, out)
-local f = assert(io.open(root .. "/ctx/Dockerfile", "w"))
-f:write("FROM scratch\nCOPY probe /probe\nUSER 1000:1000\nENTRYPOINT [\"/probe\", \"noop\"]\n")
-f:close()
-out, ok = sh("docker build -q -t " .. NOOP_IMAGE .. " " .. q(root .. "/ctx"))
-assert(ok, out)
+os.execute("chmod 700 " .. q(root))
+local bare = bare_baseline.new(root)
+local function bare_run() return bare:run() end
 
 local server = assert(core.http_server {
   on_request = function(req)
@@ -54,23 +46,6 @@ local rt = sandbox.runtime {
   apiKey = function() return "bench-key" end, allowHttp = true,
   warm = { channels = 0 },         -- cold turns: bench/warm_bench.lua measures warm ones
 }
-local uid, gid = core.getuid()
-local env = { "PATH=" .. (os.getenv("PATH") or "/usr/bin:/bin"), "HOME=" .. root, "DOCKER_CONTEXT=default" }
-
-local function bare_run()
-  local argv = container.args {
-    name = "roundtable-sandbox-" .. core.random_hex(8) .. "-" .. core.random_hex(4), image = NOOP_IMAGE,
-    runDir = root .. "/base/run", workspaceDir = root .. "/base/ws", uid = uid, gid = gid,
-    memoryMb = 512, cpus = 1, pids = 64,
-    labels = container.labels("bench", "bench"),
-  }
-  local t0 = core.hrtime()
-  local res = async.await(function(resume)
-    core.spawn { file = "docker", args = argv, env = env, stdin = "{}", on_exit = resume }
-  end)
-  assert(res.exit_status == 0, "bare docker run failed: " .. tostring(res.stderr or res.error))
-  return (core.hrtime() - t0) / 1e6
-end
 
 local SPEAKER = { id = "u", name = "User", principalId = "p-u" }
 local function turn(channel)
@@ -117,6 +92,6 @@ pcall(async.run, function()
   if task then async.wait(task) end
 end)
 server:close()
-sh("docker image rm " .. NOOP_IMAGE)
+bare:remove()
 os.execute("rm -rf " .. q(root))
 if not ok then error(err, 0) end

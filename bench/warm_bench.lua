@@ -15,17 +15,16 @@
 --     container's cgroup memory, and (CLI driver) its `docker run` child.
 -- Run as the sbx account: build/sbx lua bench/warm_bench.lua [TURNS]
 local async = require "sandbox.async"
-local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
 local sandbox = require "sandbox"
 
 local TURNS = tonumber(arg and arg[1]) or 20
 local IMAGE = os.getenv("SBX_IMAGE") or "pi-roundtable-sandbox:local"
-local NOOP_IMAGE = "sbx-bench-noop:" .. core.random_hex(4)
 local WIDE = 32
 
 package.path = "bench/?.lua;" .. package.path
 local B = require "bench_lib"
+local bare_baseline = require "bare_baseline"
 local sh, q, summary, pct = B.sh, B.q, B.summary, B.pct
 
 local function rss_kib(pid)
@@ -38,15 +37,10 @@ end
 
 assert(core.getuid() ~= 0, "run as the sbx account (runuser -u sbx -- build/sbx lua bench/warm_bench.lua)")
 local root = core.realpath(sh("mktemp -d /tmp/sbx-wb-XXXXXX"))
-os.execute("chmod 700 " .. q(root) .. " && mkdir -m 700 -p " .. q(root .. "/base/run") .. " " .. q(root .. "/base/ws")
-  .. " " .. q(root .. "/ctx"))
-local out, built = sh("cc -static -O2 -o " .. q(root .. "/ctx/probe") .. " spec/fixtures/hostile/probe.c")
-assert(built, out)
-local f = assert(io.open(root .. "/ctx/Dockerfile", "w"))
-f:write("FROM scratch\nCOPY probe /probe\nUSER 1000:1000\nENTRYPOINT [\"/probe\", \"noop\"]\n")
-f:close()
-out, built = sh("docker build -q -t " .. NOOP_IMAGE .. " " .. q(root .. "/ctx"))
-assert(built, out)
+os.execute("chmod 700 " .. q(root))
+
+local bare = bare_baseline.new(root)
+local function bare_run() return bare:run() end
 
 local server = assert(core.http_server {
   on_request = function(req)
@@ -74,21 +68,6 @@ local warm_cli, cli_records = runtime("warmcli", { warm = { channels = WIDE } })
 local warm_engine, engine_records = runtime("warmengine",
   { warm = { channels = WIDE }, driver = require("sandbox.drivers.engine")() })
 
-local uid, gid = core.getuid()
-local env = { "PATH=" .. (os.getenv("PATH") or "/usr/bin:/bin"), "HOME=" .. root, "DOCKER_CONTEXT=default" }
-local function bare_run()
-  local argv = container.args {
-    name = "roundtable-sandbox-" .. core.random_hex(8) .. "-" .. core.random_hex(4), image = NOOP_IMAGE,
-    runDir = root .. "/base/run", workspaceDir = root .. "/base/ws", uid = uid, gid = gid,
-    memoryMb = 512, cpus = 1, pids = 64, labels = container.labels("bench", "bench"),
-  }
-  local t0 = core.hrtime()
-  local res = async.await(function(resume)
-    core.spawn { file = "docker", args = argv, env = env, stdin = "{}", on_exit = resume }
-  end)
-  assert(res.exit_status == 0, "bare docker run failed: " .. tostring(res.stderr or res.error))
-  return (core.hrtime() - t0) / 1e6
-end
 
 local SPEAKER = { id = "u", name = "User", principalId = "p-u" }
 local function turn(rt, channel)
@@ -192,6 +171,6 @@ pcall(async.run, function()
   for _, rt in ipairs(runtimes) do rt:dispose() end
 end)
 server:close()
-sh("docker image rm " .. NOOP_IMAGE)
+bare:remove()
 os.execute("rm -rf " .. q(root))
 if not ok then error(err, 0) end
