@@ -4,6 +4,27 @@
 --   local B = require "bench_lib"
 local M = {}
 
+-- The sandbox account's private bench root (mktemp under /tmp, 0700), after
+-- the check that this is not root (the product refuses root workers).
+function M.private_root(bench, letters)
+  local core = require "sandbox.core"
+  assert(core.getuid() ~= 0, "run as the sbx account (runuser -u sbx -- build/sbx lua bench/" .. bench .. ")")
+  local root = core.realpath(M.sh("mktemp -d /tmp/sbx-" .. letters .. "-XXXXXX"))
+  os.execute("chmod 700 " .. M.q(root))
+  return root
+end
+
+-- An instant scripted Chat Completions model on loopback: every call answers
+-- "done". Returns the core.http_server (server:url(path), server:close()).
+function M.instant_model()
+  local core = require "sandbox.core"
+  return assert(core.http_server {
+    on_request = function(req)
+      req:reply(200, '{"choices":[{"message":{"role":"assistant","content":"done"}}]}')
+    end,
+  })
+end
+
 -- The command's output (stderr too) without trailing white space, and
 -- whether it exited 0.
 function M.sh(cmd)

@@ -21,15 +21,9 @@ package.path = "bench/?.lua;" .. package.path
 local B = require "bench_lib"
 local sh, q, summary = B.sh, B.q, B.summary
 
-assert(core.getuid() ~= 0, "run as the sbx account (runuser -u sbx -- build/sbx lua bench/hardening_bench.lua)")
-local root = core.realpath(sh("mktemp -d /tmp/sbx-hb-XXXXXX"))
-os.execute("chmod 700 " .. q(root))
+local root = B.private_root("hardening_bench.lua", "hb")
 
-local server = assert(core.http_server {
-  on_request = function(req)
-    req:reply(200, '{"choices":[{"message":{"role":"assistant","content":"done"}}]}')
-  end,
-})
+local server = B.instant_model()
 
 local cli = require("sandbox.drivers.cli") { binary = "docker" }
 -- Docker's default profile: the same spec without the project's profile.

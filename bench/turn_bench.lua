@@ -28,17 +28,11 @@ local function rss_kib()
   end
 end
 
-assert(core.getuid() ~= 0, "run as the sbx account (runuser -u sbx -- build/sbx lua bench/turn_bench.lua)")
-local root = core.realpath(sh("mktemp -d /tmp/sbx-tb-XXXXXX"))
-os.execute("chmod 700 " .. q(root))
+local root = B.private_root("turn_bench.lua", "tb")
 local bare = bare_baseline.new(root)
 local function bare_run() return bare:run() end
 
-local server = assert(core.http_server {
-  on_request = function(req)
-    req:reply(200, '{"choices":[{"message":{"role":"assistant","content":"done"}}]}')
-  end,
-})
+local server = B.instant_model()
 
 local rt = sandbox.runtime {
   image = IMAGE, runRoot = root .. "/run", workspaceRoot = root .. "/work",

@@ -35,18 +35,12 @@ local function rss_kib(pid)
   return tonumber(s:match("VmRSS:%s+(%d+)")) or 0
 end
 
-assert(core.getuid() ~= 0, "run as the sbx account (runuser -u sbx -- build/sbx lua bench/warm_bench.lua)")
-local root = core.realpath(sh("mktemp -d /tmp/sbx-wb-XXXXXX"))
-os.execute("chmod 700 " .. q(root))
+local root = B.private_root("warm_bench.lua", "wb")
 
 local bare = bare_baseline.new(root)
 local function bare_run() return bare:run() end
 
-local server = assert(core.http_server {
-  on_request = function(req)
-    req:reply(200, '{"choices":[{"message":{"role":"assistant","content":"done"}}]}')
-  end,
-})
+local server = B.instant_model()
 
 local runtimes = {}
 local function runtime(name, over)
