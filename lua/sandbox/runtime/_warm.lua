@@ -34,7 +34,6 @@
 -- here fails a turn except a removal that could not be confirmed.
 local async = require "sandbox.async"
 local broker = require "sandbox.broker"
-local channel_key = require "sandbox.channels._key"
 local container = require "sandbox.runtime.container"
 local contract = require "sandbox.drivers.contract"
 local core = require "sandbox.core"
@@ -99,17 +98,15 @@ function Pool:_drain(channel, fn)
 end
 
 -- The container, broker, turn dir and charge of an entry, removed; the
--- container by the removal algorithm of 4.7 (raises the cleanup error).
-function Pool:_remove(e)
+-- container by the removal algorithm of 4.7 unless `container_gone` (the
+-- turn's own removal confirmed it); raises the cleanup error.
+function Pool:_remove(e, container_gone)
   local rt, d = self.rt, self.rt.driver
   local ok, err = pcall(function()
-    if e.name then contract.remove(d, e.name) end
+    if e.name and not container_gone then contract.remove(d, e.name) end
   end)
   if e.broker then e.broker:stop() end
-  if e.run_dir then
-    rt:_remove_run_dir({ channel = e.channel, record = { turn = e.turn_id } }, e.run_dir)
-    rt.run_dirs[e.dir_name] = nil
-  end
+  if e.run_dir then rt:_remove_run_dir({ channel = e.channel, record = { turn = e.turn_id } }, e.run_dir) end
   if e.charged then e.charged = false; core.fd_turn_release() end
   if not ok then
     self.blocked[e.channel] = e.name
@@ -125,9 +122,8 @@ end
 -- one of the channel's drains.
 function Pool:_evict(e, why)
   if e.state == "gone" then return end
-  local was_taken = e.state == "taken"
   e.state = "gone"
-  if not was_taken and self.entries[e.channel] == e then self.entries[e.channel] = nil end
+  if self.entries[e.channel] == e then self.entries[e.channel] = nil end
   stop_idle(e)
   e.ws:abort(why or M.EVICTED)
   self:_drain(e.channel, function()
@@ -145,11 +141,8 @@ end
 -- The channel's container ready to start, or why not (logged by refill).
 function Pool:_start(e, workspace)
   local rt = self.rt
-  local o = rt.options
-  local run_dir = core.fs_mkdtemp(o.runRoot .. "/turn-XXXXXX")
-  if not run_dir then error(errors.RUN_DIR, 0) end
-  e.run_dir, e.dir_name = run_dir, run_dir:match("([^/]+)$")
-  rt.run_dirs[e.dir_name] = true
+  local run_dir = rt:_new_run_dir()
+  e.run_dir = run_dir
   local socket = run_dir .. "/broker.sock"
   if #socket > broker.MAX_SOCKET_PATH then error(broker.SOCKET_TOO_LONG, 0) end
   e.broker = broker.unbound(rt.cfg, { channel = e.channel, recorder = rt.recorder })
@@ -186,9 +179,7 @@ function Pool:refill(channel, workspace)
       or self.draining[channel] or rt.active[channel] then
     return
   end
-  local n = 0
-  for _ in pairs(self.entries) do n = n + 1 end
-  if n >= self.cap then
+  if self:counts().warm >= self.cap then
     local old = self:_lru(channel)
     if not old then return end
     self:_evict(old, M.EVICTED)
@@ -259,11 +250,7 @@ function Pool:finish(e, fn, workspace)
     e.ws:abort("settled")
     -- fn removed the container; when it could not, _remove tries the
     -- algorithm once more and blocks the channel if that fails too
-    local name = e.name
-    if ok then e.name = nil end
-    local rok, rerr = pcall(self._remove, self, e)
-    e.name = name
-    if not rok then error(rerr, 0) end
+    self:_remove(e, ok)
   end)
   async.on_done(task, function()
     if task.ok ~= false and not e.no_refill then self:refill_soon(e.channel, workspace) end
@@ -291,7 +278,5 @@ function Pool:dispose()
     if self.draining[ch] == t then self.draining[ch] = nil end
   end
 end
-
-M.key_segment = channel_key.segment
 
 return M

@@ -290,16 +290,38 @@ function Runtime:_reply(turn, reply)
   end
   local text = reply.text
   if o.mentions == "neutral" then text = reply_text.neutral_mentions(text) end
+  -- §7.4: a good reply settles the reset (before cleanup)
+  if reply.ok and (self.resets[turn.channel] or 0) == turn.snapshot then
+    self.resets[turn.channel] = nil
+  end
   return { ok = reply.ok, text = text, truncated = reply.ok and reply.truncated == true or nil }
+end
+
+-- §5.3 step 4: a fresh 0700 turn dir under runRoot, known to the sweep
+-- while it exists (_remove_run_dir forgets it). Returns its path.
+function Runtime:_new_run_dir()
+  local run_dir = core.fs_mkdtemp(self.options.runRoot .. "/turn-XXXXXX")
+  if not run_dir then fail(M.E_RUN_DIR) end
+  self.run_dirs[run_dir:match("([^/]+)$")] = true
+  return run_dir
+end
+
+-- 5.3 step 7: the turn of 8.2 and its stdin bytes, built once
+-- (runtime/container.lua); the limit applies to those bytes.
+function Runtime:_turn_input(turn, text)
+  local o = self.options
+  local turn_obj, input = container.turn {
+    text = text, speaker = turn.speaker, model = o.model, prompt = o.prompt, timeZone = o.timeZone,
+    reset = turn.reset, tools = self.cfg.tool_list, mcp = self.mcp,
+  }
+  if #input > M.MAX_TURN_BYTES then fail(M.E_TOO_LARGE) end
+  return turn_obj, input
 end
 
 -- Steps 4-10 of spec/runtime.md 5.3 once the workspace is known.
 function Runtime:_in_run_dir(turn, text, workspace_dir)
   local sig, o = turn.signal, self.options
-  local run_dir = core.fs_mkdtemp(o.runRoot .. "/turn-XXXXXX")
-  if not run_dir then fail(M.E_RUN_DIR) end
-  local dir_name = run_dir:match("([^/]+)$")
-  self.run_dirs[dir_name] = true
+  local run_dir = self:_new_run_dir()
   local b
   local ok, res = pcall(function()
     local socket = run_dir .. "/broker.sock"
@@ -308,38 +330,30 @@ function Runtime:_in_run_dir(turn, text, workspace_dir)
       recorder = self.recorder, turn = turn.record })
     local started, err = b:start(socket)
     if not started then fail(err == broker.SOCKET_TOO_LONG and err or errors.BROKER_START) end
-    -- 5.3 step 7: the turn of 8.2 and its stdin bytes, built once
-    -- (runtime/container.lua); the limit applies to those bytes.
-    local turn_obj, input = container.turn {
-      text = text, speaker = turn.speaker, model = o.model, prompt = o.prompt, timeZone = o.timeZone,
-      reset = turn.reset, tools = self.cfg.tool_list, mcp = self.mcp,
-    }
-    if #input > M.MAX_TURN_BYTES then fail(M.E_TOO_LARGE) end
+    local turn_obj = self:_turn_input(turn, text)
     if sig.aborted then fail(sig.reason) end
-    local reply = self:_reply(turn, self.driver:run(self:_container_spec(turn, run_dir, workspace_dir), turn_obj,
+    return self:_reply(turn, self.driver:run(self:_container_spec(turn, run_dir, workspace_dir), turn_obj,
       sig, turn.report))
-    -- §7.4: settle the reset before cleanup.
-    if reply.ok and (self.resets[turn.channel] or 0) == turn.snapshot then
-      self.resets[turn.channel] = nil
-    end
-    return reply
   end)
   if b then b:stop() end
   self:_remove_run_dir(turn, run_dir)
-  self.run_dirs[dir_name] = nil
   if not ok then error(res, 0) end
   return res
 end
 
 -- §5.3 step 10's removal of the run directory. A failure (a descriptor
 -- shortage: the walk needs descriptors) is retried a few times, then left
--- to the next turn and to dispose (hardening.md 2).
+-- to the next turn and to dispose (hardening.md 2). Either way the sweep
+-- no longer counts it as a running turn's.
 function Runtime:_remove_run_dir(turn, run_dir)
-  if core.fs_rmtree(run_dir) then return true end
+  local removed = core.fs_rmtree(run_dir)
   for _ = 1, M.CLEANUP_RETRIES do
+    if removed then break end
     async.sleep(M.CLEANUP_RETRY_MS)
-    if core.fs_rmtree(run_dir) then return true end
+    removed = core.fs_rmtree(run_dir)
   end
+  self.run_dirs[run_dir:match("([^/]+)$")] = nil
+  if removed then return true end
   self.leftovers[run_dir] = true
   self.logger:error("a sandbox turn directory could not be removed; the next turn retries",
     { channel = turn.channel, turn = turn.record.turn })
@@ -360,11 +374,7 @@ end
 function Runtime:_warm_turn(turn, text, e)
   local sig, o, d = turn.signal, self.options, self.driver
   local ok, input = pcall(function()
-    local _, bytes = container.turn {
-      text = text, speaker = turn.speaker, model = o.model, prompt = o.prompt, timeZone = o.timeZone,
-      reset = turn.reset, tools = self.cfg.tool_list, mcp = self.mcp,
-    }
-    if #bytes > M.MAX_TURN_BYTES then fail(M.E_TOO_LARGE) end
+    local _, bytes = self:_turn_input(turn, text)
     if sig.aborted then fail(sig.reason) end
     e.broker:bind { apiKey = o.apiKey, channel = turn.channel, speaker = turn.speaker, signal = sig,
       recorder = self.recorder, turn = turn.record }
@@ -393,11 +403,7 @@ function Runtime:_warm_turn(turn, text, e)
   unlink()
   self.pool:finish(e, finish, turn.workspace)
   if not delivered then fail(out) end
-  local reply = self:_reply(turn, out)
-  if reply.ok and (self.resets[turn.channel] or 0) == turn.snapshot then   -- §7.4
-    self.resets[turn.channel] = nil
-  end
-  return reply
+  return self:_reply(turn, out)
 end
 
 -- The turn's descriptor charge (hardening.md 2); a warm container of
