@@ -59,11 +59,13 @@ mkdir -p "$LOGS"
 
 total_p=0 total_f=0 total_s=0
 summary=()
+failed_suites=()  # suites with a failure, named again in the summary
 
 # record SUITE PASSED FAILED SKIPPED NOTE
 record() {
   local suite="$1" p="$2" f="$3" s="$4" note="${5:-}"
   total_p=$((total_p + p)); total_f=$((total_f + f)); total_s=$((total_s + s))
+  [ "$f" -ne 0 ] && failed_suites+=("$suite")
   local l
   l="$(printf '%-12s %d passed, %d failed, %d skipped' "$suite" "$p" "$f" "$s")"
   [ -n "$note" ] && l="$l  ($note)"
@@ -536,6 +538,18 @@ echo
 echo "==== check summary ($(elapsed "$T0")s)"
 for l in "${summary[@]}"; do echo "  $l"; done
 if [ "$total_f" -ne 0 ]; then
+  # What failed, where CI's tail shows it: each failing suite's failures
+  # (busted: name, file:line and message; bun: its "(fail)" lines),
+  # bounded so a flood of failures cannot bury the summary.
+  for s in "${failed_suites[@]}"; do
+    [ -f "$LOGS/$s.log" ] || continue
+    echo "---- failures in $s (build/check-logs/$s.log)"
+    if grep -q -a '^Failures and errors (' "$LOGS/$s.log"; then
+      sed -n '/^Failures and errors (/,$p' "$LOGS/$s.log"
+    else
+      grep -a -E '^\(fail\)|^FAIL|^ERR ' "$LOGS/$s.log"
+    fi | cut -c1-300 | head -n 40
+  done
   echo "FAILED: see build/check-logs/"
 fi
 echo "$total_p passed, $total_f failed, $total_s skipped"
