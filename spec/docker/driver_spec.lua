@@ -20,6 +20,7 @@ local D = require "docker_runtime"
 -- uses the product's default of 64 (README, "Container runtime").
 local PIDS = D.name == "runsc" and 64 or 32
 local signal = require "sandbox.signal"
+local probe_images = require "probe_images"
 local spec_fs = require "spec_fs"
 
 local sh, q = spec_fs.run, spec_fs.q
@@ -64,7 +65,7 @@ describe("drivers against real Docker", function()
         .. " | xargs -r docker rm -f >/dev/null 2>&1")
     end
     for _, image in pairs(IMAGES) do
-      sh("docker ps -aq --filter ancestor=" .. q(image) .. " | xargs -r docker rm -f >/dev/null 2>&1")
+      probe_images.remove_containers_of(image)
       sh("docker image rm -f " .. q(image) .. " >/dev/null 2>&1")
     end
     if root then os.execute("rm -rf " .. q(root)) end

@@ -9,6 +9,7 @@ local D = require "docker_runtime"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 local sandbox = require "sandbox"
+local probe_images = require "probe_images"
 local spec_fs = require "spec_fs"
 
 local ENABLED = os.getenv("SANDBOX_DOCKER_TEST") == "1"
@@ -101,7 +102,7 @@ describe("sealed turns on real Docker", function()
     -- 75: cleanup, whatever failed.
     for _, rt in ipairs(runtimes) do pcall(dispose, rt) end
     if server then server:close() end
-    sh("docker ps -aq --filter ancestor=" .. HOSTILE_IMAGE .. " | xargs -r docker rm -f")
+    probe_images.remove_containers_of(HOSTILE_IMAGE)
     sh("docker image rm " .. HOSTILE_IMAGE .. " " .. TEST_IMAGE)
     if root then spec_fs.rmdir(root, "sb-docker") end
   end)

@@ -10,6 +10,7 @@ local async = require "sandbox.async"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 local fake_upstream = require "fake_upstream"
+local probe_images = require "probe_images"
 local spec_fs = require "spec_fs"
 local P = require "provider_turns"
 
@@ -37,7 +38,7 @@ describe("a sealed turn per provider family on real Docker", function()
   end)
 
   teardown(function()
-    sh("docker ps -aq --filter ancestor=" .. q(IMAGE) .. " | xargs -r docker rm -f")
+    probe_images.remove_containers_of(IMAGE)
     sh("docker image rm -f " .. q(IMAGE))
     if root then spec_fs.rmdir(root, "sb-prov") end
   end)

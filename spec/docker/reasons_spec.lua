@@ -12,6 +12,7 @@ local async = require "sandbox.async"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 local fake_upstream = require "fake_upstream"
+local probe_images = require "probe_images"
 local spec_fs = require "spec_fs"
 local C = require "log_capture"
 local D = require "docker_runtime"
@@ -63,7 +64,7 @@ describe("failure reasons on real Docker, through sbx run", function()
     if up then up:stop() end
     for _, image in ipairs { WORKER, probe_image("bogus"), probe_image("oomclaim"), probe_image("oom"),
                              probe_image("garbage"), probe_image("hostile") } do
-      sh("docker ps -aq --filter ancestor=" .. q(image) .. " | xargs -r docker rm -f")
+      probe_images.remove_containers_of(image)
       sh("docker image rm -f " .. q(image))
     end
     if root then spec_fs.rmdir(root, "sb-reasons") end

@@ -11,6 +11,8 @@
 --   local images = P.build(dir, "spec/fixtures/hostile/probe.c", modes,
 --                          function(mode) return "name:" .. tag end)
 --   P.remove(images)                             containers first, then images
+--   P.remove_containers_of(image)                the containers made from
+--                                                exactly that image name
 local assert = require "luassert"
 local core = require "sandbox.core"
 local spec_fs = require "spec_fs"
@@ -69,12 +71,28 @@ function M.build(dir, src, modes, name_of)
   return images
 end
 
--- Bounded: a daemon that hangs on removals (another container stuck in
--- its runtime holds the lock every removal takes) cannot hang the spec.
+-- Removes the containers created from exactly this image name, and no
+-- other: not `--filter ancestor=`, which matches every container whose image
+-- has the same ID or descends from it. A spec's own tag of the worker image
+-- shares the ID of pi-roundtable-sandbox:local, so that filter also removed
+-- the operator's (or another checkout's) live sandboxes on the same daemon.
+-- Bounded: a daemon that hangs on removals cannot hang the spec.
+function M.remove_containers_of(image)
+  local out = sh("docker ps -a --no-trunc --format '{{.ID}} {{.Image}}'")
+  local ids = {}
+  for id, name in out:gmatch("(%x+) (%S+)") do
+    if name == image then ids[#ids + 1] = id end
+  end
+  if #ids > 0 then sh("timeout 120 docker rm -f " .. table.concat(ids, " ")) end
+  return #ids
+end
+
+-- Containers first (they hold the image), then the image: a shared ID is
+-- only untagged.
 function M.remove(images)
   for _, image in pairs(images) do
-    sh("docker ps -aq --filter ancestor=" .. image .. " | xargs -r timeout 120 docker rm -f")
-    sh("timeout 120 docker image rm " .. image)
+    M.remove_containers_of(image)
+    sh("timeout 120 docker image rm " .. q(image))
   end
 end
 
