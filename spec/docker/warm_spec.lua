@@ -359,12 +359,20 @@ local rt = sandbox.runtime { image = %q, runRoot = %q, workspaceRoot = %q, model
   modelUrl = %q, allowHttp = true, apiKey = function() return "k" end, %s }
 async.run(function()
   assert(rt:run_turn("fake:a", { id = "g", name = "G", principalId = "p" }, "x").ok)
-  async.sleep(3000)
+  -- until the channel's warm container runs (the turn's own has exited by
+  -- now), up to 30 s: a fixed pause was short for a start under runsc
+  for _ = 1, 300 do
+    local ps = io.popen("docker ps -q --filter status=running --filter label=%s=" .. rt.installation)
+    local ids = ps:read("a")
+    ps:close()
+    if ids:match("%%x") then break end
+    async.sleep(100)
+  end
   io.stdout:write(rt.installation, "\n")
   io.stdout:flush()
   os.exit(1, false)       -- no dispose: a crash leaves the warm container
 end)
-]]):format(images.hello, dir .. "/run", dir .. "/work", server:url("/v1/chat/completions"), D.lua()))
+]]):format(images.hello, dir .. "/run", dir .. "/work", server:url("/v1/chat/completions"), D.lua(), LABEL))
     -- the child runs on its own loop; the spec's server answers nothing it needs
     local out, rc = sh("LUA_PATH=" .. q(package.path) .. " LUA_CPATH=" .. q(package.cpath)
       .. " lua5.4 " .. q(script) .. " 2>/dev/null")
