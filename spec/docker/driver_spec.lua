@@ -187,8 +187,35 @@ describe("drivers against real Docker", function()
         assert.is_true(ms < 8000, "took " .. ms .. " ms")
         local names, rc = sh("docker ps -a --filter ancestor=" .. q(IMAGES.hostile) .. " --format '{{.Names}}'")
         assert.equal(0, rc)
-        assert.equal("", names)
+        -- on failure, what the daemon says of the container left behind
+        assert.equal("", names, names ~= "" and sh("docker ps -a --no-trunc --filter name=" .. q(s.name)
+          .. " --format '{{.Names}} {{.Status}} {{.CreatedAt}}'; date -u +%T.%N") or nil)
         assert.equal("", labelled())
+      end)
+
+      -- An abort while the daemon is still creating the container: the
+      -- removal must not find "no such container" and return while the
+      -- create completes behind it (a container left in Created state).
+      -- Aborts land 0-35 ms after the run starts, across the create.
+      it("leaves no container when the turn is aborted while the daemon creates it", function()
+        local left = {}
+        for i = 1, 8 do
+          local s = spec(IMAGES.hostile)
+          local sig = signal.new()
+          async.run(function()
+            local t = core.timer((i - 1) * 5, function() sig:abort("sandbox turn stopped") end)
+            local ok, err = pcall(d.run, d, s, TURN, sig)
+            t:stop()
+            assert.is_false(ok)
+            assert.equal("sandbox turn stopped", err)
+          end)
+          -- whatever the daemon was still doing for that run has had 500 ms
+          async.run(function() async.sleep(500) end)
+          local names = labelled()
+          if names ~= "" then left[#left + 1] = ((i - 1) * 5) .. " ms: " .. names end
+          sh("docker ps -aq --filter label=roundtable.sandbox.installation=" .. inst .. " | xargs -r docker rm -f")
+        end
+        assert.same({}, left)
       end)
 
       it("a missing image fails with the image_missing error (the daemon says so) and leaves nothing", function()
