@@ -84,7 +84,6 @@ function M.remove_containers_of(image)
     if name == image then ids[#ids + 1] = id end
   end
   if #ids > 0 then sh("timeout 120 docker rm -f " .. table.concat(ids, " ")) end
-  return #ids
 end
 
 -- Containers first (they hold the image), then the image: a shared ID is
