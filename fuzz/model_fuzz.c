@@ -1,6 +1,6 @@
 /*
  * model_fuzz.c: libFuzzer harness for the /model validator
- * (lua/sandbox/broker/_model_payload.lua, spec/broker.md 9.1-9.5), run in a real Lua
+ * (lua/sandbox/providers/openai_chat.lua, spec/broker.md 9.1-9.5), run in a real Lua
  * state with the strict JSON decoder in front of it, as the broker does.
  *
  * Invariants checked on every input that decodes to an object:
@@ -26,7 +26,7 @@
 
 static const char *const CHECK =
   "local json = require 'sandbox.json'\n"
-  "local mp = require 'sandbox.broker._model_payload'\n"
+  "local mp = require 'sandbox.providers.openai_chat'\n"
   "return function(text)\n"
   "  local body = json.decode(text)\n"
   "  if json.kind(body) ~= 'object' then return true end\n"

@@ -1,25 +1,18 @@
 -- broker/_upstream_error.lua: what the operator may learn when an upstream
 -- says no (spec/providers.md 4). The broker reads at most 4,096 bytes of a
 -- non-2xx body (core.http_post's error_body_max) for the operator log only;
--- this file keeps just the status and, from a JSON body, error.code,
--- error.type and error.param (or code/type/param at the top level, or
--- `error` itself when it is a string: kept as the code; a body that is a
--- one-element array of such an object, as Gemini's, is read as that
--- object), each only when it
--- matches ^[A-Za-z0-9_.:-]{1,64}$ and holds no form of the credential. The
--- body is then dropped: free text (`message`) can echo the request or the
--- key and is never kept. Known status/token pairs get the fix an operator
--- applies.
+-- this file keeps just the status and the tokens providers/_error_body.lua
+-- reads from it (error code, type, param; never free text). The body is
+-- then dropped. Known status/token pairs get the fix an operator applies.
 --
 --   upstream_error.tokens(body, filter) -> {code=, type=, param=}   (each optional)
 --   upstream_error.fix(status, tokens, ctx) -> fix text or nil
 --     ctx = {route_kind = "model" | "mcp", modelAuth = ..., host = the URL's host}
 --   upstream_error.host(url) -> the URL's lowercase host name (or nil)
-local json = require "sandbox.json"
+local error_body = require "sandbox.providers._error_body"
 
 local M = {}
 
-M.MAX_TOKEN = 64
 M.AZURE_SUFFIXES = { ".openai.azure.com", ".cognitiveservices.azure.com" }
 
 M.FIX_OUTPUT_FIELD = 'set outputTokensField = "max_completion_tokens"'
@@ -31,33 +24,8 @@ M.FIX_RATE = "the provider is rate limiting or out of quota"
 M.FIX_NOT_FOUND = "check modelUrl and model"
 M.FIX_MCP_NOT_FOUND = "check the MCP server's url"
 
--- A kept token: a short run of [A-Za-z0-9_.:-] (an integer counts as its
--- decimal text: Gemini's error.code is the HTTP status).
-local function token(v, filter)
-  if math.type(v) == "integer" then v = tostring(v) end
-  if type(v) ~= "string" or #v < 1 or #v > M.MAX_TOKEN or v:find("[^%w_%.:%-]") then return nil end
-  if filter and filter:hit(v) then return nil end
-  return v
-end
-
-function M.tokens(body, filter)
-  local out = {}
-  if type(body) ~= "string" or body == "" then return out end
-  local v = json.decode(body)
-  -- Gemini's OpenAI-compatible errors come as a one-element array
-  if json.kind(v) == "array" and json.kind(v[1]) == "object" then v = v[1] end
-  if json.kind(v) ~= "object" then return out end
-  local src = v
-  if json.kind(v.error) == "object" then
-    src = v.error
-  elseif type(v.error) == "string" then
-    out.code = token(v.error, filter)
-  end
-  out.code = out.code or token(src.code, filter)
-  out.type = token(src.type, filter)
-  out.param = token(src.param, filter)
-  return out
-end
+-- The tokens of an error body (the wire format's own reader).
+M.tokens = error_body.tokens
 
 function M.host(url)
   local h = type(url) == "string" and url:match("^[%a][%w+.-]*://([^/?#:]+)") or nil

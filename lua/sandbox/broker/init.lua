@@ -24,7 +24,7 @@ local core = require "sandbox.core"
 local credential = require "sandbox.broker._credential"
 local errors = require "sandbox.errors"
 local json = require "sandbox.json"
-local model_payload = require "sandbox.broker._model_payload"
+local openai_chat = require "sandbox.providers.openai_chat"
 local record = require "sandbox.ops.record"
 local signal = require "sandbox.signal"
 local upstream = require "sandbox.broker._upstream"
@@ -208,22 +208,6 @@ local function note_upstream(rec, reason, info, fix_ctx)
   end
 end
 
-local FINISH = { stop = true, length = true, content_filter = true, tool_calls = true, function_call = true }
-
--- The facts of a /model reply the host checks a worker's reason against
--- (ops/reason.lua): never text.
-local function reply_facts(value)
-  local choices = json.kind(value) == "object" and value.choices or nil
-  local first = json.kind(choices) == "array" and choices[1] or nil
-  local message = json.kind(first) == "object" and first.message or nil
-  local facts = { message = json.kind(message) == "object" }
-  if json.kind(first) == "object" and type(first.finish_reason) == "string" then
-    facts.finish = FINISH[first.finish_reason] and first.finish_reason or "other"
-  end
-  facts.tool_calls = facts.message and json.kind(message.tool_calls) == "array" and #message.tool_calls > 0
-  return facts
-end
-
 -- The upstream request of a model call for cfg, with the credential as
 -- modelAuth says (nil under "none"). Returns the decoded reply and info, or
 -- nil, the reason and info (broker/_upstream.lua). The /model route and
@@ -231,9 +215,7 @@ end
 function M.model_call(cfg, key, forced, sig, deadline)
   local encoded = json.encode(forced)
   if not encoded then return nil, "upstream_invalid", {} end
-  local headers = { "Content-Type: application/json", "Accept: application/json" }
-  if cfg.modelAuth == "bearer" then headers[#headers + 1] = "Authorization: Bearer " .. key
-  elseif cfg.modelAuth == "api-key" then headers[#headers + 1] = "api-key: " .. key end
+  local headers = openai_chat.auth_headers(cfg.modelAuth, key)
   return upstream.post_json({
     url = cfg.modelUrl, headers = headers, body = encoded, deadline = deadline,
     allow_http = cfg.allowHttp, credential = cfg.modelAuth ~= "none" and key or nil,
@@ -249,7 +231,7 @@ end
 -- POST /model (9.5-9.8; providers.md 1-2)
 function Broker:_model(body, sig, deadline, rec)
   local cfg = self.cfg
-  local forced, refused = model_payload.rebuild(body, cfg.model, cfg.maxOutputTokens, cfg.outputTokensField)
+  local forced, refused = openai_chat.rebuild(body, cfg.model, cfg.maxOutputTokens, cfg.outputTokensField)
   if not forced then
     rec.reason = "payload"
     return 400, refused
@@ -266,7 +248,7 @@ function Broker:_model(body, sig, deadline, rec)
   local value, reason, info = M.model_call(cfg, key, forced, sig, deadline)
   note_upstream(rec, reason, info, M.fix_context(cfg))
   if value == nil then return 502 end
-  rec.reply = reply_facts(value)
+  rec.reply = openai_chat.reply_facts(value)
   return reply_json(value)
 end
 

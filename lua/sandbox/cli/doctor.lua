@@ -25,7 +25,7 @@ local errors = require "sandbox.errors"
 local installation = require "sandbox.runtime._installation"
 local disk = require "sandbox.runtime._disk"
 local json = require "sandbox.json"
-local model_payload = require "sandbox.broker._model_payload"
+local openai_chat = require "sandbox.providers.openai_chat"
 local options = require "sandbox.runtime._options"
 local signal = require "sandbox.signal"
 
@@ -418,7 +418,7 @@ local function probe(r, cfg, state, parsed, key)
   end
   local body = json.object({ "messages" }, { messages = json.array {
     json.object({ "role", "content" }, { role = "user", content = "ping" }) } })
-  local forced = model_payload.rebuild(body, bcfg.model, 1, bcfg.outputTokensField)
+  local forced = openai_chat.rebuild(body, bcfg.model, 1, bcfg.outputTokensField)
   local sig = signal.new()
   local value, reason, info = broker.model_call(bcfg, key, forced, sig, core.now() + broker.CALL_DEADLINE_MS)
   key = nil

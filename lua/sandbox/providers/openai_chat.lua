@@ -1,9 +1,20 @@
--- broker/_model_payload.lua: /model request validation and rebuild (spec/broker.md
--- sections 9.1-9.5, as spec/providers.md 2 amends them). The guest's body is
--- never forwarded: a new body is built from the members that passed, in a
--- fixed order, with the configured model and the forced output-token cap in
--- the configured member. Anything unexpected refuses the whole request (400
--- before any credential or upstream contact).
+-- providers/openai_chat.lua: the OpenAI Chat Completions wire format
+-- (spec/broker.md 9.1-9.8 as spec/providers.md 1-2 amend them), the one
+-- place that knows its fields. The sealed broker, `sbx doctor --probe`, the
+-- failure reasons and the metrics read the facts this module returns, never
+-- the wire members themselves.
+--
+--   openai_chat.rebuild(body, model, max_tokens[, field]) -> forced | nil, REFUSED
+--       The guest's body is never forwarded: a new body is built from the
+--       members that passed, in a fixed order, with the configured model and
+--       the forced output-token cap in the configured member. Anything
+--       unexpected refuses the whole request (400 before any credential or
+--       upstream contact).
+--   openai_chat.reply_facts(value) -> {message=bool, finish=, tool_calls=bool}
+--       what ops/reason.lua checks a worker's reason against (never text)
+--   openai_chat.auth_headers(modelAuth, key) -> {"Name: value", ...}
+--   openai_chat.error_tokens(body, filter) -> {code=, type=, param=}
+--       (providers/_error_body.lua: the operator's tokens of an error body)
 --
 -- Provider state a turn must send back is kept bounded, typed and rebuilt:
 -- an assistant's `reasoning_content` and `reasoning` (strings of at most
@@ -11,6 +22,7 @@
 -- Groq) and a tool call's `extra_content` (an object of at most 16,384 bytes
 -- encoded, forwarded as parsed: Gemini 3's thought signature). An assistant
 -- message with a non-empty tool_calls may carry `content: null`.
+local error_body = require "sandbox.providers._error_body"
 local json = require "sandbox.json"
 local names = require "sandbox.broker._names"
 local schema = require "sandbox.broker._schema"
@@ -143,5 +155,33 @@ function M.rebuild(body, model, max_tokens, field)
     model = model, messages = messages, tools = tools, stream = false, [field] = max_tokens,
   })
 end
+
+M.FINISH = { stop = true, length = true, content_filter = true, tool_calls = true, function_call = true }
+
+-- The facts of a decoded reply: whether choices[0] holds a message object,
+-- its finish_reason (a known value, or "other"), whether it calls tools.
+function M.reply_facts(value)
+  local choices = json.kind(value) == "object" and value.choices or nil
+  local first = json.kind(choices) == "array" and choices[1] or nil
+  local message = json.kind(first) == "object" and first.message or nil
+  local facts = { message = json.kind(message) == "object" }
+  if json.kind(first) == "object" and type(first.finish_reason) == "string" then
+    facts.finish = M.FINISH[first.finish_reason] and first.finish_reason or "other"
+  end
+  facts.tool_calls = facts.message and json.kind(message.tool_calls) == "array" and #message.tool_calls > 0
+  return facts
+end
+
+-- The request headers of a model call: JSON both ways, and the credential
+-- as modelAuth says ("bearer": Authorization, "api-key": Azure's api-key,
+-- "none": nothing).
+function M.auth_headers(model_auth, key)
+  local headers = { "Content-Type: application/json", "Accept: application/json" }
+  if model_auth == "bearer" then headers[#headers + 1] = "Authorization: Bearer " .. key
+  elseif model_auth == "api-key" then headers[#headers + 1] = "api-key: " .. key end
+  return headers
+end
+
+M.error_tokens = error_body.tokens
 
 return M
