@@ -31,7 +31,11 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <uv.h>
+
+/* The caller's libuv loop. Declared, not included: <uv.h> needs POSIX
+ * types that a strict -std=c11 build does not declare, and this header must
+ * compile there (a redeclaration of the same typedef is valid C11). */
+typedef struct uv_loop_s uv_loop_t;
 
 /* ---- bounds and defaults (1.3, 1.9, 1.14) ------------------------------ */
 

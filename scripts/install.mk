@@ -16,7 +16,7 @@
 #                                         lua/**, image_lib.sh, and build-image
 #                                         (worker/image.sh), which
 #                                         builds pi-roundtable-sandbox:local
-#     DOCDIR/                             README.md, docs/*.md, the systemd example
+#     DOCDIR/                             README.md, LICENSE, docs/*.md, the systemd example
 # Nothing records the prefix inside a binary: the installed sbx finds
 # PREFIX/share/lua/5.4 from its own path, libsbx.so.0 the same tree from its
 # own (core/main.c, core/ffi.c), so a DESTDIR tree runs where it lies.
@@ -42,7 +42,7 @@ IMAGEDIR   ?= $(DATADIR)/pi-roundtable-sandbox
 DOCDIR     ?= $(DATADIR)/doc/pi-roundtable-sandbox
 
 PUBLIC_HEADERS := core/sbx.h core/sbx_ffi.h core/sbx_fetch.h core/sbx_scrub.h
-DOCS       := README.md $(wildcard docs/*.md) $(wildcard examples/systemd/*.service)
+DOCS       := README.md LICENSE $(wildcard docs/*.md) $(wildcard examples/systemd/*.service)
 HOST_LUA   := $(shell find lua/sandbox -name '*.lua' 2>/dev/null | LC_ALL=C sort)
 WORKER_LUA := $(shell cd worker/lua 2>/dev/null && find . -name '*.lua' | LC_ALL=C sort)
 

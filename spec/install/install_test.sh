@@ -97,7 +97,7 @@ layout() {
     share/pi-roundtable-sandbox/Dockerfile share/pi-roundtable-sandbox/sbx-worker \
     share/pi-roundtable-sandbox/build-image share/pi-roundtable-sandbox/image_lib.sh \
     share/pi-roundtable-sandbox/seccomp.json share/pi-roundtable-sandbox/lua/agent.lua \
-    share/doc/pi-roundtable-sandbox/README.md share/doc/pi-roundtable-sandbox/operations.md \
+    share/doc/pi-roundtable-sandbox/README.md share/doc/pi-roundtable-sandbox/LICENSE share/doc/pi-roundtable-sandbox/operations.md \
     share/doc/pi-roundtable-sandbox/threat-model.md share/doc/pi-roundtable-sandbox/roundtable-bot.service; do
     [ -f "$P/$f" ] || missing="$missing $f"
   done
@@ -215,6 +215,19 @@ compile() {
   cc -std=c11 -Wall -Wextra -Werror -o "$FIX/turn" "$FIX/turn.c" $flags && chmod a+rx "$FIX/turn"
 }
 check "pkg-config --cflags --libs sbx compiles a C host of the ABI against the installed tree" compile
+
+# Each installed public header compiles alone in a strict C11 translation
+# unit (no _GNU_SOURCE, -pedantic): a header must not pull <uv.h>, whose
+# unix part needs POSIX types -std=c11 does not declare.
+strict_headers() {
+  local h src="$FIX/one_header.c"
+  for h in sbx.h sbx_fetch.h sbx_ffi.h sbx_scrub.h; do
+    printf '#include <%s>\nint main(void) { return 0; }\n' "$h" >"$src"
+    cc -std=c11 -pedantic -Wall -Wextra -Werror -I"$P/include/sbx" -c -o "$FIX/one_header.o" "$src" ||
+      { echo "$h does not compile alone with -std=c11 -pedantic"; return 1; }
+  done
+}
+check "every installed public header compiles alone with -std=c11 -pedantic -Werror" strict_headers
 
 c_turn() {
   local out root; root="$(root_dir)"
