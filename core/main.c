@@ -4,7 +4,11 @@
  * the host Lua tree, the generational collector) and hands argv to the Lua
  * module `sandbox.cli`, whose return value is the exit status. All command
  * logic lives in Lua. The only errors printed here are the one-line ones of
- * finding and loading that tree (no traceback: they name SBX_LUA_DIR).
+ * finding and loading that tree (no traceback: they name SBX_LUA_DIR and the
+ * executable as it really is, so a copied or renamed sbx names itself).
+ * `sbx --version` / `sbx version` is answered here, before the tree is
+ * looked for: the release is compiled in (sbx_version()), so a copied binary
+ * still says which release it is.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -14,6 +18,7 @@
 
 #include <lauxlib.h>
 
+#include "sbx.h"
 #include "state.h"
 
 /* The file that marks a host Lua tree (the directory package.path points at). */
@@ -35,7 +40,7 @@ static int has_tree(const char *dir) {
 static int lua_dir(char *out, size_t cap) {
   static const char *const rel[] = {"../lua", "../share/lua/5.4"};
   const char *env = getenv("SBX_LUA_DIR");
-  char exe[PATH_MAX];
+  char exe[PATH_MAX], dir[PATH_MAX];
   ssize_t n;
   size_t i;
   char *slash;
@@ -59,13 +64,14 @@ static int lua_dir(char *out, size_t cap) {
             "directory that holds sandbox/ (the checkout's lua/, or PREFIX/share/lua/5.4)\n");
     return -1;
   }
-  *slash = '\0';
+  memcpy(dir, exe, (size_t)(slash - exe));
+  dir[slash - exe] = '\0';
   for (i = 0; i < sizeof rel / sizeof rel[0]; i++) {
-    if ((size_t)snprintf(out, cap, "%s/%s", exe, rel[i]) < cap && has_tree(out)) return 0;
+    if ((size_t)snprintf(out, cap, "%s/%s", dir, rel[i]) < cap && has_tree(out)) return 0;
   }
-  fprintf(stderr, "sbx: no Lua tree next to %s/sbx (looked in %s/%s and %s/%s); set SBX_LUA_DIR to the "
+  fprintf(stderr, "sbx: no Lua tree next to %s (looked in %s/%s and %s/%s); set SBX_LUA_DIR to the "
           "directory that holds sandbox/ (the checkout's lua/, or PREFIX/share/lua/5.4)\n",
-          exe, exe, rel[0], exe, rel[1]);
+          exe, dir, rel[0], dir, rel[1]);
   return -1;
 }
 
@@ -90,6 +96,10 @@ int main(int argc, char **argv) {
   lua_State *L;
   int status = 1, i;
 
+  if (argc == 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0)) {
+    printf("sbx %s\n", sbx_version());
+    return 0;
+  }
   if (lua_dir(dir, sizeof dir) != 0) return 1;
   L = luaL_newstate();
   if (L == NULL) {

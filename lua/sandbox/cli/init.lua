@@ -32,8 +32,38 @@ local function usage()
   return table.concat(lines, "\n") .. "\n"
 end
 
+M.VERSION_HELP = "usage: sbx version (or sbx --version)\n\nPrints the release, e.g. `sbx 0.1.0`.\n"
+
+-- Levenshtein distance of a and b, bounded by the short names it compares.
+local function distance(a, b)
+  if #a > 64 or #b > 64 then return math.huge end
+  local prev = {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    local cur = { [0] = i }
+    for j = 1, #b do
+      local cost = a:sub(i, i) == b:sub(j, j) and 0 or 1
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+    end
+    prev = cur
+  end
+  return prev[#b]
+end
+
+-- The closest name of `names` to `given` (at most 2 edits away), or nil.
+function M.suggest(given, names)
+  local best, best_d = nil, 3
+  for _, name in ipairs(names) do
+    local d = distance(given, name)
+    if d < best_d then best, best_d = name, d end
+  end
+  return best
+end
+
 local function unknown(name)
-  io.stderr:write("sbx: unknown command '", name, "'\n\n", usage())
+  local near = M.suggest(name, M.COMMANDS) or (M.suggest(name, { "version" }))
+  io.stderr:write("sbx: unknown command '", name, "'",
+    near and ("; did you mean '" .. near .. "'?") or "", "\n\n", usage())
   return 2
 end
 
@@ -45,6 +75,10 @@ function M.main(argv)
   local name = argv[1]
   if name == "--version" or name == "version" then
     io.stdout:write("sbx ", core.version, "\n")
+    return 0
+  end
+  if name == "help" and (argv[2] == "version" or argv[2] == "--version") then
+    io.stdout:write(M.VERSION_HELP)
     return 0
   end
   if name == "help" and argv[2] ~= nil then
