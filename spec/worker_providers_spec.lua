@@ -112,9 +112,10 @@ describe("reading the answer (providers.md 3, item 5)", function()
   it("marks a reply cut at the length limit, and says so on stdout", function()
     local r = turn({ model = { reply('{"role":"assistant","content":"The list goes on and"}', "length") } })
     assert.is_true(r.reply.ok, r.err)
-    assert.equal("The list goes on and" .. text.MARKER, r.reply.text)
+    assert.equal("The list goes on and\n[The reply was cut short: the model reached its output limit.]", r.reply.text)
+    assert.is_nil(r.reply.text:find("memory_get", 1, true))
     assert.is_true(r.reply.truncated)
-    assert.equal('{"ok":true,"text":' .. W.encode("The list goes on and" .. text.MARKER) .. ',"truncated":true}',
+    assert.equal('{"ok":true,"text":' .. W.encode("The list goes on and" .. text.CUT_MARKER) .. ',"truncated":true}',
       worker.encode_reply(r.reply))
   end)
 
@@ -123,7 +124,7 @@ describe("reading the answer (providers.md 3, item 5)", function()
     local r = turn({ model = { reply(W.encode(W.obj({ "role", "content" }, { role = "assistant", content = long })), "length") } })
     assert.is_true(r.reply.ok, r.err)
     assert.equal(100000, utf8.len(r.reply.text))
-    assert.equal(text.MARKER, r.reply.text:sub(-#text.MARKER))
+    assert.equal(text.CUT_MARKER, r.reply.text:sub(-#text.CUT_MARKER))
   end)
 
   it("fails with `model output was filtered` (model_filtered) on content_filter without text", function()

@@ -5,8 +5,8 @@
 -- members of its `type: "text"` parts joined in order (Mistral's content
 -- arrays; thinking, reasoning and image parts are ignored); with no text, a
 -- non-empty `refusal` is the answer (OpenAI's refusals). The first choice's
--- finish_reason "length" marks a delivered text as cut (the truncation
--- mark, and truncated = true); "content_filter" without text fails with
+-- finish_reason "length" marks a delivered text as cut (text.CUT_MARKER,
+-- not the memory marker, and truncated = true); "content_filter" without text fails with
 -- `model output was filtered`. Tool calls whose `arguments` is absent, null
 -- or "" run as {} (OpenRouter's zero-argument calls).
 --
@@ -154,9 +154,9 @@ local function final_text(message, finish)
   if not n or n > M.MAX_FINAL_CHARS then fail("model returned no final text") end
   if finish == "length" then
     -- cut by the provider: say so, within the reply's character bound
-    local room = M.MAX_FINAL_CHARS - text.len(text.MARKER)
+    local room = M.MAX_FINAL_CHARS - text.len(text.CUT_MARKER)
     if text.len(trimmed) > room then trimmed = text.trim(text.prefix_chars(trimmed, room)) end
-    return trimmed .. text.MARKER, true
+    return trimmed .. text.CUT_MARKER, true
   end
   return trimmed, false
 end

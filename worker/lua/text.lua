@@ -9,6 +9,11 @@ M.MARKER = "\n[Truncated for context size; retrieve specific memory entries with
 -- Bytes the marker adds inside a JSON string literal (its newline costs two):
 -- measure(P .. marker) = measure(P) + MARKER_COST.
 local MARKER_COST = 81
+-- A final answer the provider cut at its output limit (finish_reason
+-- "length", providers.md 3) ends with this mark instead: it tells the guest
+-- what happened. The memory marker above would tell them something untrue
+-- (nothing was cut for context size, and memory_get cannot bring the rest).
+M.CUT_MARKER = "\n[The reply was cut short: the model reached its output limit.]"
 
 M.trim = sbxw.trim
 M.lower = sbxw.lower
