@@ -11,6 +11,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include <errno.h>
+
 #include "curl_loop.h"
 
 typedef struct cl_sock cl_sock_t;
@@ -206,4 +208,42 @@ void sbx__curl_loop_close(sbx__curl_loop_t *cl) {
   if (cl == NULL || cl->closing) return;
   cl->closing = 1;
   if (cl->depth == 0) really_close(cl);
+}
+
+const char *sbx__curl_cause(CURL *easy, CURLcode rc) {
+  long os_errno = 0;
+  if (easy != NULL) curl_easy_getinfo(easy, CURLINFO_OS_ERRNO, &os_errno);
+  switch (rc) {
+  case CURLE_COULDNT_RESOLVE_HOST:
+  case CURLE_COULDNT_RESOLVE_PROXY:
+    return "name resolution failed";
+  case CURLE_COULDNT_CONNECT:
+    if (os_errno == ECONNREFUSED) return "connection refused";
+    if (os_errno == ENETUNREACH || os_errno == EHOSTUNREACH) return "network unreachable";
+    if (os_errno == ETIMEDOUT) return "connect timed out";
+    return "could not connect";
+  case CURLE_OPERATION_TIMEDOUT:
+    return "timed out";
+  case CURLE_PEER_FAILED_VERIFICATION:
+    return "TLS certificate verification failed";
+  case CURLE_SSL_CONNECT_ERROR:
+    return "TLS handshake failed";
+  case CURLE_SSL_CACERT_BADFILE:
+  case CURLE_SSL_CERTPROBLEM:
+    return "TLS certificate file unusable";
+  case CURLE_GOT_NOTHING:
+    return "the server closed the connection without a reply";
+  case CURLE_SEND_ERROR:
+  case CURLE_RECV_ERROR:
+    return os_errno == ECONNRESET ? "connection reset" : "connection failed while talking";
+  case CURLE_WEIRD_SERVER_REPLY:
+  case CURLE_UNSUPPORTED_PROTOCOL:
+    return "not an HTTP/1.1 reply";
+  case CURLE_PARTIAL_FILE:
+    return "the reply ended early";
+  case CURLE_OK:
+    return "no final reply";
+  default:
+    return "transfer failed";
+  }
 }

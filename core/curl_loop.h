@@ -45,6 +45,11 @@ int sbx__curl_harden(CURL *easy, const char *protocols, const char *cainfo);
 int sbx__curl_global(void);
 
 /* A new multi on loop, or NULL (out of memory, curl unavailable). */
+/* Why a transfer that got no HTTP answer failed, in the operator's words: a
+ * static string naming the cause (name resolution, connection refused, TLS
+ * verification, ...) from rc and the socket's errno. Never holds payload. */
+const char *sbx__curl_cause(CURL *easy, CURLcode rc);
+
 sbx__curl_loop_t *sbx__curl_loop_new(uv_loop_t *loop, sbx__curl_done_fn done);
 
 CURLM *sbx__curl_loop_multi(sbx__curl_loop_t *cl);

@@ -104,6 +104,7 @@ typedef struct {
   char ctype[UP_MAX_CONTENT_TYPE];
   size_t ctype_len;
   int want_ctype;
+  const char *cause;     /* network/timeout: why (sbx__curl_cause), else NULL */
 } up_outcome_t;
 
 /* ---- the multi's list ------------------------------------------------ */
@@ -165,6 +166,10 @@ static int deliver(lua_State *L) {
   } else {
     lua_pushstring(L, names[o->kind]);
     lua_setfield(L, -2, "error");
+    if (o->cause != NULL) {
+      lua_pushstring(L, o->cause);
+      lua_setfield(L, -2, "cause");
+    }
     if (o->kind == UP_STATUS && o->body != NULL && o->len > 0) {
       lua_pushlstring(L, o->body, o->len);
       lua_setfield(L, -2, "error_body");
@@ -197,6 +202,7 @@ static void finish(up_multi_t *m, up_req_t *r, CURLcode rc) {
     o.kind = UP_NETWORK;
   }
   if (r->final_seen) o.status = code > 0 ? code : r->status;
+  if (o.kind == UP_NETWORK || o.kind == UP_TIMEOUT) o.cause = sbx__curl_cause(r->easy, rc);
   o.len = r->len;
   memcpy(o.ctype, r->ctype, r->ctype_len);
   o.ctype_len = r->ctype_len;

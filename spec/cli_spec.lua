@@ -423,6 +423,19 @@ describe("sbx run and sbx chat with a fake driver", function()
       .. "everyone\n", r.out)
   end)
 
+  it("--json of a failed turn carries what the operator acts on: turn, fix, upstream status and cause", function()
+    local common = require "sandbox.cli._common"
+    local json = require "sandbox.json"
+    local line = common.json_reply(true, { ok = false, reason = "upstream_status", turn = "ab12", fix = "check modelUrl and model",
+      route = "/model", status = 404, code = "model_not_found" }, "The sandbox turn failed or was stopped.")
+    assert.same({ ok = false, text = "The sandbox turn failed or was stopped.", reason = "upstream_status", turn = "ab12",
+      fix = "check modelUrl and model", route = "/model", status = 404, code = "model_not_found" }, json.plain(json.decode(line)))
+    line = common.json_reply(true, { ok = false, reason = "upstream_unreachable", cause = "connection refused" }, "x")
+    assert.equal("connection refused", json.decode(line).cause)
+    -- a successful turn's line stays the three members
+    assert.equal('{"ok":true,"text":"hi","reason":"ok"}', common.json_reply(true, { ok = true, reason = "ok", turn = "t" }, "hi"))
+  end)
+
   it("run reports a worker outcome by its reason, never as an unexpected error (hardening.md 9)", function()
     if not non_root() then return end
     local r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "big" })

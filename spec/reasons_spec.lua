@@ -114,10 +114,24 @@ describe("reasons decided from a real cause (no container)", function()
 
   it("upstream_unreachable: nothing listens at modelUrl", function()
     if not spec_fs.service_account(pending) then return end
-    local rt = runtime { modelUrl = string.format("http://127.0.0.1:%d/v1", fake_upstream.closed_port()) }
+    local rt, cap = runtime { modelUrl = string.format("http://127.0.0.1:%d/v1", fake_upstream.closed_port()) }
     local r = turn(rt)
     async.run(function() rt:dispose() end)
     assert.equal("upstream_unreachable", r.reason)
+    -- the operator learns why no answer came, in the result and the turn line
+    assert.equal("connection refused", r.cause)
+    local line = C.parse_text(assert(cap:find("turn finished")))
+    assert.equal("connection refused", line.fields.cause)
+  end)
+
+  it("upstream_unreachable names a failed name resolution", function()
+    if not spec_fs.service_account(pending) then return end
+    local rt, cap = runtime { modelUrl = "http://no-such-host.invalid/v1" }
+    local r = turn(rt)
+    async.run(function() rt:dispose() end)
+    assert.equal("upstream_unreachable", r.reason)
+    assert.equal("name resolution failed", r.cause)
+    assert.equal("name resolution failed", C.parse_text(assert(cap:find("turn finished"))).fields.cause)
   end)
 
   it("invalid_turn, memory_store, history: the worker's own reasons, kept since nothing contradicts them", function()

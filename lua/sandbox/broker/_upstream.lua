@@ -82,7 +82,9 @@ end
 -- reflection filter. Returns the decoded value and info, or nil, the turn
 -- reason and info; info = {status = the upstream's status when one
 -- arrived, ms = the request's time when one was sent, bytes = reply bytes,
--- code=, type=, param= (upstream_status only)}. Nothing in it is shown to a guest or holds payload.
+-- code=, type=, param= (upstream_status only), cause = why no answer came
+-- (upstream_unreachable / upstream_timeout: "name resolution failed",
+-- "connection refused", "TLS certificate verification failed", ...)}. Nothing in it is shown to a guest or holds payload.
 function M.post_json(opts, signal)
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
@@ -98,6 +100,8 @@ function M.post_json(opts, signal)
     if why == "status" then
       local t = upstream_error.tokens(failed and failed.error_body, filter)
       info.code, info.type, info.param = t.code, t.type, t.param
+    elseif failed and type(failed.cause) == "string" then
+      info.cause = failed.cause
     end
     return nil, M.reason_of(why) or "aborted", info
   end

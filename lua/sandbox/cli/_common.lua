@@ -10,6 +10,9 @@
 --                      a turn's failure reason and fix (operations.md 1)
 --   common.json_reply(settled, res, text) -> the --json line of run and chat:
 --                      {"ok":..,"text":<the exact guest-visible text>,"reason":..}
+--                      and, when the turn failed, what the operator acts on:
+--                      "turn", "fix", and for an upstream failure "route",
+--                      "status", "code", "type", "param", "cause"
 --   common.fix_for(err, cfg, config_path) -> the catalogue's fix, or nil
 --   common.docker() -> the CLI driver (drivers/cli.lua): the docker runner of
 --                      the turns themselves, so doctor and demo ask the daemon
@@ -96,10 +99,22 @@ end
 -- The line `sbx run --json` and `sbx chat --json` print for one turn: the
 -- exact text, JSON-escaped (the terminal form replaces control characters,
 -- shared/spec/hardening.md 6), and the turn's reason when it settled.
+M.JSON_FAILURE_FIELDS = { "turn", "fix", "route", "status", "code", "type", "param", "cause" }
+
 function M.json_reply(settled, res, text)
-  return json.encode(json.object({ "ok", "text", "reason" }, {
+  local names, values = { "ok", "text", "reason" }, {
     ok = settled and res.ok == true, text = text, reason = settled and res.reason or nil,
-  }))
+  }
+  if settled and res.ok ~= true then
+    for _, name in ipairs(M.JSON_FAILURE_FIELDS) do
+      local v = res[name]
+      if type(v) == "string" or math.type(v) == "integer" then
+        names[#names + 1] = name
+        values[name] = v
+      end
+    end
+  end
+  return json.encode(json.object(names, values))
 end
 
 -- $TZ as the worker's zone (one leading ':' dropped), or nil for UTC.

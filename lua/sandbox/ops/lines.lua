@@ -19,7 +19,8 @@
 --   info  turn finished channel=… turn=… reason=ok ms=… model_calls=… tool_calls=… mcp_calls=…
 --         refused_calls=… tool_failures=… exit=0 ms_start=… ms_first_call=… ms_reply=… ms_removed=…
 --   warn  the same with the failure's reason, its fix and, for upstream_status, route, status and
---         the code/type/param tokens
+--         the code/type/param tokens; for upstream_unreachable and upstream_timeout, route and
+--         cause (why no answer came: "name resolution failed", "connection refused", ...)
 -- Per precheck run (lua/sandbox/precheck), after its container was removed:
 --   info  precheck finished channel=… turn=<run id> reason=ok schedule=13 ms=… mcp_calls=… refused_calls=…
 --   warn  the same with reason=script_error|deadline|stopped|… and its fix
@@ -68,6 +69,7 @@ local function call_lines(logger, c, audit)
   if c.accepted then
     f.ms = c.ms
     f.upstream_status = c.upstream_status
+    f.cause = c.cause
     f.bytes_in, f.bytes_out = c.bytes_in, c.bytes_out
   end
   f.header = c.header
@@ -93,6 +95,7 @@ local function turn_line(logger, t)
   if up then
     f.route, f.status = up.route, up.upstream_status
     tokens(f, up)
+    f.cause = up.cause
   end
   logger:warn("turn finished", f)
 end
