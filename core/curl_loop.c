@@ -237,13 +237,21 @@ const char *sbx__curl_cause(CURL *easy, CURLcode rc) {
   case CURLE_RECV_ERROR:
     return os_errno == ECONNRESET ? "connection reset" : "connection failed while talking";
   case CURLE_WEIRD_SERVER_REPLY:
-  case CURLE_UNSUPPORTED_PROTOCOL:
     return "not an HTTP/1.1 reply";
+  case CURLE_UNSUPPORTED_PROTOCOL: {
+    /* an HTTP/0.9 answer is refused with the same code, after a connect */
+    char *ip = NULL;
+    if (easy != NULL && curl_easy_getinfo(easy, CURLINFO_PRIMARY_IP, &ip) == CURLE_OK && ip != NULL && ip[0] != '\0')
+      return "not an HTTP/1.1 reply";
+    return "URL scheme refused (https only, http only where allowed)";
+  }
+  case CURLE_URL_MALFORMAT:
+    return "URL malformed";
   case CURLE_PARTIAL_FILE:
     return "the reply ended early";
   case CURLE_OK:
     return "no final reply";
   default:
-    return "transfer failed";
+    return curl_easy_strerror(rc);   /* libcurl's static text: no payload */
   }
 }
