@@ -436,6 +436,28 @@ describe("sbx run and sbx chat with a fake driver", function()
     assert.equal('{"ok":true,"text":"hi","reason":"ok"}', common.json_reply(true, { ok = true, reason = "ok", turn = "t" }, "hi"))
   end)
 
+  it("a provider's refusal is reported by its status and fix, without the worker's own failure message", function()
+    local common = require "sandbox.cli._common"
+    local out = {}
+    local real = io.stderr
+    io.stderr = { write = function(_, ...) for _, v in ipairs { ... } do out[#out + 1] = v end end }
+    local ok, code = pcall(common.report_turn, "run", { ok = false, reason = "upstream_status", error = "sandbox worker failed",
+      route = "/model", status = 401, code = "invalid_api_key" }, true, nil, nil)
+    local unreachable = {}
+    local mark = #out
+    pcall(common.report_turn, "run", { ok = false, reason = "upstream_unreachable", error = "sandbox worker failed",
+      route = "/model", cause = "name resolution failed" }, true, nil, nil)
+    io.stderr = real
+    assert.is_true(ok, code)
+    local text = table.concat(out, "", 1, mark)
+    for i = mark + 1, #out do unreachable[#unreachable + 1] = out[i] end
+    assert.matches("sbx run: turn failed: upstream_status\n  upstream: route=/model status=401 code=invalid_api_key\n", text, 1, true)
+    assert.is_nil(text:find("sandbox worker failed", 1, true))
+    local u = table.concat(unreachable)
+    assert.matches("  upstream: route=/model cause=name resolution failed\n", u, 1, true)
+    assert.is_nil(u:find("sandbox worker failed", 1, true))
+  end)
+
   it("run reports a worker outcome by its reason, never as an unexpected error (hardening.md 9)", function()
     if not non_root() then return end
     local r = sbx({ "run", path, "--channel", "demo:1", "--speaker", "a", "big" })

@@ -187,6 +187,18 @@ describe("startup sweep (6.3; 47-49)", function()
     assert.same({ "error:stale sandbox containers could not be removed; run sbx cleanup" }, logs)
   end)
 
+  it("a failed list with the daemon down is the daemon's error, with no cleanup line", function()
+    local logs = {}
+    local ok, err = pcall(async.run, function()
+      return installation.sweep { driver = fake_driver({}, { fail_list = true }), installation = "ab",
+        self = "x", log = function(level, msg) logs[#logs + 1] = level .. ":" .. msg end,
+        daemon_down = function() return true end }
+    end)
+    assert.is_false(ok)
+    assert.equal(require("sandbox.errors").DAEMON, err)
+    assert.same({}, logs)
+  end)
+
   it("a failed removal still tries the others, then raises the cleanup error", function()
     local d = fake_driver({ { name = name(1), owner = GONE }, { name = name(2), owner = GONE } },
       { fail_remove = { [name(1)] = true } })

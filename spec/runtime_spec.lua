@@ -813,6 +813,26 @@ describe("one turn (spec/runtime.md 5)", function()
     assert.equal(1, run(function() return rt:sweep() end))   -- the fake lists it again
   end)
 
+  it("a sweep that fails because the daemon does not answer is daemon_unavailable, with no cleanup line or count", function()
+    local driver = fake.new(fake.reply(true, "ok"), {
+      list = function() error("Cannot connect to the Docker daemon", 0) end,
+      remove = function() end,
+      inspect_daemon = function() return nil, "not found" end,
+    })
+    local lines = {}
+    local function keep(level) return function(msg) lines[#lines + 1] = level .. ":" .. tostring(msg) end end
+    new_runtime { driver = driver, logger = { debug = keep "debug", info = keep "info", warn = keep "warn", error = keep "error" } }
+    run(function()
+      local ok, res = try_turn(rt, "fake:a", GUEST, "hi")
+      assert.equal("daemon_unavailable", reason_of(ok, res))
+      assert.equal("the Docker daemon did not answer", res.error)
+      local ok2, err = pcall(rt.sweep, rt)
+      assert.is_false(ok2)
+      assert.equal("the Docker daemon did not answer", err)
+    end)
+    for _, l in ipairs(lines) do assert.is_nil(l:find("could not be removed", 1, true), l) end
+  end)
+
   it("a failed sweep is retried by the next turn; a second failure fails it with the cleanup error", function()
     local fails = 2
     local driver = fake.new(fake.reply(true, "ok"), {

@@ -82,17 +82,24 @@ function M.report_turn(cmd, res, settled, cfg, config_path)
   end
   if res.ok then return errors.EXIT.ok end
   io.stderr:write("sbx ", cmd, ": turn failed: ", res.reason, "\n")
-  if res.status then
-    local parts = { "route=" .. tostring(res.route), "status=" .. tostring(res.status) }
+  if res.status or res.cause then
+    local parts = { "route=" .. tostring(res.route) }
+    if res.status then parts[#parts + 1] = "status=" .. tostring(res.status) end
     for _, k in ipairs { "code", "type", "param" } do
       if res[k] then parts[#parts + 1] = k .. "=" .. res[k] end
     end
+    if res.cause then parts[#parts + 1] = "cause=" .. res.cause end
     io.stderr:write("  upstream: ", table.concat(parts, " "), "\n")
   end
   local fix = M.fix_for_reason(res, cfg, config_path)
   if fix then io.stderr:write("  fix: ", fix, "\n") end
-  -- the cause behind the reason, never "unexpected error" (hardening.md 9)
-  if res.error and errors.safe_to_show(res.error) then io.stderr:write("  error: ", res.error, "\n") end
+  -- the cause behind the reason, never "unexpected error" (hardening.md 9);
+  -- only when it is that reason's own message: a provider's refusal also
+  -- ends the worker, and "sandbox worker failed" beside it would mislead
+  local e = res.error and errors.entry(res.error)
+  if e and e.reason == res.reason and errors.safe_to_show(res.error) then
+    io.stderr:write("  error: ", res.error, "\n")
+  end
   return errors.exit_status(res.reason)
 end
 

@@ -164,6 +164,9 @@ function M.sweep(o)
   local driver = o.driver
   local ok, list = pcall(driver.list, driver, o.installation)
   if not ok or type(list) ~= "table" then
+    -- a daemon that does not answer is its own reason: `sbx cleanup` could
+    -- not work either, so the cleanup line would send the operator astray
+    if o.daemon_down and o.daemon_down() then fail(errors.DAEMON) end
     log("error", M.LOG_FAILED)
     fail(M.E_CLEANUP)
   end

@@ -174,8 +174,12 @@ function Runtime:_start_sweep()
     local ok, removed = pcall(installation.sweep, {
       driver = self.driver, installation = self.installation, self = self.owner,
       run_root = self.options.runRoot, active = self.run_dirs, log = self.logger:fn(),
+      daemon_down = function() return self:_cleanup_error() == errors.DAEMON end,
     })
-    self.recorder:cleanup { ok = ok, scope = "sweep", removed = ok and removed or 0 }
+    -- a daemon that does not answer is not a failed cleanup (its own reason)
+    if ok or removed ~= errors.DAEMON then
+      self.recorder:cleanup { ok = ok, scope = "sweep", removed = ok and removed or 0 }
+    end
     if not ok then error(removed, 0) end
     self.sweep_ok = true
     return removed
@@ -191,7 +195,7 @@ function Runtime:sweep()
   local task = self.sweep_task
   if task == nil or task.done then task = self:_start_sweep() end
   local ok, res = async.wait(task)
-  if not ok then fail(M.E_CLEANUP) end
+  if not ok then fail(res == errors.DAEMON and errors.DAEMON or M.E_CLEANUP) end
   return res
 end
 
