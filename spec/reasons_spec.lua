@@ -249,6 +249,26 @@ describe("upstream_timeout", function()
   end)
 end)
 
+describe("upstream_timeout at the default deadlines", function()
+  it("is what the operator sees, not a closed connection, when the listener's request deadline would come first", function()
+    local stall = stall_server.start()
+    finally(function() stall:stop() end)
+    async.run(function()
+      local cap = C.new()
+      local o = H.options(up, { modelUrl = string.format("http://127.0.0.1:%d/v1/chat/completions", stall.silent_port),
+        recorder = cap.recorder,
+        listenTimeouts = { call_ms = 2000, request_ms = 500 } })
+      local b, path, dir = H.start(o)
+      local r = H.post(path, "/model")
+      H.finish(b, dir)
+      assert.equal(502, r.status)
+      local l = C.parse_text(assert(cap:find("broker call")))
+      assert.equal("upstream_timeout", l.fields.reason)
+      assert.equal("timed out", l.fields.cause)
+    end)
+  end)
+end)
+
 describe("the planted-secret grep (operations.md 2, item 3)", function()
   for _, format in ipairs { "text", "json" } do
     it("every " .. format .. " line of full turns holds no key, guest text or tool result", function()

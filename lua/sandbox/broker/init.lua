@@ -37,6 +37,8 @@ M.MCP_REFUSED = "MCP method or tool refused"
 M.SOCKET_TOO_LONG = errors.SOCKET_TOO_LONG
 -- The broker's bounds are the C core's (core/bounds.h), never restated here.
 M.CALL_DEADLINE_MS = core.limits.CALL_DEADLINE_MS
+M.REQUEST_DEADLINE_MS = core.limits.REQUEST_DEADLINE_MS
+M.DEADLINE_MARGIN_MS = 2000
 M.MAX_REPLY_BYTES = core.limits.MAX_REPLY_BYTES
 M.MAX_SOCKET_PATH = core.limits.MAX_SOCKET_PATH
 
@@ -328,8 +330,15 @@ M.refused = Broker._refused
 -- signal, deadline and reply rules.
 function Broker:_dispatch(call, route, nbytes)
   local started = core.now()
-  local call_ms = self.cfg and self.cfg.listen and self.cfg.listen.call_ms or M.CALL_DEADLINE_MS
-  local deadline = started + call_ms
+  local listen = self.cfg and self.cfg.listen or {}
+  local call_ms = listen.call_ms or M.CALL_DEADLINE_MS
+  -- The handler's own work (the upstream call above all) ends a margin
+  -- before the earlier of the call deadline and the listener's request
+  -- deadline (which runs from head completion, a moment before acceptance):
+  -- when the listener closed the connection first, the operator saw the
+  -- worker fail instead of upstream_timeout.
+  local window = math.min(call_ms, listen.request_ms or M.REQUEST_DEADLINE_MS)
+  local deadline = started + window - math.min(M.DEADLINE_MARGIN_MS, window // 10)
   local sig = signal.child(self.turn_signal)
   local rec = record.call(self.channel, self.turn_id, route.path, route.kind)
   rec.accepted, rec.bytes_in = true, nbytes
