@@ -93,6 +93,9 @@ struct up_req {
   int err;               /* UP_* decided by a curl callback, else 0 */
   int done_ref;          /* on_done in the registry */
   int want_ctype;        /* opts.content_type: report the Content-Type */
+  char rid[SBX_UP_MAX_REQUEST_ID];  /* the provider's request id (best name) */
+  size_t rid_len;
+  int rid_rank;          /* its name's rank, 0 while none */
 };
 
 /* What on_done receives; built on the C stack, turned into a table in Lua. */
@@ -104,6 +107,8 @@ typedef struct {
   char ctype[UP_MAX_CONTENT_TYPE];
   size_t ctype_len;
   int want_ctype;
+  char rid[SBX_UP_MAX_REQUEST_ID];
+  size_t rid_len;
   const char *cause;     /* network/timeout: why (sbx__curl_cause), else NULL */
 } up_outcome_t;
 
@@ -156,6 +161,10 @@ static int deliver(lua_State *L) {
     lua_pushinteger(L, (lua_Integer)o->status);
     lua_setfield(L, -2, "status");
   }
+  if (o->rid_len > 0) {
+    lua_pushlstring(L, o->rid, o->rid_len);
+    lua_setfield(L, -2, "request_id");
+  }
   if (o->kind == UP_OK) {
     lua_pushlstring(L, o->body != NULL ? o->body : "", o->len);
     lua_setfield(L, -2, "body");
@@ -207,6 +216,8 @@ static void finish(up_multi_t *m, up_req_t *r, CURLcode rc) {
   memcpy(o.ctype, r->ctype, r->ctype_len);
   o.ctype_len = r->ctype_len;
   o.want_ctype = r->want_ctype;
+  memcpy(o.rid, r->rid, r->rid_len);
+  o.rid_len = r->rid_len;
   ref = r->done_ref;
   r->done_ref = LUA_NOREF;
   req_destroy(NULL, r, &buf);
@@ -288,6 +299,44 @@ static void keep_content_type(up_req_t *r, const char *p, size_t n) {
   memcpy(r->ctype, p + vs, r->ctype_len);
 }
 
+int sbx__up_request_id(const char *p, size_t n, size_t *vs_out, size_t *vn_out) {
+  static const char *const names[] = {SBX_UP_REQUEST_ID_NAMES};
+  const char *colon = memchr(p, ':', n);
+  size_t nl, vs, ve, i, k;
+  if (colon == NULL) return 0;
+  nl = (size_t)(colon - p);
+  while (nl > 0 && is_ows(p[nl - 1])) nl--;
+  vs = (size_t)(colon - p) + 1;
+  ve = n;
+  while (vs < ve && is_ows(p[vs])) vs++;
+  while (ve > vs && (is_ows(p[ve - 1]) || p[ve - 1] == '\r' || p[ve - 1] == '\n')) ve--;
+  if (ve == vs || ve - vs > SBX_UP_MAX_REQUEST_ID) return 0;
+  for (k = vs; k < ve; k++) {
+    unsigned char c = (unsigned char)p[k];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+          c == '_' || c == '.' || c == ':' || c == '-'))
+      return 0;
+  }
+  for (i = 0; i < sizeof names / sizeof names[0]; i++) {
+    if (strlen(names[i]) == nl && strncasecmp(p, names[i], nl) == 0) {
+      *vs_out = vs;
+      *vn_out = ve - vs;
+      return (int)i + 1;
+    }
+  }
+  return 0;
+}
+
+/* Keeps the best-ranked request id of the final response. */
+static void keep_request_id(up_req_t *r, const char *p, size_t n) {
+  size_t vs, vn;
+  int rank = sbx__up_request_id(p, n, &vs, &vn);
+  if (rank == 0 || (r->rid_rank != 0 && rank >= r->rid_rank)) return;
+  memcpy(r->rid, p + vs, vn);
+  r->rid_len = vn;
+  r->rid_rank = rank;
+}
+
 /* CURLOPT_HEADERFUNCTION: sees every header line of every response of the
  * transfer (interim 1xx ones too). Returning less than n aborts. */
 static size_t on_header(char *p, size_t size, size_t nitems, void *ud) {
@@ -316,6 +365,7 @@ static size_t on_header(char *p, size_t size, size_t nitems, void *ud) {
   if (sbx__up_bad_encoding(p, n, &is_ce)) { r->err = r->status_fail ? UP_STATUS : UP_ENCODING; return 0; }
   r->last_was_ce = is_ce;
   keep_content_type(r, p, n);
+  keep_request_id(r, p, n);
   return n;                                /* every other header: discarded */
 }
 

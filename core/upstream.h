@@ -60,4 +60,15 @@ long sbx__up_parse_status(const char *p, size_t n);
  * set when the name is Content-Encoding at all. */
 int sbx__up_bad_encoding(const char *p, size_t n, int *is_ce);
 
+/* The provider's request id of a response, for the operator's support
+ * ticket (never the guest's): the header names below, best first; a value
+ * is kept only when it is 1-SBX_UP_MAX_REQUEST_ID bytes of [A-Za-z0-9_.:-].
+ * Given a header line, returns the name's rank (1 = best) and sets *vs and *vn
+ * to the trimmed value, or returns 0 (not one of them, or a value refused). */
+#define SBX_UP_MAX_REQUEST_ID 128
+#define SBX_UP_REQUEST_ID_NAMES \
+  "x-request-id", "request-id", "apim-request-id", "x-ms-request-id", \
+  "mistral-correlation-id", "x-ds-trace-id", "cf-ray"
+int sbx__up_request_id(const char *p, size_t n, size_t *vs, size_t *vn);
+
 #endif

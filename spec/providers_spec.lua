@@ -275,6 +275,31 @@ describe("a provider's refusal in the operator log (providers.md 4, item 6)", fu
     end, { { status = 403, body = body } })
   end)
 
+  it("names the provider's request id on the operator line (x-request-id before request-id), never to the guest", function()
+    local body = '{"error":{"type":"rate_limit_error","message":"slow down"}}'
+    with_broker({}, function(_, path, cap)
+      local r = H.post(path, "/model")
+      assert.equal(502, r.status)
+      assert.is_nil(r.body:find("req_", 1, true))
+      local p = C.parse_text(assert(cap:find("model call refused upstream")))
+      assert.equal("req_abc-123", p.fields.request_id)
+      assert.equal("req_abc-123", C.parse_text(assert(cap:find("broker call "))).fields.request_id)
+    end, { { status = 429, headers = { ["request-id"] = "req_other", ["x-request-id"] = "req_abc-123" }, body = body } })
+  end)
+
+  it("keeps Azure's apim-request-id, and drops a request id that holds the credential or is not a plain token", function()
+    with_broker({}, function(_, path, cap)
+      assert.equal(502, H.post(path, "/model").status)
+      assert.equal("0a1b2c3d-4e5f", C.parse_text(assert(cap:find("model call refused upstream"))).fields.request_id)
+    end, { { status = 500, headers = { ["apim-request-id"] = "0a1b2c3d-4e5f" }, body = "{}" } })
+    with_broker({}, function(_, path, cap)
+      assert.equal(502, H.post(path, "/model").status)
+      local p = C.parse_text(assert(cap:find("model call refused upstream")))
+      assert.is_nil(p.fields.request_id)
+      assert.is_nil(table.concat(cap.lines, "\n"):find(H.KEY, 1, true))
+    end, { { status = 500, headers = { ["x-request-id"] = H.KEY, ["request-id"] = "has spaces in it" }, body = "{}" } })
+  end)
+
   it("names the outputTokensField fix for a 400 unsupported_parameter max_tokens", function()
     local body = '{"error":{"message":"Unsupported parameter: \'max_tokens\' is not supported with this model. '
       .. 'Use \'max_completion_tokens\' instead.","type":"invalid_request_error","param":"max_tokens",'

@@ -82,7 +82,10 @@ end
 -- reflection filter. Returns the decoded value and info, or nil, the turn
 -- reason and info; info = {status = the upstream's status when one
 -- arrived, ms = the request's time when one was sent, bytes = reply bytes,
--- code=, type=, param= (upstream_status only), cause = why no answer came
+-- code=, type=, param= (upstream_status only), request_id = the provider's
+-- request id header (x-request-id, request-id, apim-request-id, ...; core
+-- upstream.h keeps the list; never one that holds the credential),
+-- cause = why no answer came
 -- (upstream_unreachable / upstream_timeout: "name resolution failed",
 -- "connection refused", "TLS certificate verification failed", ...)}. Nothing in it is shown to a guest or holds payload.
 function M.post_json(opts, signal)
@@ -96,6 +99,9 @@ function M.post_json(opts, signal)
   -- (the metrics' upstream histogram, ops/metrics.lua)
   if res or (why ~= "aborted" and why ~= "deadline") then info.ms = core.now() - sent end
   local filter = opts.credential and core.reflect_filter(opts.credential) or nil
+  -- the provider's request id, for the operator's support ticket only
+  local rid = (res or failed or {}).request_id
+  if type(rid) == "string" and not (filter and filter:hit(rid)) then info.request_id = rid end
   if not res then
     if why == "status" then
       local t = upstream_error.tokens(failed and failed.error_body, filter)

@@ -201,6 +201,7 @@ local function note_upstream(rec, reason, info, fix_ctx)
   rec.upstream_status = info.status
   rec.upstream_ms = info.ms
   rec.cause = info.cause
+  rec.request_id = info.request_id
   if reason == nil then return end
   rec.reason = reason ~= "aborted" and reason or nil
   if reason == "upstream_status" then

@@ -89,6 +89,7 @@ function M.report_turn(cmd, res, settled, cfg, config_path)
       if res[k] then parts[#parts + 1] = k .. "=" .. res[k] end
     end
     if res.cause then parts[#parts + 1] = "cause=" .. res.cause end
+    if res.request_id then parts[#parts + 1] = "request_id=" .. res.request_id end
     io.stderr:write("  upstream: ", table.concat(parts, " "), "\n")
   end
   local fix = M.fix_for_reason(res, cfg, config_path)
@@ -106,7 +107,7 @@ end
 -- The line `sbx run --json` and `sbx chat --json` print for one turn: the
 -- exact text, JSON-escaped (the terminal form replaces control characters,
 -- shared/spec/hardening.md 6), and the turn's reason when it settled.
-M.JSON_FAILURE_FIELDS = { "turn", "fix", "route", "status", "code", "type", "param", "cause" }
+M.JSON_FAILURE_FIELDS = { "turn", "fix", "route", "status", "code", "type", "param", "cause", "request_id" }
 
 function M.json_reply(settled, res, text)
   local names, values = { "ok", "text", "reason" }, {

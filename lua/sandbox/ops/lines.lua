@@ -11,7 +11,8 @@
 --   warn  broker refused channel=… turn=… route=- status=404 reason=unknown_route
 --         (every reason of operations.md 3, at whichever step it was decided)
 -- Per call, always (the operator must see why the provider said no):
---   warn  model call refused upstream channel=… turn=… status=400 code=unsupported_parameter param=max_tokens fix="…"
+--   warn  model call refused upstream channel=… turn=… status=400 code=unsupported_parameter param=max_tokens
+--         request_id=req_… fix="…"   (request_id: the provider's, for a support ticket)
 --   warn  model reply refused channel=… turn=… reason=reflection route=/model fix="…"
 --   error apiKey raised an error channel=… turn=… route=/model   (credential_error: the line its fix points to)
 -- Per turn:
@@ -53,6 +54,7 @@ local function call_lines(logger, c, audit)
     f.status = c.upstream_status
     f.route = c.route
     tokens(f, c)
+    f.request_id = c.request_id
     f.fix = c.fix
     logger:warn((c.route_kind == "model" and "model" or "mcp") .. " call refused upstream", f)
   elseif c.reason == "reflection" then
@@ -70,6 +72,7 @@ local function call_lines(logger, c, audit)
     f.ms = c.ms
     f.upstream_status = c.upstream_status
     f.cause = c.cause
+    if c.reason then f.request_id = c.request_id end
     f.bytes_in, f.bytes_out = c.bytes_in, c.bytes_out
   end
   f.header = c.header
@@ -96,6 +99,7 @@ local function turn_line(logger, t)
     f.route, f.status = up.route, up.upstream_status
     tokens(f, up)
     f.cause = up.cause
+    f.request_id = up.request_id
   end
   logger:warn("turn finished", f)
 end

@@ -486,7 +486,7 @@ function Runtime:_settle(turn, ok, res)
     text = outcome.reply and outcome.reply.text or M.GUEST_FAILED_OR_STOPPED,
     guest = outcome.reply and M.GUEST_FAILED or M.GUEST_FAILED_OR_STOPPED,
     route = up.route, status = up.upstream_status, code = up.code, type = up.type, param = up.param,
-    cause = up.cause,
+    cause = up.cause, request_id = up.request_id,
   }
 end
 
