@@ -98,7 +98,8 @@ layout() {
     share/pi-roundtable-sandbox/build-image share/pi-roundtable-sandbox/image_lib.sh \
     share/pi-roundtable-sandbox/seccomp.json share/pi-roundtable-sandbox/lua/agent.lua \
     share/doc/pi-roundtable-sandbox/README.md share/doc/pi-roundtable-sandbox/LICENSE share/doc/pi-roundtable-sandbox/operations.md \
-    share/doc/pi-roundtable-sandbox/threat-model.md share/doc/pi-roundtable-sandbox/roundtable-bot.service; do
+    share/doc/pi-roundtable-sandbox/threat-model.md share/doc/pi-roundtable-sandbox/operator-notes.md \
+    share/doc/pi-roundtable-sandbox/roundtable-bot.service; do
     [ -f "$P/$f" ] || missing="$missing $f"
   done
   [ -z "$missing" ] || { echo "missing:$missing"; return 1; }
@@ -157,16 +158,18 @@ check "the installed sbx finds its Lua tree from its prefix (no SBX_LUA_DIR): --
 copied() {
   local d="$BASE/copied" out rc
   mkdir -p "$d/bin" && cp "$P/bin/sbx" "$d/bin/sbx" && chmod -R a+rX "$d"
-  out="$(as_user "$d/bin/sbx" --version 2>&1)"; rc=$?
+  # --version needs no Lua tree (the release is compiled in)
+  out="$(as_user "$d/bin/sbx" --version 2>&1)" && [ "$out" = "sbx $VERSION" ] || { echo "--version: $out"; return 1; }
+  out="$(as_user "$d/bin/sbx" help 2>&1)"; rc=$?
   [ "$rc" = 1 ] && [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] && [[ "$out" == *SBX_LUA_DIR* ]] &&
-    [[ "$out" != *traceback* ]] || { echo "rc $rc: $out"; return 1; }
-  out="$(as_user env SBX_LUA_DIR="$P/share/lua/5.4" "$d/bin/sbx" --version 2>&1)"
-  [ "$out" = "sbx $VERSION" ] || { echo "with SBX_LUA_DIR: $out"; return 1; }
-  out="$(as_user env SBX_LUA_DIR=/nonexistent "$d/bin/sbx" --version 2>&1)"; rc=$?
+    [[ "$out" == *"next to $d/bin/sbx "* ]] && [[ "$out" != *traceback* ]] || { echo "rc $rc: $out"; return 1; }
+  out="$(as_user env SBX_LUA_DIR="$P/share/lua/5.4" "$d/bin/sbx" help version 2>&1)"
+  [ "${out%%$'\n'*}" = "usage: sbx version (or sbx --version)" ] || { echo "with SBX_LUA_DIR: $out"; return 1; }
+  out="$(as_user env SBX_LUA_DIR=/nonexistent "$d/bin/sbx" help 2>&1)"; rc=$?
   [ "$rc" = 1 ] && [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] && [[ "$out" == *"SBX_LUA_DIR=/nonexistent"* ]] ||
     { echo "bad SBX_LUA_DIR: rc $rc: $out"; return 1; }
 }
-check "a copied sbx with no Lua tree: one line naming SBX_LUA_DIR, exit 1, no traceback" copied
+check "a copied sbx with no Lua tree: --version answers; anything else is one line naming itself and SBX_LUA_DIR, exit 1" copied
 
 versions() {
   local pkg rock pc core
@@ -179,6 +182,15 @@ versions() {
   [ "$pc" = "$VERSION" ] || { echo "sbx.pc says $pc"; return 1; }
 }
 check "one release everywhere: VERSION = sbx --version = sbx.pc = bun/package.json = the rockspec" versions
+
+# The pi-roundtable range the package embeds into, as the operator notes say.
+peer_range() {
+  local want have
+  want="$(sed -n 's/.*\*\*pi-roundtable `\(>=[^`]*\)`\*\*.*/\1/p' docs/operator-notes.md)"
+  have="$(bun -e 'const p = require("./bun/package.json"); console.log(p.peerDependencies["pi-roundtable"] + (p.peerDependenciesMeta["pi-roundtable"].optional ? "" : " (not optional)"))')"
+  [ -n "$want" ] && [ "$have" = "$want" ] || { echo "bun/package.json declares '$have', docs/operator-notes.md says '$want'"; return 1; }
+}
+check "the Bun package declares the pi-roundtable range docs/operator-notes.md gives, as an optional peer" peer_range
 
 demo() {
   local out
