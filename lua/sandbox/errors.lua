@@ -409,8 +409,8 @@ M.reasons = {
   { reason = "image_missing", exit = M.EXIT.daemon,
     fix = function(ctx)
       -- this tree's own build command (a checkout's make image, an installed
-      -- tree's build-image): sandbox/layout.lua
-      return "build it: " .. require("sandbox.layout").image_fix(image_of(ctx))
+      -- tree's build-image): sandbox/runtime/layout.lua
+      return "build it: " .. require("sandbox.runtime.layout").image_fix(image_of(ctx))
     end },
 }
 

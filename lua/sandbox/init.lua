@@ -88,7 +88,7 @@ M.runtime = require "sandbox.runtime"
 M.delegator = require "sandbox.delegator"
 M.scoped_delegator = M.delegator.new
 M.research_worker = require("sandbox.delegator.research").new
-M.scrub_diagnostic = require("sandbox.scrub").scrub_diagnostic
+M.scrub_diagnostic = require("sandbox.delegator.scrub").scrub_diagnostic
 -- Rich (Pi/subscription) mode, opted into separately (rich-mode.md).
 M.rich = require "sandbox.rich"
 -- Safe fetch of model-supplied URLs (fetch-and-delegation.md 1).

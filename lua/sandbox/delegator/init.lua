@@ -19,7 +19,7 @@
 -- outcome) has returned. Jobs are process-local: none survives a restart.
 local async = require "sandbox.async"
 local core = require "sandbox.core"
-local scrub = require "sandbox.scrub"
+local scrub = require "sandbox.delegator.scrub"
 local signal = require "sandbox.signal"
 
 local M = {}

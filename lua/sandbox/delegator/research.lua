@@ -76,7 +76,7 @@
 local async = require "sandbox.async"
 local fetch = require "sandbox.fetch"
 local schema = require "sandbox.broker._schema"
-local scrub = require "sandbox.scrub"
+local scrub = require "sandbox.delegator.scrub"
 local signals = require "sandbox.signal"
 
 local M = {}

@@ -26,7 +26,7 @@
 local core = require "sandbox.core"
 local delegator = require "sandbox.delegator"
 local fetch = require "sandbox.fetch"
-local scrub = require "sandbox.scrub"
+local scrub = require "sandbox.delegator.scrub"
 local signals = require "sandbox.signal"
 
 local M = {}

@@ -19,7 +19,7 @@
 local async = require "sandbox.async"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
-local layout = require "sandbox.layout"
+local layout = require "sandbox.runtime.layout"
 
 local M = {}
 
@@ -439,7 +439,7 @@ end
 -- or fake one) is not asked: {"image":..,"checked":false}. Otherwise
 -- {"image":..,"checked":true,"present":b} and, when not present, "error":
 -- the operator's message with its fix (the daemon's state when it is the
--- cause; the build command of this installation, sandbox.layout).
+-- cause; the build command of this installation, sandbox.runtime.layout).
 function HANDLERS.image(self)
   local svc = self.app.services and self.app.services.SANDBOX
   local rt = svc and svc.runtime

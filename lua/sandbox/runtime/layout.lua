@@ -1,4 +1,4 @@
--- layout.lua: where this host Lua tree lives, and so the one command that
+-- runtime/layout.lua: where this host Lua tree lives, and so the one command that
 -- builds its worker image (spec/operations.md 5 "a missing image names the
 -- project's own build command", 6). The tree is found from this file's own
 -- path; four layouts:
@@ -36,7 +36,8 @@ end
 
 function M.tree()
   local src = debug.getinfo(1, "S").source
-  local dir = src:match("^@(.*)/sandbox/layout%.lua$") or src:match("^@(sandbox)/layout%.lua$") and "."
+  local dir = src:match("^@(.*)/sandbox/runtime/layout%.lua$")
+    or src:match("^@(sandbox)/runtime/layout%.lua$") and "."
   if not dir then return nil end
   if dir == "" then dir = "/" end
   return core.realpath(dir) or dir

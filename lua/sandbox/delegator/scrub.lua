@@ -1,4 +1,4 @@
--- scrub.lua: scrub_diagnostic(text, max), a failure reason that is safe to
+-- delegator/scrub.lua: scrub_diagnostic(text, max), a failure reason that is safe to
 -- deliver into a guest channel (spec fetch-and-delegation.md section 2).
 --
 -- The scan lives in C (core/scrub.c, sbx_scrub_diagnostic, fuzzed by
