@@ -209,8 +209,8 @@ describe("the engine's metrics on real turns", function()
         "sbx_containers gauge", "sbx_channel_queue_depth gauge", "sbx_cleanup_failures_total counter" } do
       assert.truthy(text:find("\n# TYPE " .. fam .. "\n", 1, true) or text:find("^# TYPE " .. fam .. "\n"), fam)
     end
-    for _, r in ipairs(require("sandbox.errors").reasons) do
-      assert.equal(0, P.value(text, 'sbx_turns_total{reason="' .. r.reason .. '"}'), r.reason)
+    for _, r in ipairs(require("sandbox.ops.metrics").reasons_of("sealed")) do
+      assert.equal(0, P.value(text, 'sbx_turns_total{reason="' .. r .. '"}'), r)
     end
     for _, s in ipairs { "running", "warm", "removing" } do
       assert.equal(0, P.value(text, 'sbx_containers{state="' .. s .. '"}'), s)

@@ -406,6 +406,11 @@ M.reasons = {
     fix = "raise the service's hard descriptor limit (LimitNOFILE= / ulimit -Hn) or run fewer channels at once" },
   { reason = "state_write_failed",
     fix = "the state file was left as it was; free space on (or fix) the state directory's filesystem and retry" },
+  -- a precheck run's own (spec/precheck.md 4; `modes` names the modes a
+  -- reason belongs to when it is not a sealed or rich turn's)
+  { reason = "script_error", modes = { precheck = true } },
+  { reason = "run_dir", modes = { precheck = true },
+    fix = "check that runRoot is writable by the service account and its filesystem has free space" },
   { reason = "image_missing", exit = M.EXIT.daemon,
     fix = function(ctx)
       -- this tree's own build command (a checkout's make image, an installed
