@@ -419,6 +419,11 @@ M.reasons = {
     end },
 }
 
+-- The reasons a precheck run ends with (spec/precheck.md 4, operations.md
+-- 3 "precheck finished"), a subset of M.reasons plus its own two.
+M.PRECHECK_REASONS = { "ok", "script_error", "deadline", "stopped", "invalid_reply", "run_dir",
+  "cleanup_failed", "daemon_unavailable", "image_missing", "worker_failed" }
+
 local by_reason = {}
 M.WORKER_REASONS = {}
 for _, r in ipairs(M.reasons) do

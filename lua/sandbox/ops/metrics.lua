@@ -89,8 +89,10 @@ local REASONS = {}
 for _, r in ipairs(errors.reasons) do REASONS[r.reason] = true end
 
 -- The reasons a mode can end with, each exposed from 0 in a registry made
--- for that mode (errors.reasons: `modes` absent = sealed and rich).
+-- for that mode (errors.reasons: `modes` absent = sealed and rich;
+-- precheck: errors.PRECHECK_REASONS).
 function M.reasons_of(mode)
+  if mode == "precheck" then return errors.PRECHECK_REASONS end
   local out = {}
   for _, r in ipairs(errors.reasons) do
     local modes = r.modes or { sealed = true, rich = true }
