@@ -62,13 +62,21 @@ M.catalogue = {
     fix = "set TZ to an IANA zone name such as UTC or Europe/London, or unset it" },
   { name = "TIMEOUT", message = "turnTimeoutMs must be 1000 to 600000" },
   { name = "ROOT_PATH", message = "sandbox roots must be absolute dedicated directories",
-    fix = "set runRoot and workspaceRoot to absolute paths of directories used only by this package" },
+    fix = function(ctx)
+      if ctx.mode == "precheck" then
+        return "set runRoot to the absolute path of a directory used only by the precheck runner"
+      end
+      return "set runRoot and workspaceRoot to absolute paths of directories used only by this package"
+    end },
   { name = "ROOT_PRIVATE", message = "sandbox roots must be private directories owned by the service user",
     fix = function(ctx)
       local run, ws = ctx.runRoot or "RUNROOT", ctx.workspaceRoot or "WORKSPACEROOT"
       if ctx.uid == 0 then
         return string.format("run sbx as the service account that owns them, never as root, e.g. "
           .. "`runuser -u sbx -- sbx %s %s`", ctx.command or "run", config_of(ctx))
+      end
+      if ctx.mode == "precheck" then   -- the runner has runRoot only
+        return string.format("chown %s: %s && chmod 700 %s", ctx.user or "USER", run, run)
       end
       return string.format("chown %s: %s %s && chmod 700 %s %s (run `sbx doctor %s` to see which)",
         ctx.user or "USER", run, ws, run, ws, config_of(ctx))
