@@ -103,6 +103,7 @@ export type {
   PiLogger,
   PiSandboxRuntimeConfig,
   PiSandboxRuntimeOptions,
+  PiSandboxRuntimePlainOptions,
   PiSpeaker,
   PiThinkingLevel,
   PiToolContext,

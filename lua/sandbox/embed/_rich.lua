@@ -21,6 +21,7 @@
 --   {"type":"rich.start"|"rich.stop"|"rich.startFresh"|"rich.status"|
 --    "rich.sessionsDir"|"rich.attachmentDir","owner":O,"channel":C[,"profile":P]}
 --   {"type":"rich.stopBrokers"|"rich.dispose","owner":O}
+--   {"type":"rich.metrics","owner":O} -> the runtime's Prometheus exposition text
 -- Bytes cross JSON as base64: fetchImpl answers {status, headers,
 -- bodyBase64}; reply files come back as dataBase64.
 local core = require "sandbox.core"
@@ -28,9 +29,8 @@ local json = require "sandbox.json"
 
 local M = {}
 
-local OPTIONS = { "partyDir", "image", "profiles", "upstream", "allowHttpMcp", "timeZone", "containerPrefix",
-  "labelChannel", "labelProfile", "startTimeoutMs", "turnTimeoutMs", "maxCalls", "maxOutputTokens", "workerImage",
-  "logFormat", "logLevel", "audit" }
+-- The plain (JSON) options, from the one declaration (rich/_option_table.lua).
+local OPTIONS = require("sandbox.rich._option_table").PLAIN
 
 local function runtimes(self)
   self.riches = self.riches or {}
@@ -171,6 +171,12 @@ function M.register(H, U, util)
   H["rich.stopBrokers"] = function(self, _, req)
     the_runtime(self, req):stopBrokers()
     return true
+  end
+
+  -- the runtime's Prometheus text (spec/operations.md 4: its turns as
+  -- sbx_turns_total{mode="rich",...}, its broker calls and refusals)
+  H["rich.metrics"] = function(self, _, req)
+    return the_runtime(self, req):metrics()
   end
 
   H["rich.dispose"] = function(self, _, req)
