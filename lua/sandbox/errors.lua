@@ -253,6 +253,44 @@ M.catalogue = {
   { name = "STATE_NAME", message = "stateFile must name a file" },
   { name = "STATE_MOUNTS", message = "routing state must stay outside sandbox mounts" },
 
+  -- The scoped delegator (spec/fetch-and-delegation.md 3): construction,
+  -- then start()'s refusals (DelegationError messages) and its log line
+  { name = "DELEGATION_BUDGET", message = "Invalid delegation target/budget",
+    fix = "give target (a non-empty name), timeoutMs 1000..1200000 and a whole maxConcurrent >= 1" },
+  { name = "DELEGATION_TITLE_LIMIT", message = "Invalid delegation title limit",
+    fix = "maxTitleChars must be a whole number >= 1 (default 200)" },
+  { name = "DELEGATION_REPORT_LIMIT", message = "Invalid delegation maxReportChars",
+    fix = "maxReportChars must be a whole number >= 1 (default 80000)" },
+  { name = "DELEGATION_DIAGNOSTIC_LIMIT", message = "Invalid delegation diagnosticChars",
+    fix = "diagnosticChars must be a whole number >= 1 (default 600)" },
+  { name = "DELEGATION_CALLBACKS", message = "Invalid delegation callbacks",
+    fix = "give run = function(request, ctx) and deliver = function(report, ctx)" },
+  { name = "DELEGATION_SCOPE", message = "Delegation scope refused" },
+  { name = "DELEGATION_UTF8", message = "title and task must be valid UTF-8" },
+  { name = "DELEGATION_REQUIRED", message = "title and task are required" },
+  { name = "DELEGATION_REPORT_TOO_LARGE", message = "Research report too large" },
+  { name = "DELEGATION_REPORT_UTF8", message = "Research report is not valid UTF-8" },
+  { name = "DELEGATION_DELIVER_FAILED", message = "Sandbox task report failed",
+    fix = "the host's deliver callback raised; the report was not delivered (see the host's own log)" },
+  -- The research worker (fetch-and-delegation.md 4): construction
+  { name = "RESEARCH_NEEDS_FETCH", message = "Research needs tools, fetchContent or extractFetched",
+    fix = "give the research worker its own tools, or fetchContent / extractFetched" },
+  { name = "RESEARCH_NEEDS_SEARCH", message = "Research needs search unless it has its own tools",
+    fix = "give search = function(query, ctx), or the worker's own tools" },
+  { name = "RESEARCH_OPTION", message = "Invalid research option ", prefix = true },
+  -- scrub_diagnostic (fetch-and-delegation.md 2)
+  { name = "DIAGNOSTIC_LIMIT", message = "Invalid diagnostic limit",
+    fix = "max must be nil, a whole number >= 1 or math.huge" },
+  -- The owner commands (runtime.md 9): the operator line of a command that raised
+  { name = "COMMAND_FAILED", message = "owner command failed" },
+  -- The embedding ABI (core/API.md, embed/): a host's malformed request or
+  -- options, a config that does not load
+  { name = "EMBED_REQUEST", message = "invalid request: ", prefix = true,
+    fix = "the host sent a request the engine's ABI does not take (core/API.md); fix the host" },
+  { name = "EMBED_OPTIONS", message = "invalid options_json: ", prefix = true,
+    fix = "pass sbx_engine_new a JSON object with the documented members (core/API.md)" },
+  { name = "CONFIG_LOAD", message = "cannot load config: ", prefix = true, safe = false },
+
   -- Rich mode: construction (spec/rich-mode.md 3)
   { name = "RICH_OPTIONS", message = "Pi sandbox options must be a table" },
   { name = "RICH_OPTION", message = "Invalid Pi sandbox option: ", prefix = true },

@@ -1,6 +1,8 @@
 -- cli/_args.lua: flag parsing shared by the sbx subcommands.
 --   parse(args, spec) with spec = { flags = { socket = "value", force = "bool" } }
 -- returns { flags = {...}, positional = {...} } or nil, message.
+local errors = require "sandbox.errors"
+
 local M = {}
 
 function M.parse(args, spec)
@@ -58,7 +60,7 @@ function M.load_any(path, arg)
   local sandbox = require "sandbox"
   if type(path) ~= "string" then return nil, "a CONFIG.lua path is required" end
   local chunk, err = loadfile(path, "t")
-  if not chunk then return nil, "cannot load config: " .. err end
+  if not chunk then return nil, errors.CONFIG_LOAD .. err end
   -- which constructor the script called, so a refusal's fix names that
   -- mode's options (a precheck runner has runRoot only)
   local runner, tried = sandbox.precheckScriptRunner, nil
