@@ -53,7 +53,7 @@ all: $(B)/libsbx.so $(B)/$(SONAME) $(B)/libsbx.a $(B)/sbx $(B)/lua/sandbox/core.
 # declaration (issue 21 item 6; pure Lua, no engine module needed). Committed
 # too, so a package built without make has it; spec/bun_options_spec.lua
 # regenerates and compares.
-$(BUN_OPTIONS): lua/sandbox/rich/_option_table.lua scripts/gen_bun_options.lua
+$(BUN_OPTIONS): lua/sandbox/rich/_option_table.lua lua/sandbox/runtime/_option_table.lua scripts/gen_bun_options.lua
 	lua5.4 scripts/gen_bun_options.lua $@
 
 $(B)/obj/%.o: core/%.c

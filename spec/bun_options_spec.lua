@@ -36,6 +36,19 @@ describe("the generated Bun option file", function()
     end
   end)
 
+  it("lists the sealed mode's JSON options from its one declaration, which sandbox{} and sandbox.runtime{} read", function()
+    local sealed = require "sandbox.runtime._option_table"
+    local text = assert(spec_fs.read(GENERATED))
+    local got = {}
+    for n in text:match("SANDBOX_JSON_OPTIONS = %[(.-)%]"):gmatch('"([^"]+)"') do got[#got + 1] = n end
+    assert.same(sealed.SANDBOX_PLAIN, got)
+    assert.equal(sealed.SANDBOX, require("sandbox").OPTIONS)
+    assert.equal(sealed.RUNTIME, require("sandbox.runtime._options").OPTIONS)
+    assert.is_nil(sealed.SANDBOX.timeZone)       -- sandbox{} takes the host's zone
+    assert.is_true(sealed.RUNTIME.timeZone)
+    assert.is_nil(sealed.RUNTIME.stateFile)      -- the channel store is sandbox{}'s
+  end)
+
   it("sandbox.rich{} refuses a name outside the declaration with the page's message", function()
     assert.equal("partydir", options.unknown_name { partydir = "/x", image = "i" })
     assert.is_nil(options.unknown_name { partyDir = "/x", image = "i", oauthToken = print })
