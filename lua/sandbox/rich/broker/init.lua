@@ -198,7 +198,7 @@ function Broker:_call(conn, s, route, path, beta)
   scope.settle(s)
   self:_trace { route = route.kind, ms = self.clock.now() - started }
   if not ok then
-    self.log.error("sandbox broker handler failed", { channel = s.channel, route = route.kind, error = tostring(err):sub(1, 300) })
+    self.log.error("sandbox broker handler failed", { channel = s.channel, turn = s.turnId, route = route.kind, error = tostring(err):sub(1, 300) })
     conn:fail()
   end
   audit.finish(self, rec, conn)
