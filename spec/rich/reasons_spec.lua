@@ -82,6 +82,21 @@ describe("rich turns: one record, one reason, one registry (operations.md 3-4)",
     assert.equal(1, P.value(rt:metrics(), 'sbx_turns_total{mode="rich",reason="worker_failed"}'))
   end)
 
+  it("a daemon the built-in driver cannot reach is daemon_unavailable with its fix", function()
+    local dir = spec_fs.tmpdir("rrn", dirs, spec_fs.short_tmp())
+    local logs = {}
+    local rt = rich {
+      partyDir = dir .. "/p", image = "pi-roundtable-sandbox:pi", profiles = { main = { model = "claude-sonnet-4-6" } },
+      oauthToken = function() return harness.SECRET end, effort = { judge = function() return "low" end },
+      driver = rich.dockerDriver { socket = dir .. "/no-daemon.sock" }, logger = harness.logger(logs), startTimeoutMs = 2000,
+    }
+    async.run(function() assert.is_false(rt:runTurn(turn("t-nod")).ok) rt:stopBrokers() end)
+    local f = finished(logs)[1]
+    assert.equal("daemon_unavailable", f.fields.reason)
+    assert.truthy(f.fields.fix)
+    assert.equal(1, P.value(rt:metrics(), 'sbx_turns_total{mode="rich",reason="daemon_unavailable"}'))
+  end)
+
   it("a timed-out turn is reason=deadline with the turnTimeoutMs fix", function()
     local rt, _, logs = runtime({ turnTimeoutMs = 1000 }, { turn = function()
       async.sleep(3000)

@@ -19,13 +19,8 @@ local M = {}
 M.RICH_IMAGE_TARGET = "image-pi"
 M.PRECHECK_IMAGE_TARGET = "image"
 
--- The command that builds an image of this tree (`make -C <checkout>
--- TARGET`), or where to run it.
-function M.build_fix(target)
-  local b = layout.image_build()
-  if b.kind == "checkout" then return "build it: make -C " .. options.shq(b.dir) .. " " .. target end
-  return "build it from the engine's source tree: make " .. target
-end
+-- The command that builds an image of this tree (`make -C <checkout> TARGET`).
+M.build_fix = layout.make_fix
 
 -- A directory the host keeps private: owned by this account, no group or
 -- other bits.

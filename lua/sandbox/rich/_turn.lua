@@ -113,7 +113,8 @@ end
 --   (upstream_status, upstream_unreachable, upstream_timeout,
 --   upstream_invalid, reflection, credential_missing, credential_error;
 --   a model call refused for the spent budget: budget_exhausted);
---   invalid_turn (the host's own turn input was refused); the catalogue
+--   invalid_turn (the host's own turn input was refused); image_missing /
+--   daemon_unavailable (the built-in driver's daemon answer); the catalogue
 --   entry's reason (image_missing, daemon_unavailable, ...); else
 --   worker_failed.
 M.INPUT = { [errors.RICH_TURN_INPUT] = true, [errors.RICH_EFFORT] = true, [errors.RICH_MEMORY] = true,
@@ -144,6 +145,16 @@ function M.reason(rec, ok, cause, timed_out, cancelled)
   end
   if m and (m.reason == "budget" or m.reason == "busy") then return "budget_exhausted", errors.reason_fix("budget_exhausted") end
   if M.INPUT[cause] then return "invalid_turn", errors.reason_fix("invalid_turn") end
+  if type(cause) == "string" and cause:sub(1, #errors.RICH_DOCKER) == errors.RICH_DOCKER then
+    -- the built-in driver's view of the daemon (rich/docker.lua): an answer
+    -- naming a missing image, or no answer at all
+    if cause:find(" failed with 404: ", 1, true) and cause:find("No such image", 1, true) then
+      return "image_missing", require("sandbox.runtime.layout").make_fix("image-pi")
+    end
+    if not cause:find(" failed with %d%d%d: ") then
+      return "daemon_unavailable", errors.reason_fix("daemon_unavailable", {})
+    end
+  end
   local e = errors.entry(cause)
   local reason = e and e.reason or "worker_failed"
   local fix = (e and errors.fix(cause)) or errors.reason_fix(reason)
