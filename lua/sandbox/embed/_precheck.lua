@@ -67,12 +67,20 @@ function M.register(H, U, util)
     return the_runner(self, req).toolName(req.server, req.tool)
   end
 
+  -- the runner's Prometheus text: its runs as sbx_turns_total{mode="precheck",...}
+  H["precheck.metrics"] = function(self, _, req)
+    local r = the_runner(self, req)
+    if type(r.metrics) ~= "function" then error(errors.EMBED_REQUEST .. "this precheck runner has no metrics", 0) end
+    return r.metrics()
+  end
+
   H["precheck.dispose"] = function(self, _, req)
     runners(self)[util.need_owner(req)] = nil
     return true
   end
 
-  for _, k in ipairs { "precheck.new", "precheck.describe", "precheck.run", "precheck.toolName", "precheck.dispose" } do
+  for _, k in ipairs { "precheck.new", "precheck.describe", "precheck.run", "precheck.toolName", "precheck.metrics",
+      "precheck.dispose" } do
     U[k] = true
   end
 end
