@@ -59,7 +59,15 @@ describe("rich turns: one record, one reason, one registry (operations.md 3-4)",
 
   it("an ok turn is an info `turn finished` line with turn and reason=ok, counted with mode=rich", function()
     local rt, _, logs = runtime({}, { turn = function() return { ok = true, text = "done", files = json.array() } end })
-    async.run(function() assert.is_true(rt:runTurn(turn("t-ok")).ok) rt:stopBrokers() end)
+    local during
+    async.run(function()
+      assert.is_true(rt:runTurn(turn("t-ok")).ok)
+      during = rt:metrics()
+      rt:stopBrokers()
+    end)
+    -- the channel's long-lived container counts as running while its broker lives
+    assert.equal(1, P.value(during, 'sbx_containers{state="running"}'))
+    assert.equal(0, P.value(rt:metrics(), 'sbx_containers{state="running"}'))
     local f = finished(logs)
     assert.equal(1, #f)
     assert.equal("info", f[1].level)

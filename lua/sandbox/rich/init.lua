@@ -50,6 +50,13 @@ function M.new(opts, seams)
   rt.recorder = rt.log.recorder
   rt.metrics_registry = metrics.new { mode = "rich" }
   rt.recorder:subscribe(rt.metrics_registry:reader())
+  -- sbx_containers{state="running"}: the channels whose long-lived container
+  -- has a broker in this process (started and not stopped)
+  rt.metrics_registry:containers_source(function()
+    local n = 0
+    for _, c in pairs(rt.chans) do if c.broker then n = n + 1 end end
+    return { running = n }
+  end)
   rt.driver = o.driver or docker.new { labelProfile = o.labelProfile }
   rt.fetch = transport.new(o.fetchImpl)
   return rt
