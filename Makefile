@@ -45,7 +45,7 @@ TEST_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -iquote core -iquote spec/c $(PKG_
 .PHONY: all worker deps check check-asan c-tests fuzz fuzz-check bench bench-bins demo image \
   image-pi print-pkgs clean
 
-BUN_OPTIONS := bun/src/options.generated.ts
+BUN_OPTIONS := $(if $(wildcard bun/src/index.ts),bun/src/options.generated.ts)
 all: $(B)/libsbx.so $(B)/$(SONAME) $(B)/libsbx.a $(B)/sbx $(B)/lua/sandbox/core.so $(B)/libsbx_ffi.so worker \
   $(BUN_OPTIONS)
 
