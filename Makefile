@@ -45,7 +45,16 @@ TEST_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -iquote core -iquote spec/c $(PKG_
 .PHONY: all worker deps check check-asan c-tests fuzz fuzz-check bench bench-bins demo image \
   image-pi print-pkgs clean
 
-all: $(B)/libsbx.so $(B)/$(SONAME) $(B)/libsbx.a $(B)/sbx $(B)/lua/sandbox/core.so $(B)/libsbx_ffi.so worker
+BUN_OPTIONS := $(if $(wildcard bun/src/index.ts),bun/src/options.generated.ts)
+all: $(B)/libsbx.so $(B)/$(SONAME) $(B)/libsbx.a $(B)/sbx $(B)/lua/sandbox/core.so $(B)/libsbx_ffi.so worker \
+  $(BUN_OPTIONS)
+
+# The Bun bridge's option list and types, generated from the one Lua
+# declaration (issue 21 item 6; pure Lua, no engine module needed). Committed
+# too, so a package built without make has it; spec/bun_options_spec.lua
+# regenerates and compares.
+$(BUN_OPTIONS): lua/sandbox/rich/_option_table.lua lua/sandbox/runtime/_option_table.lua scripts/gen_bun_options.lua
+	lua5.4 scripts/gen_bun_options.lua $@
 
 $(B)/obj/%.o: core/%.c
 	@mkdir -p $(@D)

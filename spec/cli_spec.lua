@@ -792,3 +792,97 @@ esac
     rmtree(dir)
   end)
 end)
+
+-- issue 21 item 7: sbx doctor checks the shipped rich and precheck example
+-- configs (each given its argument with --options, as the Bun bridge gives
+-- `options`), passes them on a correct setup, and names the fix of each of
+-- their startup refusals in that mode's own words.
+describe("sbx doctor on the shipped rich and precheck example configs", function()
+  local dir
+  before_each(function() dir = tmpdir() end)
+  after_each(function() rmtree(dir) end)
+
+  local function opts(t)
+    local parts = {}
+    for k, v in pairs(t) do parts[#parts + 1] = string.format("%q:%q", k, v) end
+    return "{" .. table.concat(parts, ",") .. "}"
+  end
+
+  it("examples/rich.conf.lua passes with a private partyDir (rich mode's checks, no sandbox{} option refused)", function()
+    if not non_root() then return end
+    local r = sbx({ "doctor", "examples/rich.conf.lua", "--no-docker", "--options", opts { partyDir = dir .. "/party" } })
+    assert.equal(0, r.code, r.out .. r.err)
+    assert.matches("ok    config           examples/rich.conf.lua (rich mode)", r.out, 1, true)
+    assert.matches("ok    partyDir         " .. dir .. "/party (private", r.out, 1, true)
+    assert.matches("all checks passed", r.out, 1, true)
+    assert.is_nil(r.out:find("unknown sandbox option", 1, true))
+  end)
+
+  it("examples/precheck.conf.lua passes with a private runRoot", function()
+    if not non_root() then return end
+    local r = sbx({ "doctor", "examples/precheck.conf.lua", "--no-docker", "--options", opts { runRoot = dir .. "/pre" } })
+    assert.equal(0, r.code, r.out .. r.err)
+    assert.matches("ok    config           examples/precheck.conf.lua (precheck mode)", r.out, 1, true)
+    assert.matches("ok    runRoot          " .. dir .. "/pre (private", r.out, 1, true)
+    assert.is_nil(r.out:find("unknown sandbox option", 1, true))
+  end)
+
+  it("each startup refusal names its fix: no partyDir, a shared partyDir, a shared or relative runRoot", function()
+    if not non_root() then return end
+    local r = sbx({ "doctor", "examples/rich.conf.lua", "--no-docker" })
+    assert.equal(1, r.code)
+    assert.matches("Dedicated absolute state directory required", r.out, 1, true)
+    assert.matches("fix: set partyDir to an absolute path (not /) of a directory used only by rich mode "
+      .. "(a config that takes it from its argument: sbx doctor examples/rich.conf.lua --options '{\"partyDir\":", r.out, 1, true)
+    local shared = dir .. "/shared"
+    core.fs_mkdir(shared)
+    os.execute("chmod 755 " .. shq(shared))
+    r = sbx({ "doctor", "examples/rich.conf.lua", "--no-docker", "--options", opts { partyDir = shared } })
+    assert.equal(1, r.code)
+    assert.matches("State directory must be private and host-owned", r.out, 1, true)
+    assert.matches("fix: chown " .. require("sandbox.cli._common").user_name() .. ": " .. shared .. " && chmod 700 " .. shared, r.out, 1, true)
+    r = sbx({ "doctor", "examples/precheck.conf.lua", "--no-docker", "--options", opts { runRoot = shared } })
+    assert.equal(1, r.code)
+    assert.matches("fix: chown " .. require("sandbox.cli._common").user_name() .. ": " .. shared .. " && chmod 700 " .. shared .. "\n", r.out, 1, true)
+    assert.is_nil(r.out:find("WORKSPACEROOT", 1, true))     -- the runner has no workspaceRoot
+    r = sbx({ "doctor", "examples/precheck.conf.lua", "--no-docker", "--options", opts { runRoot = "relative/dir" } })
+    assert.equal(1, r.code)
+    assert.matches("fix: set runRoot to the absolute path of a directory used only by the precheck runner", r.out, 1, true)
+  end)
+
+  it("--options must be a JSON object; sbx run refuses a rich config and points at doctor", function()
+    if not non_root() then return end
+    local r = sbx({ "doctor", "examples/rich.conf.lua", "--options", "[1]" })
+    assert.equal(2, r.code)
+    assert.matches("--options must be a JSON object", r.err, 1, true)
+    local conf = dir .. "/rich.lua"
+    write(conf, string.format('return assert(loadfile("examples/rich.conf.lua"))({ partyDir = %q })', dir .. "/party"))
+    r = sbx({ "run", conf, "--channel", "demo:1", "--speaker", "1", "hi" })
+    assert.equal(3, r.code)
+    assert.matches("returns a rich-mode runtime, not sandbox { ... }", r.err, 1, true)
+  end)
+
+  it("with real Docker: the image each example names, or its build command", function()
+    if os.getenv("SANDBOX_DOCKER_TEST") ~= "1" then
+      pending("set SANDBOX_DOCKER_TEST=1 to run the real-Docker cases")
+      return
+    end
+    if not non_root() then return end
+    local r = sbx({ "doctor", "examples/rich.conf.lua", "--options",
+      opts { partyDir = dir .. "/party", image = "pi-roundtable-sandbox:no-such-tag-h21" } })
+    assert.equal(1, r.code)
+    assert.matches("ok    docker           daemon ", r.out, 1, true)
+    assert.matches("FAIL  image            rich worker image is missing: pi-roundtable-sandbox:no-such-tag-h21", r.out, 1, true)
+    assert.matches("fix: build it: make %-C .- image%-pi\n", r.out)
+    if os.execute("docker image inspect pi-roundtable-sandbox:pi >/dev/null 2>&1") then
+      r = sbx({ "doctor", "examples/rich.conf.lua", "--options", opts { partyDir = dir .. "/party" } })
+      assert.equal(0, r.code, r.out)
+      assert.matches("ok    image            pi-roundtable-sandbox:pi present", r.out, 1, true)
+    end
+    if os.execute("docker image inspect pi-roundtable-sandbox:precheck >/dev/null 2>&1") then
+      r = sbx({ "doctor", "examples/precheck.conf.lua", "--options", opts { runRoot = dir .. "/pre" } })
+      assert.equal(0, r.code, r.out)
+      assert.matches("ok    image            pi-roundtable-sandbox:precheck present", r.out, 1, true)
+    end
+  end)
+end)

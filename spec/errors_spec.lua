@@ -109,3 +109,37 @@ describe("errors.entry / fix / safe_to_show", function()
     assert.equal("invalid_reply", errors.entry(errors.REPLY).reason)
   end)
 end)
+
+describe("one catalogue for every mode and subsystem (issue 21 item 6)", function()
+  it("the delegator, the research worker, scrub, the owner commands, the embedding and precheck read their messages from it", function()
+    local delegator = require "sandbox.delegator"
+    local research = require "sandbox.delegator.research"
+    local scrub = require "sandbox.delegator.scrub"
+    local commands = require "sandbox.channels.commands"
+    local run = require "sandbox.precheck._run"
+    assert.equal(errors.DELEGATION_BUDGET, delegator.E_BUDGET)
+    assert.equal(errors.DELEGATION_SCOPE, delegator.E_SCOPE)
+    assert.equal(errors.DELEGATION_DELIVER_FAILED, delegator.LOG_DELIVER_FAILED)
+    assert.equal(errors.RESEARCH_NEEDS_FETCH, research.E_NEEDS_FETCH)
+    assert.equal(errors.RESEARCH_OPTION, research.E_OPTION)
+    assert.equal(errors.DIAGNOSTIC_LIMIT, scrub.E_LIMIT)
+    assert.equal(errors.COMMAND_FAILED, commands.LOG_FAILED)
+    assert.equal(errors.reason_fix("run_dir"), run.RUN_DIR_FIX)
+    -- each with its fix where the operator can act
+    assert.truthy(errors.fix(errors.DELEGATION_CALLBACKS))
+    assert.truthy(errors.fix(errors.RESEARCH_NEEDS_SEARCH))
+    assert.truthy(errors.fix(errors.EMBED_OPTIONS .. "logger must be a boolean"))
+    assert.truthy(errors.fix(errors.EMBED_REQUEST .. "owner must be a non-empty string"))
+    -- a config's load error may quote the file: never shown without SBX_DEBUG
+    assert.is_false(errors.safe_to_show(errors.CONFIG_LOAD .. "x.lua: No such file"))
+  end)
+
+  it("the rich and precheck reasons and fixes are the catalogue's: a precheck root refusal names runRoot alone", function()
+    local ctx = { mode = "precheck", runRoot = "/srv/pre", user = "sbx" }
+    assert.equal("chown sbx: /srv/pre && chmod 700 /srv/pre", errors.fix(errors.ROOT_PRIVATE, ctx))
+    assert.matches("set runRoot to the absolute path", errors.fix(errors.ROOT_PATH, ctx), 1, true)
+    assert.matches("workspaceRoot", errors.fix(errors.ROOT_PATH, {}), 1, true)
+    for _, r in ipairs(errors.PRECHECK_REASONS) do assert.truthy(errors.reason(r), r) end
+    assert.equal("raise turnTimeoutMs if turns need longer", errors.fix(errors.RICH_TIMED_OUT))
+  end)
+end)

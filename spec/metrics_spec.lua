@@ -209,8 +209,8 @@ describe("the engine's metrics on real turns", function()
         "sbx_containers gauge", "sbx_channel_queue_depth gauge", "sbx_cleanup_failures_total counter" } do
       assert.truthy(text:find("\n# TYPE " .. fam .. "\n", 1, true) or text:find("^# TYPE " .. fam .. "\n"), fam)
     end
-    for _, r in ipairs(require("sandbox.errors").reasons) do
-      assert.equal(0, P.value(text, 'sbx_turns_total{reason="' .. r.reason .. '"}'), r.reason)
+    for _, r in ipairs(require("sandbox.ops.metrics").reasons_of("sealed")) do
+      assert.equal(0, P.value(text, 'sbx_turns_total{reason="' .. r .. '"}'), r)
     end
     for _, s in ipairs { "running", "warm", "removing" } do
       assert.equal(0, P.value(text, 'sbx_containers{state="' .. s .. '"}'), s)
@@ -493,5 +493,48 @@ describe("promtool check metrics", function()
     dispose(rt)
     assert.equal(0, status, out .. "\n" .. text)
     assert.equal(1, P.value(text, 'sbx_upstream_responses_total{route_kind="model",status="429"}'))
+  end)
+end)
+
+describe("one registry for every mode (issue 21 item 6)", function()
+  local metrics = require "sandbox.ops.metrics"
+  local record = require "sandbox.ops.record"
+
+  it("a precheck run and a rich turn count in sbx_turns_total with their mode; a sealed turn's series keep no mode label", function()
+    local m = metrics.new()
+    m:add_mode("precheck")
+    m:add_mode("rich")
+    local rec = record.recorder()
+    rec:subscribe(m:reader())
+    local run = rec:run_begin("discord:1", 13)
+    run.reason, run.fix = "script_error", nil
+    rec:run_end(run)
+    local t = rec:turn_begin("discord:1", "t1")
+    t.mode, t.reason = "rich", "upstream_status"
+    rec:turn_end(t)
+    local s = rec:turn_begin("discord:1")
+    s.reason = "ok"
+    rec:turn_end(s)
+    local text = m:render()
+    assert.equal(1, P.value(text, 'sbx_turns_total{mode="precheck",reason="script_error"}'))
+    assert.equal(0, P.value(text, 'sbx_turns_total{mode="precheck",reason="deadline"}'))
+    assert.equal(1, P.value(text, 'sbx_turns_total{mode="rich",reason="upstream_status"}'))
+    assert.equal(1, P.value(text, 'sbx_turns_total{reason="ok"}'))
+    assert.equal(1, P.value(text, 'sbx_turn_duration_seconds_count'))
+    assert.equal(1, P.value(text, 'sbx_turn_duration_seconds_count{mode="precheck"}'))
+    assert.is_nil(text:find('mode="sealed"', 1, true))
+    -- a mode outside the closed set is dropped, never a new series
+    local x = rec:turn_begin("discord:1")
+    x.mode, x.reason = "guest-chosen", "ok"
+    rec:turn_end(x)
+    assert.is_nil(m:render():find("guest-chosen", 1, true))
+  end)
+
+  it("each mode's registry exposes its own reasons from 0: script_error and run_dir only for precheck", function()
+    local sealed = metrics.new():render()
+    assert.is_nil(sealed:find("script_error", 1, true))
+    local pre = metrics.new { mode = "precheck" }:render()
+    assert.equal(0, P.value(pre, 'sbx_turns_total{mode="precheck",reason="run_dir"}'))
+    assert.is_nil(pre:find('sbx_turns_total{reason=', 1, true))
   end)
 end)

@@ -182,6 +182,11 @@ describe("precheck runner: operator log and audit (operations.md 2-3)", function
     for _, l in ipairs(got) do
       for _, v in pairs(l.f) do assert.is_nil(tostring(v):find("timed out", 1, true)) end
     end
+    -- and counts like a sealed turn, in the same family, with its mode
+    local text = r.metrics()
+    assert.truthy(text:find('\nsbx_turns_total{mode="precheck",reason="script_error"} 1\n', 1, true))
+    assert.truthy(text:find('\nsbx_turns_total{mode="precheck",reason="ok"} 0\n', 1, true))
+    assert.truthy(text:find('\nsbx_turn_duration_seconds_count{mode="precheck"} 1\n', 1, true))
   end)
 
   it("reports the backstop as deadline with its fix, the core's abort as stopped, unreadable stdout as invalid_reply", function()

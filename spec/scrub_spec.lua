@@ -1,7 +1,7 @@
--- scrub_spec.lua: scrub_diagnostic(text, max) (lua/sandbox/scrub.lua; spec
+-- scrub_spec.lua: scrub_diagnostic(text, max) (lua/sandbox/delegator/scrub.lua; spec
 -- fetch-and-delegation.md section 2; "Behaviours the specs must cover"
 -- 28-33, item numbers in the `it` names as F<n>).
-local scrub = require "sandbox.scrub"
+local scrub = require "sandbox.delegator.scrub"
 local core = require "sandbox.core"
 
 local scrub_diagnostic = scrub.scrub_diagnostic

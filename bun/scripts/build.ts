@@ -6,7 +6,10 @@
 // pi-roundtable-sandbox:local).
 //
 //   bun run build        in the engine's checkout (this package is its bun/):
-//                        `make` there, then copies build/libsbx.so, lua/ and
+//                        `make` there (the library, the worker, and
+//                        src/options.generated.ts, the option list and types
+//                        generated from lua/sandbox/rich/_option_table.lua),
+//                        then copies build/libsbx.so, lua/ and
 //                        the worker context (what `bun pm pack` packs: the
 //                        prepack script). Elsewhere (an installed package):
 //                        copies an installed libsbx.so.0 into native/ when
@@ -84,7 +87,7 @@ function installedLibrary(): string | null {
 }
 
 function buildFromCheckout(): void {
-  const make = Bun.spawnSync(["make", "-C", CHECKOUT, "--no-print-directory", "build/libsbx.so", "build/worker/sbx-worker"], {
+  const make = Bun.spawnSync(["make", "-C", CHECKOUT, "--no-print-directory", "build/libsbx.so", "build/worker/sbx-worker", "bun/src/options.generated.ts"], {
     stdout: "inherit",
     stderr: "inherit",
   });

@@ -18,6 +18,7 @@
 import { resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Engine, type Output } from "./ffi.ts";
+import { SANDBOX_JSON_OPTIONS } from "./options.generated.ts";
 import type {
   ClaimDecision,
   CommandResult,
@@ -103,6 +104,7 @@ export type {
   PiLogger,
   PiSandboxRuntimeConfig,
   PiSandboxRuntimeOptions,
+  PiSandboxRuntimePlainOptions,
   PiSpeaker,
   PiThinkingLevel,
   PiToolContext,
@@ -126,40 +128,12 @@ const SUBCOMMANDS = [
   { name: "status", description: "Show whether this channel is sandboxed" },
 ] as const;
 
-/** sandbox{} options that travel to the engine as JSON (options_json.sandbox). */
-const SANDBOX_KEYS = [
-  "image",
-  "runRoot",
-  "workspaceRoot",
-  "stateFile",
-  "provider",
-  "model",
-  "modelUrl",
-  "tools",
-  "mcp",
-  "limits",
-  "turnTimeoutMs",
-  "initialChannels",
-  "prompt",
-  "uid",
-  "gid",
-  "allowHttp",
-  "modelAuth",
-  "maxOutputTokens",
-  "outputTokensField",
-  "logFormat",
-  "logLevel",
-  "audit",
-  "seccompProfile",
-  "workspaceQuotaMb",
-  "diskReserveMb",
-  "maxQueuedTurns",
-  "mentions",
-  "maxReplyChars",
-  "metricsListen",
-  "warm",
-  "runtime",
-] as const;
+/**
+ * sandbox{} options that travel to the engine as JSON (options_json.sandbox):
+ * generated from the sealed mode's one Lua declaration
+ * (lua/sandbox/runtime/_option_table.lua) into options.generated.ts.
+ */
+const SANDBOX_KEYS = SANDBOX_JSON_OPTIONS;
 
 /** Options of this bridge itself (everything else is refused like sandbox{} does). */
 const BRIDGE_KEYS = new Set<string>([

@@ -64,6 +64,8 @@ export interface PrecheckScriptRunner {
   toolName(server: string, tool: string): string;
   /** Present only when the config set timeoutMs. */
   timeoutMs?: number;
+  /** The runs' Prometheus text (docs/operations.md 6): sbx_turns_total{mode="precheck",reason}. */
+  metrics(): Promise<string>;
   /** Forgets the runner in the engine (runs in flight finish first). */
   dispose(): Promise<void>;
 }
@@ -86,6 +88,10 @@ export function precheckScriptRunner(options: PrecheckScriptRunnerOptions): Prec
   const runner: PrecheckScriptRunner = {
     describe(scope: PrecheckScope): Promise<string> {
       return engine.submit<string>({ type: "precheck.describe", owner, scope }).catch(rethrow);
+    },
+
+    metrics(): Promise<string> {
+      return engine.submit<string>({ type: "precheck.metrics", owner }).catch(rethrow);
     },
 
     run(script: string, context: PrecheckContext): Promise<unknown> {

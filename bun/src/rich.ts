@@ -15,6 +15,7 @@
 // a driver is either the built-in Docker one (`docker: { socket, log }`) or
 // an object of async functions (ensureRunning, status, remove, logs?).
 import { rethrowAs } from "./ffi.ts";
+import { RICH_OPTION_NAMES, RICH_PLAIN_OPTIONS, type PiSandboxRuntimePlainOptions } from "./options.generated.ts";
 import { ownerName, utilityEngine } from "./utility.ts";
 
 export type PiThinkingLevel = "low" | "medium" | "high" | "xhigh";
@@ -101,10 +102,14 @@ export interface PiSandboxRuntimeConfig {
   library?: string;
 }
 
-export interface PiSandboxRuntimeOptions {
-  partyDir: string;
-  image: string;
-  profiles: Record<string, { model: string; mcp?: string[] }>;
+/**
+ * sandbox.rich{}'s options (spec/rich-mode.md 3). The plain ones and their
+ * types come from the one Lua declaration (lua/sandbox/rich/_option_table.lua
+ * TABLE, generated into options.generated.ts); the members below hold host
+ * functions, or are the bridge's own (docker, library).
+ */
+export type { PiSandboxRuntimePlainOptions };
+export interface PiSandboxRuntimeOptions extends PiSandboxRuntimePlainOptions {
   oauthToken: (scope: PiCredentialScope) => string | undefined | Promise<string | undefined>;
   memory?: {
     promptBlock?: (channel: string, id: string, name: string, principalId: string) => string | undefined | Promise<string | undefined>;
@@ -113,28 +118,13 @@ export interface PiSandboxRuntimeOptions {
   effort: { judge: (text: string, ctx: { level?: PiThinkingLevel }) => PiThinkingLevel | Promise<PiThinkingLevel> };
   tools?: { names: string[]; call: (name: string, input: Record<string, unknown>, ctx: PiToolContext) => PiToolResponse | Promise<PiToolResponse> };
   mcp?: { servers: { name: string; url: string; tools: string[] }[]; token?: () => string | undefined | Promise<string | undefined> };
-  upstream?: string;
   /** Trusted transport override for offline tests; never a guest input. */
   fetchImpl?: (req: PiFetchRequest) => PiFetchResponse | Promise<PiFetchResponse>;
-  allowHttpMcp?: boolean;
-  timeZone?: string;
-  containerPrefix?: string;
-  labelChannel?: string;
-  labelProfile?: string;
   /** The built-in Docker driver's settings (Engine API socket; log driver instead of journald). */
   docker?: { socket?: string; log?: PiLogConfig | ((channel: string) => PiLogConfig) };
   driver?: PiContainerDriver;
   logger?: PiLogger;
   compaction?: { engine: string; compact: (request: unknown, ctx: { channel: string; signal: AbortSignal }) => unknown; timeoutMs?: number; maxRequestBytes?: number };
-  startTimeoutMs?: number;
-  turnTimeoutMs?: number;
-  maxCalls?: number;
-  maxOutputTokens?: number;
-  /** The operator log (docs/operations.md): "json" (rich mode's default) or "text" when no logger is given. */
-  logFormat?: "text" | "json";
-  logLevel?: "debug" | "info" | "warn" | "error";
-  /** One payload-free audit line per broker request (default true). */
-  audit?: boolean;
   /** Path of libsbx.so (default: the bridge's, or $SBX_LIB). */
   library?: string;
 }
@@ -153,9 +143,9 @@ export type PiTurnResult =
   | { ok: true; text: string; files: { name: string; data: Uint8Array }[] }
   | { ok: false; error: string; cause?: string };
 
-const PLAIN = ["partyDir", "image", "profiles", "upstream", "allowHttpMcp", "timeZone", "containerPrefix",
-  "labelChannel", "labelProfile", "startTimeoutMs", "turnTimeoutMs", "maxCalls", "maxOutputTokens",
-  "logFormat", "logLevel", "audit"] as const;
+const PLAIN = RICH_PLAIN_OPTIONS;
+/** Every name the constructor takes: the engine's (generated) and the bridge's own. */
+const KNOWN = new Set<string>([...RICH_OPTION_NAMES, "docker", "library"]);
 
 const rethrow = (err: unknown): never => rethrowAs(err, {});
 const isFn = (v: unknown): v is (...a: unknown[]) => unknown => typeof v === "function";
@@ -190,6 +180,10 @@ export class PiSandboxRuntime {
         rethrow(err);
       }
       return;
+    }
+    for (const k of Object.keys(o)) {
+      // the engine's own words (rich/_options.lua), before anything is registered
+      if (!KNOWN.has(k)) throw new Error(`Invalid Pi sandbox option: ${k}`);
     }
     const wire: Record<string, unknown> = {};
     for (const k of PLAIN) if (o[k] !== undefined) wire[k] = o[k];
@@ -293,6 +287,14 @@ export class PiSandboxRuntime {
   /** Host shutdown: aborts running turns and stops every broker; containers keep running. */
   stopBrokers(): Promise<void> {
     return this.call({ type: "rich.stopBrokers" }).then(() => undefined);
+  }
+  /**
+   * The runtime's Prometheus text exposition (docs/operations.md 6): its turns
+   * as sbx_turns_total{mode="rich",reason}, with the turn reason the operator
+   * log's `turn finished` line names, and its broker calls and refusals.
+   */
+  metrics(): Promise<string> {
+    return this.call({ type: "rich.metrics" });
   }
   /** stopBrokers, then forgets the runtime in the engine. */
   async dispose(): Promise<void> {

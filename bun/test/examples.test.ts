@@ -79,6 +79,15 @@ describe("examples/bun", () => {
       expect(out).toContain("Bo's turn was refused without a model call: true");
       expect(out).toContain("reply file: image.png (70 bytes)");
       expect(out).toContain("the upstream saw the host token only: true");
+      // the operator log (JSON lines on stderr): one `turn finished` per turn with
+      // its id as `turn`, and no refusal, so the hostile-traffic alert stays quiet:
+      // the worker's own HEAD /anthropic preflight is answered, never audited
+      const lines = err.split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l) as Record<string, unknown>);
+      const finished = lines.filter((l) => l.msg === "turn finished");
+      expect(finished.map((l) => l.turn)).toEqual(["t1", "t2", "t3", "t4", "t5"]);
+      expect(finished.map((l) => l.reason)).toEqual(["ok", "ok", "ok", "worker_failed", "ok"]);
+      expect(lines.filter((l) => l.msg === "broker refused")).toEqual([]);
+      expect(lines.filter((l) => "turnId" in l)).toEqual([]);
     },
     420_000,
   );

@@ -72,6 +72,10 @@ describe("precheckScriptRunner", () => {
     await expect(r.run(`answer:{"ok":false,"error":"${"x".repeat(1200)}"}`, context())).rejects.toThrow("x".repeat(1000));
     await expect(r.run("answer:not json", context())).rejects.toThrow("the precheck worker answered nothing it could read");
     await expect(r.run("x".repeat(70_000), context())).rejects.toThrow("precheck script too large");
+    // each run counts like a sealed turn, with its mode (docs/operations.md 6)
+    const text = await r.metrics();
+    expect(text).toContain('\nsbx_turns_total{mode="precheck",reason="script_error"} 1\n');
+    expect(text).toContain('\nsbx_turns_total{mode="precheck",reason="invalid_reply"} 1\n');
     await r.dispose();
   });
 

@@ -108,6 +108,8 @@ describe("PiSandboxRuntime options", () => {
       [{ maxOutputTokens: 1024 }, "Invalid output-token budget"],
       [{ timeZone: "Nowhere/City" }, "Invalid time zone"],
       [{ oauthToken: undefined }, "Invalid Pi sandbox option: oauthToken"],
+      // a name outside the one declaration (lua/sandbox/rich/_option_table.lua, generated)
+      [{ partydir: "/tmp/x" } as never, "Invalid Pi sandbox option: partydir"],
     ];
     for (const [over, message] of cases) {
       expect(() => new PiSandboxRuntime({ ...options(), driver: fixtureDriver(async () => ({})).driver, ...over } as PiSandboxRuntimeOptions)).toThrow(message);
@@ -168,7 +170,13 @@ describe("PiSandboxRuntime turns", () => {
     expect(r).toEqual({ ok: false, error: "Sandbox turn failed: Turn cancelled", cause: "Turn cancelled" });
     expect(fx.calls.slice(-2)).toEqual(["logs roundtable-sandbox-discord_abort", "remove roundtable-sandbox-discord_abort"]);
     const failed = lines.find(([m]) => m === "sandbox turn failed");
-    expect(failed?.[1]).toMatchObject({ channel: "discord:abort", turnId: "t1", timedOut: false, cancelled: true });
+    expect(failed?.[1]).toMatchObject({ channel: "discord:abort", turn: "t1", timedOut: false, cancelled: true });
+    // one turn record like a sealed turn's: its line and its counter (docs/operations.md 3, 6)
+    const finished = lines.find(([m]) => m === "turn finished");
+    expect(finished?.[1]).toMatchObject({ channel: "discord:abort", turn: "t1", reason: "stopped" });
+    const metrics = await rt.metrics();
+    expect(metrics).toContain('\nsbx_turns_total{mode="rich",reason="stopped"} 1\n');
+    expect(metrics).toContain('\nsbx_turns_total{mode="rich",reason="ok"} 0\n');
     await rt.dispose();
   }, 60_000);
 

@@ -62,13 +62,21 @@ M.catalogue = {
     fix = "set TZ to an IANA zone name such as UTC or Europe/London, or unset it" },
   { name = "TIMEOUT", message = "turnTimeoutMs must be 1000 to 600000" },
   { name = "ROOT_PATH", message = "sandbox roots must be absolute dedicated directories",
-    fix = "set runRoot and workspaceRoot to absolute paths of directories used only by this package" },
+    fix = function(ctx)
+      if ctx.mode == "precheck" then
+        return "set runRoot to the absolute path of a directory used only by the precheck runner"
+      end
+      return "set runRoot and workspaceRoot to absolute paths of directories used only by this package"
+    end },
   { name = "ROOT_PRIVATE", message = "sandbox roots must be private directories owned by the service user",
     fix = function(ctx)
       local run, ws = ctx.runRoot or "RUNROOT", ctx.workspaceRoot or "WORKSPACEROOT"
       if ctx.uid == 0 then
         return string.format("run sbx as the service account that owns them, never as root, e.g. "
           .. "`runuser -u sbx -- sbx %s %s`", ctx.command or "run", config_of(ctx))
+      end
+      if ctx.mode == "precheck" then   -- the runner has runRoot only
+        return string.format("chown %s: %s && chmod 700 %s", ctx.user or "USER", run, run)
       end
       return string.format("chown %s: %s %s && chmod 700 %s %s (run `sbx doctor %s` to see which)",
         ctx.user or "USER", run, ws, run, ws, config_of(ctx))
@@ -245,6 +253,44 @@ M.catalogue = {
   { name = "STATE_NAME", message = "stateFile must name a file" },
   { name = "STATE_MOUNTS", message = "routing state must stay outside sandbox mounts" },
 
+  -- The scoped delegator (spec/fetch-and-delegation.md 3): construction,
+  -- then start()'s refusals (DelegationError messages) and its log line
+  { name = "DELEGATION_BUDGET", message = "Invalid delegation target/budget",
+    fix = "give target (a non-empty name), timeoutMs 1000..1200000 and a whole maxConcurrent >= 1" },
+  { name = "DELEGATION_TITLE_LIMIT", message = "Invalid delegation title limit",
+    fix = "maxTitleChars must be a whole number >= 1 (default 200)" },
+  { name = "DELEGATION_REPORT_LIMIT", message = "Invalid delegation maxReportChars",
+    fix = "maxReportChars must be a whole number >= 1 (default 80000)" },
+  { name = "DELEGATION_DIAGNOSTIC_LIMIT", message = "Invalid delegation diagnosticChars",
+    fix = "diagnosticChars must be a whole number >= 1 (default 600)" },
+  { name = "DELEGATION_CALLBACKS", message = "Invalid delegation callbacks",
+    fix = "give run = function(request, ctx) and deliver = function(report, ctx)" },
+  { name = "DELEGATION_SCOPE", message = "Delegation scope refused" },
+  { name = "DELEGATION_UTF8", message = "title and task must be valid UTF-8" },
+  { name = "DELEGATION_REQUIRED", message = "title and task are required" },
+  { name = "DELEGATION_REPORT_TOO_LARGE", message = "Research report too large" },
+  { name = "DELEGATION_REPORT_UTF8", message = "Research report is not valid UTF-8" },
+  { name = "DELEGATION_DELIVER_FAILED", message = "Sandbox task report failed",
+    fix = "the host's deliver callback raised; the report was not delivered (see the host's own log)" },
+  -- The research worker (fetch-and-delegation.md 4): construction
+  { name = "RESEARCH_NEEDS_FETCH", message = "Research needs tools, fetchContent or extractFetched",
+    fix = "give the research worker its own tools, or fetchContent / extractFetched" },
+  { name = "RESEARCH_NEEDS_SEARCH", message = "Research needs search unless it has its own tools",
+    fix = "give search = function(query, ctx), or the worker's own tools" },
+  { name = "RESEARCH_OPTION", message = "Invalid research option ", prefix = true },
+  -- scrub_diagnostic (fetch-and-delegation.md 2)
+  { name = "DIAGNOSTIC_LIMIT", message = "Invalid diagnostic limit",
+    fix = "max must be nil, a whole number >= 1 or math.huge" },
+  -- The owner commands (runtime.md 9): the operator line of a command that raised
+  { name = "COMMAND_FAILED", message = "owner command failed" },
+  -- The embedding ABI (core/API.md, embed/): a host's malformed request or
+  -- options, a config that does not load
+  { name = "EMBED_REQUEST", message = "invalid request: ", prefix = true,
+    fix = "the host sent a request the engine's ABI does not take (core/API.md); fix the host" },
+  { name = "EMBED_OPTIONS", message = "invalid options_json: ", prefix = true,
+    fix = "pass sbx_engine_new a JSON object with the documented members (core/API.md)" },
+  { name = "CONFIG_LOAD", message = "cannot load config: ", prefix = true, safe = false },
+
   -- Rich mode: construction (spec/rich-mode.md 3)
   { name = "RICH_OPTIONS", message = "Pi sandbox options must be a table" },
   { name = "RICH_OPTION", message = "Invalid Pi sandbox option: ", prefix = true },
@@ -406,13 +452,23 @@ M.reasons = {
     fix = "raise the service's hard descriptor limit (LimitNOFILE= / ulimit -Hn) or run fewer channels at once" },
   { reason = "state_write_failed",
     fix = "the state file was left as it was; free space on (or fix) the state directory's filesystem and retry" },
+  -- a precheck run's own (spec/precheck.md 4; `modes` names the modes a
+  -- reason belongs to when it is not a sealed or rich turn's)
+  { reason = "script_error", modes = { precheck = true } },
+  { reason = "run_dir", modes = { precheck = true },
+    fix = "check that runRoot is writable by the service account and its filesystem has free space" },
   { reason = "image_missing", exit = M.EXIT.daemon,
     fix = function(ctx)
       -- this tree's own build command (a checkout's make image, an installed
-      -- tree's build-image): sandbox/layout.lua
-      return "build it: " .. require("sandbox.layout").image_fix(image_of(ctx))
+      -- tree's build-image): sandbox/runtime/layout.lua
+      return "build it: " .. require("sandbox.runtime.layout").image_fix(image_of(ctx))
     end },
 }
+
+-- The reasons a precheck run ends with (spec/precheck.md 4, operations.md
+-- 3 "precheck finished"), a subset of M.reasons plus its own two.
+M.PRECHECK_REASONS = { "ok", "script_error", "deadline", "stopped", "invalid_reply", "run_dir",
+  "cleanup_failed", "daemon_unavailable", "image_missing", "worker_failed" }
 
 local by_reason = {}
 M.WORKER_REASONS = {}

@@ -16,16 +16,10 @@ local turn_queue = require "sandbox.channels._queue"
 
 local M = {}
 
-M.OPTIONS = {
-  image = true, runRoot = true, workspaceRoot = true, stateFile = true, initialChannels = true,
-  provider = true, model = true, modelUrl = true, apiKey = true, prompt = true, tools = true,
-  mcp = true, uid = true, gid = true, limits = true, turnTimeoutMs = true, driver = true,
-  allowHttp = true, modelAuth = true, maxOutputTokens = true, outputTokensField = true,
-  logFormat = true, logLevel = true, audit = true, logger = true, metricsListen = true,
-  seccompProfile = true, workspaceQuotaMb = true, diskReserveMb = true,
-  mentions = true, maxReplyChars = true, maxQueuedTurns = true, runtime = true,
-  warm = true,      -- spec/warm-turns.md 2
-}
+-- The option names of sandbox{}: the sealed mode's one declaration
+-- (runtime/_option_table.lua), which sandbox.runtime{} and the Bun bridge's
+-- generated list read too.
+M.OPTIONS = require("sandbox.runtime._option_table").SANDBOX
 
 M.DEFAULT_TURN_TIMEOUT_MS = options.DEFAULT_TURN_TIMEOUT_MS
 
@@ -88,7 +82,7 @@ M.runtime = require "sandbox.runtime"
 M.delegator = require "sandbox.delegator"
 M.scoped_delegator = M.delegator.new
 M.research_worker = require("sandbox.delegator.research").new
-M.scrub_diagnostic = require("sandbox.scrub").scrub_diagnostic
+M.scrub_diagnostic = require("sandbox.delegator.scrub").scrub_diagnostic
 -- Rich (Pi/subscription) mode, opted into separately (rich-mode.md).
 M.rich = require "sandbox.rich"
 -- Safe fetch of model-supplied URLs (fetch-and-delegation.md 1).

@@ -93,7 +93,7 @@ ok "make install DESTDIR=T (PREFIX=/usr/local)"
 layout() {
   local f missing=""
   for f in bin/sbx lib/libsbx.so.0 lib/libsbx.a lib/pkgconfig/sbx.pc lib/lua/5.4/sandbox/core.so \
-    share/lua/5.4/sandbox/init.lua share/lua/5.4/sandbox/cli/init.lua share/lua/5.4/sandbox/layout.lua \
+    share/lua/5.4/sandbox/init.lua share/lua/5.4/sandbox/cli/init.lua share/lua/5.4/sandbox/runtime/layout.lua \
     share/pi-roundtable-sandbox/Dockerfile share/pi-roundtable-sandbox/sbx-worker \
     share/pi-roundtable-sandbox/build-image share/pi-roundtable-sandbox/image_lib.sh \
     share/pi-roundtable-sandbox/seccomp.json share/pi-roundtable-sandbox/lua/agent.lua \
@@ -298,7 +298,7 @@ else
     local list f missing=""
     list="$(tar tzf "$TGZ")" || return 1
     for f in package.json src/index.ts src/ffi.ts src/options.conf.lua native/libsbx.so lua/sandbox/init.lua \
-      lua/sandbox/embed/init.lua lua/sandbox/layout.lua worker/Dockerfile worker/sbx-worker worker/build-image \
+      lua/sandbox/embed/init.lua lua/sandbox/runtime/layout.lua worker/Dockerfile worker/sbx-worker worker/build-image \
       worker/image_lib.sh worker/seccomp.json \
       worker/lua/agent.lua scripts/build.ts; do
       grep -qx "package/$f" <<<"$list" || missing="$missing $f"

@@ -190,6 +190,29 @@ describe("rich broker: one audit line per request (operations.md 3)", function()
     assert.is_nil(all:find(GUEST, 1, true))
   end)
 
+  it("the worker's own HEAD /anthropic preflight is answered 200 with no line, before and during a turn; other methods and paths there stay refusals", function()
+    h = harness.new { up = up }
+    run(function()
+      local before = peer.request(h.sock, "HEAD", "/anthropic")
+      assert.equal(200, before.status)
+      assert.equal("", before.body or "")
+      local release = h:bind { turnId = "t-pre" }
+      assert.equal(200, peer.request(h.sock, "HEAD", "/anthropic").status)
+      assert.equal(200, h:model(body()).status)
+      assert.equal(1, #audits(h))
+      assert.equal("broker call", audits(h)[1].msg)
+      -- only that exact preflight: a GET, a query, a longer path are what they were
+      assert.equal(404, peer.request(h.sock, "GET", "/anthropic").status)
+      assert.equal("unknown_route", last(h).fields.reason)
+      peer.request(h.sock, "HEAD", "/anthropic?x=1")
+      assert.same({ 404, "query" }, { last(h).fields.status, last(h).fields.reason })
+      peer.request(h.sock, "HEAD", "/anthropic/v1/files")
+      assert.same({ 404, "unknown_route" }, { last(h).fields.status, last(h).fields.reason })
+      release()
+    end)
+    assert.equal(4, #audits(h))   -- the model call and the three refusals above: no preflight line
+  end)
+
   it("audit = false writes no audit line; the page's own lines stay", function()
     h = harness.new { up = up, over = { audit = false } }
     run(function()

@@ -91,7 +91,7 @@ describe("rich runtime: turns (7)", function()
     assert.equal("Sandbox turn failed: Worker turn failed: prompt failed: nope", r.error)
     assert.equal("Worker turn failed: prompt failed: nope", r.cause)
     local f = find(logs, "sandbox turn failed")
-    assert.same({ channel = "discord:party", turnId = "t1", message = "Worker turn failed: prompt failed: nope",
+    assert.same({ channel = "discord:party", turn = "t1", message = "Worker turn failed: prompt failed: nope",
       timedOut = false, cancelled = false }, f)
     assert.equal(0, d.count("logs"))
     assert.equal(0, d.count("remove"))

@@ -10,6 +10,7 @@
 --   commands.key(event) -> "<surface>:<channelId>" | nil   (guild channels only)
 --   commands.apply(store, key, sub) -> the resulting-state text
 local claim = require "sandbox.channels.claim"
+local errors = require "sandbox.errors"
 
 local M = {}
 
@@ -29,7 +30,7 @@ M.GUILD_ONLY = "Sandbox commands require a guild channel."
 -- none of its own (app:start's host.refusal / host.failure override them).
 M.NOT_OWNER = "Only the bot owner can use this command."
 M.FAILED = "The command failed."
-M.LOG_FAILED = "owner command failed"
+M.LOG_FAILED = errors.COMMAND_FAILED
 
 local VALID = { on = true, off = true, status = true }
 

@@ -1,6 +1,8 @@
 -- cli/_args.lua: flag parsing shared by the sbx subcommands.
 --   parse(args, spec) with spec = { flags = { socket = "value", force = "bool" } }
 -- returns { flags = {...}, positional = {...} } or nil, message.
+local errors = require "sandbox.errors"
+
 local M = {}
 
 function M.parse(args, spec)
@@ -48,20 +50,44 @@ function M.speaker(s)
   return { id = id, name = name, principalId = principal }
 end
 
--- Loads a config script (trusted operator Lua) and returns its sandbox config.
-function M.load_config(path)
+-- Loads a config script (trusted operator Lua).
+-- Any mode's config: path is run with `arg` (the Bun bridge's `options`,
+-- `sbx doctor --options JSON`) as its argument. Returns the value and its
+-- mode: "sealed" (sandbox{}), "rich" (sandbox.rich{}) or "precheck"
+-- (sandbox.precheckScriptRunner{}); or nil, the reason and the mode whose
+-- constructor refused (when known).
+function M.load_any(path, arg)
   local sandbox = require "sandbox"
   if type(path) ~= "string" then return nil, "a CONFIG.lua path is required" end
   local chunk, err = loadfile(path, "t")
-  if not chunk then return nil, "cannot load config: " .. err end
-  local ok, cfg = pcall(chunk)
-  if not ok then return nil, "config " .. path .. " failed: " .. tostring(cfg) end
+  if not chunk then return nil, errors.CONFIG_LOAD .. err end
+  -- which constructor the script called, so a refusal's fix names that
+  -- mode's options (a precheck runner has runRoot only)
+  local runner, tried = sandbox.precheckScriptRunner, nil
+  sandbox.precheckScriptRunner = function(...) tried = "precheck" return runner(...) end
+  local ok, cfg = pcall(chunk, arg)
+  sandbox.precheckScriptRunner = runner
+  if not ok then return nil, "config " .. path .. " failed: " .. tostring(cfg), tried end
+  if sandbox.rich.is_runtime(cfg) then return cfg, "rich" end
+  if sandbox.precheck.facts(cfg) then return cfg, "precheck" end
   if type(cfg) == "table" and not sandbox.is_config(cfg) then
     ok, cfg = pcall(sandbox.new, cfg)
     if not ok then return nil, "config " .. path .. ": " .. tostring(cfg) end
   end
   if not sandbox.is_config(cfg) then
     return nil, "config " .. path .. " must return sandbox { ... }"
+  end
+  return cfg, "sealed"
+end
+
+-- A sealed config (sbx run, chat, broker, cleanup), or nil and the reason;
+-- a rich or precheck config is refused with what to run instead.
+function M.load_config(path)
+  local cfg, mode = M.load_any(path)
+  if not cfg then return nil, mode end
+  if mode ~= "sealed" then
+    return nil, "config " .. path .. " returns a " .. mode .. "-mode runtime, not sandbox { ... }: "
+      .. "its host embeds it; check it with sbx doctor " .. path
   end
   return cfg
 end

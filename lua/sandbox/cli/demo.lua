@@ -6,7 +6,7 @@ local async = require "sandbox.async"
 local common = require "sandbox.cli._common"
 local core = require "sandbox.core"
 local demo_model = require "sandbox.cli._demo_model"
-local layout = require "sandbox.layout"
+local layout = require "sandbox.runtime.layout"
 
 local M = {}
 
@@ -61,7 +61,7 @@ local clock = {
 }
 
 -- The image, or a build of pi-roundtable-sandbox:local with this tree's own
--- command (sandbox.layout: `make image` in a checkout, the installed
+-- command (sandbox.runtime.layout: `make image` in a checkout, the installed
 -- context's build-image) when it is missing and may be built.
 local function ensure_image(docker, image, may_build)
   if docker:inspect_image(image) then return true end

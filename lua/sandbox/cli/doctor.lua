@@ -25,6 +25,7 @@ local errors = require "sandbox.errors"
 local installation = require "sandbox.runtime._installation"
 local disk = require "sandbox.runtime._disk"
 local json = require "sandbox.json"
+local modes = require "sandbox.cli._doctor_modes"
 local openai_chat = require "sandbox.providers.openai_chat"
 local options = require "sandbox.runtime._options"
 local signal = require "sandbox.signal"
@@ -33,6 +34,14 @@ local M = {}
 
 M.help = [==[
 usage: sbx doctor CONFIG.lua [--no-docker] [--channel KEY [--speaker ID]] [--probe] [--json]
+                  [--options JSON]
+
+CONFIG.lua may return sandbox { ... } (the sealed mode, checked below),
+sandbox.rich { ... } (rich mode: its construction checks, partyDir
+private, the socket path, the daemon, the image) or
+sandbox.precheckScriptRunner { ... } (its construction checks, runRoot
+private, the daemon, the image). --options JSON is the config's argument
+(`...`), as the Bun bridge's `options` gives it.
 
 Checks, one line each, and names the fix for every failure, in the words
 `sbx run` would use:
@@ -77,6 +86,8 @@ Exits 0 when every check passed, 1 otherwise (2 for usage errors).
                   the status, the provider's error tokens and the fix. The
                   reply is never printed. The key comes from apiKey with the
                   --channel scope, or the scope sandbox:doctor.
+  --options JSON  the config script's argument (a JSON object), e.g.
+                  '{"partyDir":"/srv/party"}' for examples/rich.conf.lua
   --json          print the checks as one JSON array of
                   {name, status ("ok"|"fail"|"skip"), detail, message, fix}
 ]==]
@@ -271,14 +282,13 @@ local function runtime_check(r, docker, name)
     errors.fix(msg, { runtime = name }))
 end
 
--- The daemon, through the turns' own docker driver (drivers/cli.lua).
-local function docker_checks(r, cfg, state, path)
-  local o = cfg.options
-  local ctx = fix_context(o, path)
+-- The daemon answers, through the turns' own docker driver (drivers/cli.lua):
+-- the driver and the daemon's info, or nil after a FAIL line with its fix.
+local function daemon(r, ctx)
   local dh = os.getenv("DOCKER_HOST")
   if not contract.local_endpoint(dh) then
     r.fail("docker", errors.REMOTE, "DOCKER_HOST=" .. tostring(dh), errors.fix(errors.REMOTE))
-    return
+    return nil
   end
   local docker = common.docker()
   local user = common.user_name()
@@ -295,9 +305,17 @@ local function docker_checks(r, cfg, state, path)
       r.fail("docker", errors.DAEMON, dh and dh ~= "" and ("DOCKER_HOST=" .. dh) or nil,
         errors.reason_fix("daemon_unavailable", ctx))
     end
-    return
+    return nil
   end
   r.ok("docker", "daemon " .. (info.version or "?") .. " answers")
+  return docker, info
+end
+
+local function docker_checks(r, cfg, state, path)
+  local o = cfg.options
+  local ctx = fix_context(o, path)
+  local docker, info = daemon(r, ctx)
+  if not docker then return end
   runtime_check(r, docker, o.runtime)
 
   local image = o.image
@@ -441,9 +459,26 @@ local function probe(r, cfg, state, parsed, key)
   r.fail("probe", reason, where, errors.reason_fix(reason))
 end
 
-function M.check(cfg, opts, out)
+-- A rich or precheck config (cli/_doctor_modes.lua).
+local function check_mode(r, value, mode, opts, path)
+  local ctx = { path = path, no_docker = opts.no_docker, user = common.user_name(),
+    fix_ctx = fix_context({}, path) }
+  ctx.daemon = function(rep) return daemon(rep, ctx.fix_ctx) end
+  if mode == "rich" then
+    modes.rich(r, value, ctx)
+  else
+    modes.precheck(r, require("sandbox.precheck").facts(value), ctx)
+  end
+end
+
+function M.check(cfg, opts, out, mode)
   local r = reporter(out or io.stdout, opts.json)
   local path = opts.config or "CONFIG.lua"
+  if mode and mode ~= "sealed" then
+    r.ok("config", path .. " (" .. mode .. " mode)")
+    check_mode(r, cfg, mode, opts, path)
+    return r
+  end
   r.ok("config", path)
   local state = construction(r, cfg, path)
   state_file(r, cfg, state, path)
@@ -460,7 +495,7 @@ end
 
 -- The fix for a config that did not load (an unreadable file, a missing
 -- one, a script error, a refused option).
-local function load_fix(cerr, path)
+local function load_fix(cerr, path, arg, mode)
   if cerr:find("Permission denied", 1, true) then
     return string.format("make %s readable by %s (the account sbx runs as): e.g. as root, chgrp %s %s && chmod g+r %s",
       path, common.user_name(), common.user_name(), options.shq(path), options.shq(path))
@@ -468,13 +503,30 @@ local function load_fix(cerr, path)
   if cerr:find("No such file or directory", 1, true) then
     return "check the path: " .. path .. " does not exist"
   end
-  local fix = common.fix_for(cerr:match(": (.*)$"), nil, path)
+  local msg = cerr:match(": (.*)$")
+  local ctx = common.fix_context(nil, path)
+  arg = type(arg) == "table" and arg or {}
+  ctx.mode = mode
+  ctx.runRoot = type(arg.runRoot) == "string" and options.shq(arg.runRoot) or nil
+  ctx.partyDir = type(arg.partyDir) == "string" and options.shq(arg.partyDir) or nil
+  local fix = errors.fix(msg, ctx)
+  if msg == errors.RICH_PARTY_DIR then
+    -- examples/rich.conf.lua reads it from its argument, as the Bun bridge passes it
+    fix = fix .. string.format(" (a config that takes it from its argument: sbx doctor %s --options '{\"partyDir\":\"/srv/party\"}')",
+      options.shq(path))
+  end
+  if fix == nil and errors.entry(msg) and errors.entry(msg).name:find("^RICH_") then
+    fix = "correct the sandbox.rich { ... } options (see examples/rich.conf.lua and docs/options.md)"
+  elseif fix == nil and mode == "precheck" then
+    fix = "correct the sandbox.precheckScriptRunner { ... } options (see examples/precheck.conf.lua and docs/options.md)"
+  end
   return fix or "correct the config script (see examples/sandbox.conf.lua)"
 end
 
 function M.run(args)
   local parsed, err = args_lib.parse(args, { interleave = true, flags = {
     ["no-docker"] = "bool", channel = "value", speaker = "value", probe = "bool", json = "bool",
+    options = "value",
   } })
   if not parsed then
     io.stderr:write("sbx doctor: ", err, "\n\n", M.help)
@@ -504,13 +556,22 @@ function M.run(args)
     end
     opts.speaker = sp
   end
-  local cfg, cerr = args_lib.load_config(path)
+  local arg
+  if f.options then
+    arg = json.decode(f.options)
+    if json.kind(arg) ~= "object" then
+      io.stderr:write("sbx doctor: --options must be a JSON object (the config's argument)\n")
+      return 2
+    end
+    arg = json.plain(arg)
+  end
+  local cfg, mode, tried = args_lib.load_any(path, arg)
   local r
   if not cfg then
     r = reporter(io.stdout, opts.json)
-    r.fail("config", cerr, nil, load_fix(cerr, path))
+    r.fail("config", mode, nil, load_fix(mode, path, arg, tried))
   else
-    r = async.run(M.check, cfg, opts, io.stdout)
+    r = async.run(M.check, cfg, opts, io.stdout, mode)
   end
   if opts.json then
     local list = json.array()

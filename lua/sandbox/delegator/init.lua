@@ -19,7 +19,8 @@
 -- outcome) has returned. Jobs are process-local: none survives a restart.
 local async = require "sandbox.async"
 local core = require "sandbox.core"
-local scrub = require "sandbox.scrub"
+local errors = require "sandbox.errors"
+local scrub = require "sandbox.delegator.scrub"
 local signal = require "sandbox.signal"
 
 local M = {}
@@ -34,22 +35,22 @@ M.DEFAULT_MAX_REPORT_CHARS = 80000
 M.DEFAULT_DIAGNOSTIC_CHARS = 600
 M.MAX_TASK_CHARS = 4000
 
--- Constructor errors (plain Lua errors).
-M.E_BUDGET = "Invalid delegation target/budget"
-M.E_TITLE_LIMIT = "Invalid delegation title limit"
-M.E_REPORT_LIMIT = "Invalid delegation maxReportChars"
-M.E_DIAGNOSTIC_LIMIT = "Invalid delegation diagnosticChars"
-M.E_CALLBACKS = "Invalid delegation callbacks"
+-- Constructor errors (plain Lua errors), from the one catalogue (sandbox/errors.lua).
+M.E_BUDGET = errors.DELEGATION_BUDGET
+M.E_TITLE_LIMIT = errors.DELEGATION_TITLE_LIMIT
+M.E_REPORT_LIMIT = errors.DELEGATION_REPORT_LIMIT
+M.E_DIAGNOSTIC_LIMIT = errors.DELEGATION_DIAGNOSTIC_LIMIT
+M.E_CALLBACKS = errors.DELEGATION_CALLBACKS
 
 -- Refusals of start() (DelegationError messages) and outcome texts.
-M.E_SCOPE = "Delegation scope refused"
-M.E_UTF8 = "title and task must be valid UTF-8"
-M.E_REQUIRED = "title and task are required"
+M.E_SCOPE = errors.DELEGATION_SCOPE
+M.E_UTF8 = errors.DELEGATION_UTF8
+M.E_REQUIRED = errors.DELEGATION_REQUIRED
 M.TIMED_OUT = "the worker ran out of time"
 M.TASK_FAILED = "the task failed"
-M.E_REPORT_TOO_LARGE = "Research report too large"
-M.E_REPORT_UTF8 = "Research report is not valid UTF-8"
-M.LOG_DELIVER_FAILED = "Sandbox task report failed"
+M.E_REPORT_TOO_LARGE = errors.DELEGATION_REPORT_TOO_LARGE
+M.E_REPORT_UTF8 = errors.DELEGATION_REPORT_UTF8
+M.LOG_DELIVER_FAILED = errors.DELEGATION_DELIVER_FAILED
 
 local REQUEST_FIELDS = { channel = true, target = true, author = true, title = true, task = true }
 

@@ -74,9 +74,10 @@
 --     and the worker waits on nothing. A callback that ignores its signal
 --     cannot be stopped from Lua; whatever it returns later is dropped.
 local async = require "sandbox.async"
+local errors = require "sandbox.errors"
 local fetch = require "sandbox.fetch"
 local schema = require "sandbox.broker._schema"
-local scrub = require "sandbox.scrub"
+local scrub = require "sandbox.delegator.scrub"
 local signals = require "sandbox.signal"
 
 local M = {}
@@ -91,10 +92,11 @@ M.TOOL_ERROR_CHARS = 1000          -- scrub bound of a failed tool result's text
 M.THINKING = { low = true, medium = true, high = true, xhigh = true }
 M.BUILTIN_TOOL_NAMES = { "web_search", "fetch_content" }
 
--- Constructor errors (plain Lua errors), in the order they are checked.
-M.E_NEEDS_FETCH = "Research needs tools, fetchContent or extractFetched"
-M.E_NEEDS_SEARCH = "Research needs search unless it has its own tools"
-M.E_OPTION = "Invalid research option " -- .. <name>
+-- Constructor errors (plain Lua errors), in the order they are checked; the
+-- messages are the one catalogue's (sandbox/errors.lua).
+M.E_NEEDS_FETCH = errors.RESEARCH_NEEDS_FETCH
+M.E_NEEDS_SEARCH = errors.RESEARCH_NEEDS_SEARCH
+M.E_OPTION = errors.RESEARCH_OPTION   -- .. <name>
 
 -- Outcome texts (spec 4.4 step 4-5).
 M.DEFAULT_ABORTED = "the worker ran out of time"

@@ -14,6 +14,8 @@
 --       so does the engine's stop
 --   {"type":"precheck.toolName","owner":O,"server":S,"tool":T} -> name
 --   {"type":"precheck.dispose","owner":O} -> true (runs in flight finish)
+local errors = require "sandbox.errors"
+
 local M = {}
 
 local METHODS = { "describe", "run", "toolName" }
@@ -24,9 +26,9 @@ local function runners(self)
 end
 
 local function load_runner(path, options)
-  if type(path) ~= "string" or path == "" then error("invalid request: config must be a non-empty string", 0) end
+  if type(path) ~= "string" or path == "" then error(errors.EMBED_REQUEST .. "config must be a non-empty string", 0) end
   local chunk, lerr = loadfile(path, "t")
-  if not chunk then error("cannot load config: " .. tostring(lerr), 0) end
+  if not chunk then error(errors.CONFIG_LOAD .. tostring(lerr), 0) end
   local ok, runner = pcall(chunk, options or {})
   if not ok then error(runner, 0) end
   local fine = type(runner) == "table"
@@ -38,13 +40,13 @@ end
 function M.register(H, U, util)
   local function the_runner(self, req)
     local r = runners(self)[util.need_owner(req)]
-    if r == nil then error("invalid request: no precheck runner " .. req.owner, 0) end
+    if r == nil then error(errors.EMBED_REQUEST .. "no precheck runner " .. req.owner, 0) end
     return r
   end
 
   H["precheck.new"] = function(self, _, req)
     local owner = util.need_owner(req)
-    if runners(self)[owner] ~= nil then error("invalid request: precheck runner " .. owner .. " exists", 0) end
+    if runners(self)[owner] ~= nil then error(errors.EMBED_REQUEST .. "precheck runner " .. owner .. " exists", 0) end
     local runner = load_runner(req.config, req.options)
     runners(self)[owner] = runner
     return { timeoutMs = runner.timeoutMs }
@@ -65,12 +67,20 @@ function M.register(H, U, util)
     return the_runner(self, req).toolName(req.server, req.tool)
   end
 
+  -- the runner's Prometheus text: its runs as sbx_turns_total{mode="precheck",...}
+  H["precheck.metrics"] = function(self, _, req)
+    local r = the_runner(self, req)
+    if type(r.metrics) ~= "function" then error(errors.EMBED_REQUEST .. "this precheck runner has no metrics", 0) end
+    return r.metrics()
+  end
+
   H["precheck.dispose"] = function(self, _, req)
     runners(self)[util.need_owner(req)] = nil
     return true
   end
 
-  for _, k in ipairs { "precheck.new", "precheck.describe", "precheck.run", "precheck.toolName", "precheck.dispose" } do
+  for _, k in ipairs { "precheck.new", "precheck.describe", "precheck.run", "precheck.toolName", "precheck.metrics",
+      "precheck.dispose" } do
     U[k] = true
   end
 end

@@ -21,16 +21,17 @@
 --   {"type":"rich.start"|"rich.stop"|"rich.startFresh"|"rich.status"|
 --    "rich.sessionsDir"|"rich.attachmentDir","owner":O,"channel":C[,"profile":P]}
 --   {"type":"rich.stopBrokers"|"rich.dispose","owner":O}
+--   {"type":"rich.metrics","owner":O} -> the runtime's Prometheus exposition text
 -- Bytes cross JSON as base64: fetchImpl answers {status, headers,
 -- bodyBase64}; reply files come back as dataBase64.
 local core = require "sandbox.core"
+local errors = require "sandbox.errors"
 local json = require "sandbox.json"
 
 local M = {}
 
-local OPTIONS = { "partyDir", "image", "profiles", "upstream", "allowHttpMcp", "timeZone", "containerPrefix",
-  "labelChannel", "labelProfile", "startTimeoutMs", "turnTimeoutMs", "maxCalls", "maxOutputTokens", "workerImage",
-  "logFormat", "logLevel", "audit" }
+-- The plain (JSON) options, from the one declaration (rich/_option_table.lua).
+local OPTIONS = require("sandbox.rich._option_table").PLAIN
 
 local function runtimes(self)
   self.riches = self.riches or {}
@@ -122,19 +123,19 @@ end
 function M.register(H, U, util)
   local function the_runtime(self, req)
     local rt = runtimes(self)[util.need_owner(req)]
-    if rt == nil then error("invalid request: no Pi sandbox runtime " .. req.owner, 0) end
+    if rt == nil then error(errors.EMBED_REQUEST .. "no Pi sandbox runtime " .. req.owner, 0) end
     return rt
   end
 
   H["rich.new"] = function(self, _, req)
     local owner = util.need_owner(req)
-    if runtimes(self)[owner] ~= nil then error("invalid request: Pi sandbox runtime " .. owner .. " exists", 0) end
+    if runtimes(self)[owner] ~= nil then error(errors.EMBED_REQUEST .. "Pi sandbox runtime " .. owner .. " exists", 0) end
     local o = type(req.options) == "table" and req.options or {}
     local rich = require "sandbox.rich"
     if req.config ~= nil then
-      if type(req.config) ~= "string" or req.config == "" then error("invalid request: config must be a non-empty string", 0) end
+      if type(req.config) ~= "string" or req.config == "" then error(errors.EMBED_REQUEST .. "config must be a non-empty string", 0) end
       local chunk, lerr = loadfile(req.config, "t")
-      if not chunk then error("cannot load config: " .. tostring(lerr), 0) end
+      if not chunk then error(errors.CONFIG_LOAD .. tostring(lerr), 0) end
       local ok, rt = pcall(chunk, o)
       if not ok then error(rt, 0) end
       if not rich.is_runtime(rt) then error("config " .. req.config .. " must return sandbox.rich { ... }", 0) end
@@ -171,6 +172,12 @@ function M.register(H, U, util)
   H["rich.stopBrokers"] = function(self, _, req)
     the_runtime(self, req):stopBrokers()
     return true
+  end
+
+  -- the runtime's Prometheus text (spec/operations.md 4: its turns as
+  -- sbx_turns_total{mode="rich",...}, its broker calls and refusals)
+  H["rich.metrics"] = function(self, _, req)
+    return the_runtime(self, req):metrics()
   end
 
   H["rich.dispose"] = function(self, _, req)

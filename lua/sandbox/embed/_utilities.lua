@@ -25,8 +25,9 @@
 -- modules' own checks (and error strings) decide.
 local core = require "sandbox.core"
 local delegator = require "sandbox.delegator"
+local errors = require "sandbox.errors"
 local fetch = require "sandbox.fetch"
-local scrub = require "sandbox.scrub"
+local scrub = require "sandbox.delegator.scrub"
 local signals = require "sandbox.signal"
 
 local M = {}
@@ -40,7 +41,7 @@ end
 
 local function need_owner(req)
   if type(req.owner) ~= "string" or req.owner == "" or #req.owner > 128 then
-    error("invalid request: owner must be a non-empty string", 0)
+    error(errors.EMBED_REQUEST .. "owner must be a non-empty string", 0)
   end
   return req.owner
 end
@@ -130,7 +131,7 @@ local function register_fetch(H, U)
   function H.pinnedTransport(self, rid, req)
     local sig = request_signal(self, rid)
     local a = req.address
-    if type(a) ~= "table" then error("invalid request: address must be an object", 0) end
+    if type(a) ~= "table" then error(errors.EMBED_REQUEST .. "address must be an object", 0) end
     local res = fetch.pinned_transport(req.url, { address = a.address, family = a.family, port = a.port },
       sig, number_or_raw(req.maxBytes), req.headers)
     return result_json(res)
@@ -156,14 +157,14 @@ local DELEGATOR_OPTIONS = { "target", "maxRunning", "timeoutMs", "maxTitleChars"
 
 local function the_delegator(self, req)
   local d = self.delegators[need_owner(req)]
-  if d == nil then error("invalid request: no delegator " .. req.owner, 0) end
+  if d == nil then error(errors.EMBED_REQUEST .. "no delegator " .. req.owner, 0) end
   return d
 end
 
 local function register_delegator(H, U)
   H["delegator.new"] = function(self, _, req)
     local owner = need_owner(req)
-    if self.delegators[owner] ~= nil then error("invalid request: delegator " .. owner .. " exists", 0) end
+    if self.delegators[owner] ~= nil then error(errors.EMBED_REQUEST .. "delegator " .. owner .. " exists", 0) end
     local o = type(req.options) == "table" and req.options or {}
     local cb = type(req.callbacks) == "table" and req.callbacks or {}
     local opts = {}

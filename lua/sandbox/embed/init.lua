@@ -18,8 +18,9 @@
 -- the script itself opened on the loop).
 local async = require "sandbox.async"
 local core = require "sandbox.core"
+local errors = require "sandbox.errors"
 local json = require "sandbox.json"
-local layout = require "sandbox.layout"
+local layout = require "sandbox.runtime.layout"
 
 local M = {}
 
@@ -45,20 +46,20 @@ Engine.__index = Engine
 local function decode_options(options_json)
   if options_json == nil or options_json == "" then return {} end
   local o, err = json.decode(options_json)
-  if o == nil then error("invalid options_json: " .. tostring(err), 0) end
-  if json.kind(o) ~= "object" then error("invalid options_json: not a JSON object", 0) end
+  if o == nil then error(errors.EMBED_OPTIONS .. tostring(err), 0) end
+  if json.kind(o) ~= "object" then error(errors.EMBED_OPTIONS .. "not a JSON object", 0) end
   o = json.plain(o)
   for _, k in ipairs { "sandbox", "host" } do
-    if o[k] ~= nil and type(o[k]) ~= "table" then error("invalid options_json: " .. k .. " must be an object", 0) end
+    if o[k] ~= nil and type(o[k]) ~= "table" then error(errors.EMBED_OPTIONS .. k .. " must be an object", 0) end
   end
   if o.apiKey ~= nil and o.apiKey ~= "host" and o.apiKey ~= "config" then
     error('invalid options_json: apiKey must be "host" or "config"', 0)
   end
   if o.hostLogin ~= nil and type(o.hostLogin) ~= "boolean" then
-    error("invalid options_json: hostLogin must be a boolean", 0)
+    error(errors.EMBED_OPTIONS .. "hostLogin must be a boolean", 0)
   end
   if o.logger ~= nil and type(o.logger) ~= "boolean" then
-    error("invalid options_json: logger must be a boolean", 0)
+    error(errors.EMBED_OPTIONS .. "logger must be a boolean", 0)
   end
   return o
 end
@@ -79,7 +80,7 @@ end
 local function load_app(path, opts, overrides)
   local sandbox = require "sandbox"
   local chunk, lerr = loadfile(path, "t")
-  if not chunk then error("cannot load config: " .. tostring(lerr), 0) end
+  if not chunk then error(errors.CONFIG_LOAD .. tostring(lerr), 0) end
   local ok, app, on_stop = pcall(chunk, opts)
   if not ok then error(app, 0) end
   if on_stop ~= nil and type(on_stop) ~= "function" then
@@ -335,14 +336,14 @@ end
 -- Request handlers: each runs inside the request's task and returns its value
 -- (or raises: an ok=false result).
 local function need_string(v, what)
-  if type(v) ~= "string" or v == "" then error("invalid request: " .. what .. " must be a non-empty string", 0) end
+  if type(v) ~= "string" or v == "" then error(errors.EMBED_REQUEST .. what .. " must be a non-empty string", 0) end
   return v
 end
 
 local function need_event(req)
-  if type(req.event) ~= "table" then error("invalid request: event must be an object", 0) end
+  if type(req.event) ~= "table" then error(errors.EMBED_REQUEST .. "event must be an object", 0) end
   if req.admission ~= nil and type(req.admission) ~= "table" then
-    error("invalid request: admission must be an object or null", 0)
+    error(errors.EMBED_REQUEST .. "admission must be an object or null", 0)
   end
   return req.event, req.admission
 end
@@ -418,7 +419,7 @@ end
 function HANDLERS.service(self, _, req)
   local op = need_string(req.op, "op")
   local args = req.args or {}
-  if type(args) ~= "table" then error("invalid request: args must be an array", 0) end
+  if type(args) ~= "table" then error(errors.EMBED_REQUEST .. "args must be an array", 0) end
   local svc = self.app.services and self.app.services.SANDBOX
   if type(svc) ~= "table" then error("the SANDBOX service is not available", 0) end
   local target, method
@@ -427,7 +428,7 @@ function HANDLERS.service(self, _, req)
   elseif RUNTIME_OPS[op] then
     target, method = svc.runtime, RUNTIME_OPS[op]
   else
-    error("invalid request: unknown service op: " .. op, 0)
+    error(errors.EMBED_REQUEST .. "unknown service op: " .. op, 0)
   end
   if type(target) ~= "table" or target[method] == nil then error("the SANDBOX service has no " .. op, 0) end
   return target[method](target, table.unpack(args, 1, #args))
@@ -439,7 +440,7 @@ end
 -- or fake one) is not asked: {"image":..,"checked":false}. Otherwise
 -- {"image":..,"checked":true,"present":b} and, when not present, "error":
 -- the operator's message with its fix (the daemon's state when it is the
--- cause; the build command of this installation, sandbox.layout).
+-- cause; the build command of this installation, sandbox.runtime.layout).
 function HANDLERS.image(self)
   local svc = self.app.services and self.app.services.SANDBOX
   local rt = svc and svc.runtime
@@ -479,7 +480,7 @@ function Engine:dispatch(rid, text)
   self.npending = self.npending + 1
   local req, err = json.decode(text)
   if json.kind(req) ~= "object" then
-    self:finish(rid, false, "invalid request: " .. (err or "not a JSON object"))
+    self:finish(rid, false, errors.EMBED_REQUEST .. (err or "not a JSON object"))
     return
   end
   req = json.plain(req)
@@ -507,7 +508,7 @@ function Engine:dispatch(rid, text)
   end
   local h = type(kind) == "string" and HANDLERS[kind] or nil
   if h == nil then
-    self:finish(rid, false, "invalid request: unknown type: " .. tostring(kind))
+    self:finish(rid, false, errors.EMBED_REQUEST .. "unknown type: " .. tostring(kind))
     return
   end
   if self.stopping then

@@ -17,7 +17,9 @@
 -- mapping an observed value to one of a bounded set or nil); an observation
 -- whose label value is outside the set is dropped, never exposed, so no
 -- guest-controlled text, credential or payload can become a label or a new
--- series. MAX_SERIES per family is a second bound.
+-- series. MAX_SERIES per family is a second bound. A label's function may
+-- map a value to false: that series carries no such label (the sealed
+-- mode's turn series have no `mode`, so their names stay as they were).
 --
 -- Text format (https://prometheus.io/docs/instrumenting/exposition_formats/):
 -- per family `# HELP name text` (backslash and newline escaped) and
@@ -84,10 +86,12 @@ function Family:_key(lv)
     local set, v = self.labels[k], lv[k]
     if type(set) == "function" then v = set(v)
     elseif not (type(v) == "string" and set[v]) then v = nil end
-    if type(v) ~= "string" then return nil end
+    if v ~= false and type(v) ~= "string" then return nil end
     values[i] = v
   end
-  return table.concat(values, "\0"), values
+  local parts = {}
+  for i, v in ipairs(values) do parts[i] = v == false and "\1" or v end
+  return table.concat(parts, "\0"), values
 end
 
 -- The series of one observation (created on first use), or nil.
@@ -149,7 +153,9 @@ end
 
 local function label_text(names, values, extra)
   local parts = {}
-  for i, k in ipairs(names) do parts[#parts + 1] = k .. '="' .. M.escape_label(values[i]) .. '"' end
+  for i, k in ipairs(names) do
+    if values[i] ~= false then parts[#parts + 1] = k .. '="' .. M.escape_label(values[i]) .. '"' end
+  end
   if extra then parts[#parts + 1] = extra end
   if #parts == 0 then return "" end
   return "{" .. table.concat(parts, ",") .. "}"

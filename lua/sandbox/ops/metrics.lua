@@ -17,9 +17,11 @@
 --   m.registry                                                  -- ops/exposition.lua, for more families
 --
 -- The families, and where each value comes from:
---   sbx_turns_total{reason}                       counter   turn record: reason (the closed set of
---                                                           operations.md 1, every one exposed from 0)
---   sbx_turn_duration_seconds                     histogram turn record: ms
+--   sbx_turns_total{mode,reason}                  counter   turn record: reason (the closed set of
+--                                                           operations.md 1, every one exposed from 0);
+--                                                           mode only on rich turns and precheck runs
+--                                                           (record.mode, kind = "precheck")
+--   sbx_turn_duration_seconds{mode}               histogram turn record: ms (mode as above)
 --   sbx_turn_phase_seconds{phase}                 histogram turn record: ms_start, ms_first_call,
 --                                                           ms_reply, ms_removed (phase = start,
 --                                                           first_call, reply, removed: seconds from
@@ -72,8 +74,32 @@ local function set_of(list)
   return s
 end
 
+-- The modes whose turns count here (one registry type, one reader, for
+-- every mode): a sealed turn's series carry no mode label (as they always
+-- did); a rich turn's and a precheck run's carry mode="rich" /
+-- mode="precheck", with the same reasons and the same families.
+M.MODES = { "sealed", "rich", "precheck" }
+local MODE_SET = set_of(M.MODES)
+local function mode_label(v)
+  if v == nil or v == "sealed" then return false end
+  return MODE_SET[v] and v or nil
+end
+
 local REASONS = {}
 for _, r in ipairs(errors.reasons) do REASONS[r.reason] = true end
+
+-- The reasons a mode can end with, each exposed from 0 in a registry made
+-- for that mode (errors.reasons: `modes` absent = sealed and rich;
+-- precheck: errors.PRECHECK_REASONS).
+function M.reasons_of(mode)
+  if mode == "precheck" then return errors.PRECHECK_REASONS end
+  local out = {}
+  for _, r in ipairs(errors.reasons) do
+    local modes = r.modes or { sealed = true, rich = true }
+    if modes[mode or "sealed"] then out[#out + 1] = r.reason end
+  end
+  return out
+end
 local PHASE_SET = {}
 for _, p in ipairs(M.PHASES) do PHASE_SET[p[1]] = true end
 local STATES = set_of(M.CONTAINER_STATES)
@@ -87,17 +113,25 @@ local function status_label(v)
   return nil
 end
 
+local function seconds(ms)
+  return type(ms) == "number" and ms / 1000 or nil
+end
+
 local Metrics = {}
 Metrics.__index = Metrics
 
-function M.new()
+-- opts.mode ("sealed" default, "rich", "precheck"): the mode whose reasons
+-- are exposed from 0; :add_mode(mode) exposes another's (one registry for
+-- a host that runs several modes).
+function M.new(opts)
   local reg = exposition.registry()
   local self = setmetatable({ registry = reg, container_sources = {}, queue_sources = {} }, Metrics)
-  self.turns = reg:counter("sbx_turns_total", "Sealed turns that ended, by failure reason (ok when one succeeded).",
-    { reason = REASONS })
-  for _, r in ipairs(errors.reasons) do self.turns:init { reason = r.reason } end
+  self.turns = reg:counter("sbx_turns_total",
+    "Turns that ended, by failure reason (ok when one succeeded); rich turns and precheck runs carry their mode.",
+    { reason = REASONS, mode = mode_label })
   self.turn_seconds = reg:histogram("sbx_turn_duration_seconds",
-    "Time from a turn's admission to its end, in seconds.", nil, M.TURN_BUCKETS)
+    "Time from a turn's admission to its end, in seconds.", { mode = mode_label }, M.TURN_BUCKETS)
+  self:add_mode(opts and opts.mode or "sealed")
   self.phase_seconds = reg:histogram("sbx_turn_phase_seconds",
     "Time from a turn's admission to each phase (start: container running, first_call, reply: stdout ended, removed), in seconds.",
     { phase = PHASE_SET }, M.TURN_BUCKETS)
@@ -127,25 +161,31 @@ function M.new()
   return self
 end
 
+function Metrics:add_mode(mode)
+  assert(MODE_SET[mode], "unknown mode " .. tostring(mode))
+  for _, reason in ipairs(M.reasons_of(mode)) do self.turns:init { mode = mode, reason = reason } end
+  self.turn_seconds:init { mode = mode }
+end
+
 -- The record reader: fn(record) for recorder:subscribe.
 function Metrics:reader()
   return function(r)
     if r.kind == "call" then self:_call(r)
     elseif r.kind == "turn" then self:_turn(r)
+    elseif r.kind == "precheck" then
+      self.turns:inc { mode = "precheck", reason = r.reason }
+      local s = seconds(r.ms)
+      if s then self.turn_seconds:observe({ mode = "precheck" }, s) end
     elseif r.kind == "cleanup" then
       if r.ok == false then self.cleanup_failures:inc() end
     end
   end
 end
 
-local function seconds(ms)
-  return type(ms) == "number" and ms / 1000 or nil
-end
-
 function Metrics:_turn(t)
-  self.turns:inc { reason = t.reason }
+  self.turns:inc { mode = t.mode, reason = t.reason }
   local s = seconds(t.ms)
-  if s then self.turn_seconds:observe(nil, s) end
+  if s then self.turn_seconds:observe({ mode = t.mode }, s) end
   for _, p in ipairs(M.PHASES) do
     local v = seconds(t[p[2]])
     if v then self.phase_seconds:observe({ phase = p[1] }, v) end

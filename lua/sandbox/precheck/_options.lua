@@ -10,6 +10,7 @@ local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local lines = require "sandbox.ops.lines"
 local log = require "sandbox.log"
+local metrics = require "sandbox.ops.metrics"
 local record = require "sandbox.ops.record"
 local runtime_options = require "sandbox.runtime._options"
 
@@ -144,6 +145,10 @@ function M.resolve(opts)
   resolved.logger = log.from_options(opts)
   resolved.recorder = record.recorder()
   resolved.recorder:subscribe(lines.reader(resolved.logger, { audit = opts.audit }))
+  -- the one metrics registry type, read from the same records: each run is
+  -- sbx_turns_total{mode="precheck",reason=...} (spec/operations.md 4)
+  resolved.metrics = metrics.new { mode = "precheck" }
+  resolved.recorder:subscribe(resolved.metrics:reader())
   return resolved
 end
 

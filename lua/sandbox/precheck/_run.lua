@@ -130,7 +130,7 @@ end
 -- The run record's reason and fix for how contained() ended (the operator
 -- log's `precheck finished` line; ops/record.lua run_begin). A script's own
 -- error text is the core's to show, never the log's.
-M.RUN_DIR_FIX = "check that runRoot is writable by the service account and its filesystem has free space"
+M.RUN_DIR_FIX = errors.reason_fix("run_dir")   -- the one catalogue (sandbox/errors.lua)
 
 local function settle(o, rec, ok, res, run_sig, parent)
   rec.ok = ok

@@ -21,6 +21,8 @@
 --   runner.run(script, context)     -> the script's result (in a task; raises)
 --   runner.toolName(server, tool)   -> the name the host's hold rules know
 --   runner.timeoutMs                -> present only when the option was set
+--   runner.metrics()                -> the runs' Prometheus exposition
+--                                      (sbx_turns_total{mode="precheck",...})
 --
 -- The members are plain functions (runner.run(...) and runner:run(...) both
 -- work). describe and run yield: call them from a task (sandbox.async) or
@@ -59,9 +61,22 @@ local function copy_scope(scope)
   return grants.scope(scope.channel, scope.target, scope.tier)
 end
 
+-- The resolved options of each runner this process made (weak keys), for
+-- `sbx doctor` (M.facts) and the metrics (M.metrics).
+local FACTS = setmetatable({}, { __mode = "k" })
+
+-- runner -> {image, runRoot, uid, gid, maxCalls, timeoutMs} | nil (not a runner)
+function M.facts(runner)
+  local o = FACTS[runner]
+  if not o then return nil end
+  return { image = o.image, runRoot = o.runRoot, uid = o.uid, gid = o.gid, maxCalls = o.maxCalls,
+    timeoutMs = o.timeoutMs, driver = o.driver }
+end
+
 function M.new(opts)
   local o = options.resolve(opts)
   local runner = {}
+  FACTS[runner] = o
   runner.describe = member(runner, function(scope)
     return describe.text(grants.call(o.grant, copy_scope(scope), o.allowHttpMcp))
   end)
@@ -78,6 +93,7 @@ function M.new(opts)
     return name
   end)
   runner.timeoutMs = o.timeoutMs
+  runner.metrics = member(runner, function() return o.metrics:render() end)
   return runner
 end
 

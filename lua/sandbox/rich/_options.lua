@@ -25,6 +25,11 @@ local runtime_options = require "sandbox.runtime._options"
 
 local M = {}
 
+-- The one declaration of the option names (rich/_option_table.lua: pure, so
+-- the Bun bridge's generator reads it without the engine).
+local option_table = require "sandbox.rich._option_table"
+M.TABLE, M.NAMES, M.PLAIN = option_table.TABLE, option_table.NAMES, option_table.PLAIN
+
 M.DEFAULTS = {
   upstream = "https://api.anthropic.com",
   timeZone = "UTC",
@@ -268,8 +273,20 @@ function M.resolve_broker(opts)
   }
 end
 
+-- The first option name outside M.TABLE (in sorted order), or nil.
+function M.unknown_name(opts)
+  local names = {}
+  for k in pairs(opts) do
+    if not M.NAMES[k] then names[#names + 1] = tostring(k) end
+  end
+  table.sort(names)
+  return names[1]
+end
+
 function M.resolve(opts, host)
   if type(opts) ~= "table" then fail(errors.RICH_OPTIONS) end
+  local unknown = M.unknown_name(opts)
+  if unknown then bad(unknown) end
   local d = M.DEFAULTS
   -- 1
   local dir = opts.partyDir

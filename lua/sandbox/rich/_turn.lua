@@ -1,7 +1,9 @@
 -- rich/_turn.lua: rt:runTurn{channel, profile, turnId, author={id, name,
 -- principalId?}, text, images, signal?} (spec/rich-mode.md 7) -> {ok=true,
 -- text, files={{name, data=<bytes>}}} or {ok=false, error, cause}. One turn
--- per channel at a time. Identity is bound to the channel's broker
+-- per channel at a time. Every turn is one turn record (ops/record.lua,
+-- mode "rich"): its `turn finished` line with reason and fix, and
+-- sbx_turns_total{mode="rich",reason} (spec/operations.md 3-4). Identity is bound to the channel's broker
 -- immediately before the turn is queued and revoked when it settles; an
 -- aborted turn (timeout, the caller's signal, stop) removes the container
 -- after its log is captured. principalId is the admitted principal, never
@@ -74,7 +76,7 @@ local function turn_body(rt, t, c, sig, deadline)
   if not b then fail(errors.RICH_NO_BROKER) end
   local release = b:bind {
     channel = key, profile = t.profile, speaker = { id = a.id, name = a.name, principalId = principal },
-    thinking = level, signal = sig, deadline = deadline, turnId = t.turnId,
+    thinking = level, signal = sig, deadline = deadline, turnId = t.turnId, record = c.record,
   }
   c.release = release
   local res = b:execute(request, sig)                                                -- 8
@@ -93,15 +95,73 @@ local function remove_after_abort(rt, t, c)
   if type(rt.driver.logs) == "function" then
     local ok, lines = pcall(rt.driver.logs, name, M.LOG_LINES)
     if ok then
-      rt.log.warn(M.LOG_BEFORE, { channel = t.channel, turnId = t.turnId, lines = text.scrub(tostring(lines), M.LOG_CHARS) })
+      rt.log.warn(M.LOG_BEFORE, { channel = t.channel, turn = t.turnId, lines = text.scrub(tostring(lines), M.LOG_CHARS) })
     else
-      rt.log.warn(M.LOG_UNAVAILABLE, { channel = t.channel, turnId = t.turnId, error = text.scrub(text.error_text(lines), 2000) })
+      rt.log.warn(M.LOG_UNAVAILABLE, { channel = t.channel, turn = t.turnId, error = text.scrub(text.error_text(lines), 2000) })
     end
   end
   local ok, err = pcall(rt.driver.remove, name)
   if not ok then
-    rt.log.error("sandbox container removal failed", { channel = t.channel, turnId = t.turnId, error = text.scrub(text.error_text(err), 2000) })
+    rt.log.error("sandbox container removal failed", { channel = t.channel, turn = t.turnId, error = text.scrub(text.error_text(err), 2000) })
   end
+end
+
+-- The turn's one reason (spec/operations.md 4, the sealed turn's closed
+-- set), decided by the host from what it saw, and its fix:
+--   ok; deadline (turnTimeoutMs); stopped (the caller's signal, stop);
+--   the last model call's failure when the worker failed after it
+--   (upstream_status, upstream_unreachable, upstream_timeout,
+--   upstream_invalid, reflection, credential_missing, credential_error;
+--   a model call refused for the spent budget: budget_exhausted);
+--   invalid_turn (the host's own turn input was refused); image_missing /
+--   daemon_unavailable (the built-in driver's daemon answer); the catalogue
+--   entry's reason (image_missing, daemon_unavailable, ...); else
+--   worker_failed.
+M.INPUT = { [errors.RICH_TURN_INPUT] = true, [errors.RICH_EFFORT] = true, [errors.RICH_MEMORY] = true,
+  [errors.RICH_IMAGES] = true, [errors.RICH_IMAGE] = true, [errors.RICH_IMAGE_BUDGET] = true }
+M.MODEL_REASONS = { upstream_status = true, upstream_unreachable = true, upstream_timeout = true,
+  upstream_invalid = true, reflection = true, credential_missing = true, credential_error = true }
+
+M.UPSTREAM_FIX = {
+  [401] = "the provider refused the credential oauthToken returned: refresh the host's login",
+  [403] = "the provider refused the credential oauthToken returned: refresh the host's login",
+  [404] = "check upstream and the profile's model",
+  [429] = "the provider is rate limiting or out of quota",
+  other = "see the preceding `sandbox upstream call failed` line for the provider's answer",
+}
+
+function M.reason(rec, ok, cause, timed_out, cancelled)
+  if ok then return "ok" end
+  if timed_out then return "deadline", errors.fix(errors.RICH_TIMED_OUT) end
+  if cancelled then return "stopped" end
+  local m = rec and rec.last_model
+  if m and m.reason and M.MODEL_REASONS[m.reason] then
+    return m.reason, m.fix or errors.reason_fix(m.reason)
+  end
+  if m and m.reason == nil and type(m.upstream_status) == "number" and m.upstream_status >= 400 then
+    -- 11.5: the worker got the provider's refusal unchanged and failed on it
+    rec.upstream = m
+    return "upstream_status", M.UPSTREAM_FIX[m.upstream_status] or M.UPSTREAM_FIX.other
+  end
+  if m and (m.reason == "budget" or m.reason == "busy") then return "budget_exhausted", errors.reason_fix("budget_exhausted") end
+  if M.INPUT[cause] then return "invalid_turn", errors.reason_fix("invalid_turn") end
+  if type(cause) == "string" and cause:sub(1, #errors.RICH_DOCKER) == errors.RICH_DOCKER then
+    -- the built-in driver's view of the daemon (rich/docker.lua): an answer
+    -- naming a missing image, or no answer at all
+    if cause:find(" failed with 404: ", 1, true) and cause:find("No such image", 1, true) then
+      return "image_missing", require("sandbox.runtime.layout").make_fix("image-pi")
+    end
+    if not cause:find(" failed with %d%d%d: ") then
+      return "daemon_unavailable", errors.reason_fix("daemon_unavailable", {})
+    end
+  end
+  local e = errors.entry(cause)
+  local reason = e and e.reason or "worker_failed"
+  local fix = (e and errors.fix(cause)) or errors.reason_fix(reason)
+  if reason == "worker_failed" and not (e and e.fix) then
+    fix = "see the worker's log (`docker logs` of the channel's container) and check the image with sbx doctor CONFIG.lua"
+  end
+  return reason, fix
 end
 
 function M.run(rt, t)
@@ -112,6 +172,9 @@ function M.run(rt, t)
   if c.active then return { ok = false, error = errors.RICH_BUSY } end             -- 1
   local sig = signal.new()                                                          -- 2
   c.active = { signal = sig }
+  local rec = rt.recorder:turn_begin(t.channel, media.safe_name(t.turnId) and t.turnId or nil)
+  rec.mode = "rich"
+  c.record = rec
   local deadline = rt.clock.now() + rt.o.turnTimeoutMs
   local timed_out = false
   local timer = rt.clock.timer(rt.o.turnTimeoutMs, function()
@@ -127,10 +190,17 @@ function M.run(rt, t)
     local cause = text.error_text(res)
     local message = text.scrub(cause, M.MESSAGE_CHARS)
     local cancelled = sig.aborted and not timed_out
-    rt.log.error(M.FAILED, { channel = t.channel, turnId = t.turnId, message = message, timedOut = timed_out, cancelled = cancelled })
+    rt.log.error(M.FAILED, { channel = t.channel, turn = t.turnId, message = message, timedOut = timed_out, cancelled = cancelled })
     if sig.aborted then remove_after_abort(rt, t, c) end
     res = { ok = false, error = timed_out and errors.RICH_TIMED_OUT or (errors.RICH_TURN_FAILED .. message), cause = cause }
+    rec.reason, rec.fix = M.reason(rec, false, cause, timed_out, cancelled)
+    rec.error = errors.safe_to_show(cause) and cause or nil
+  else
+    rec.reason = "ok"
   end
+  rec.ok = ok
+  c.record = nil
+  rt.recorder:turn_end(rec)
   timer:stop()                                                                      -- 10
   if unhook then unhook() end
   sig:abort("turn settled")

@@ -11,6 +11,7 @@
 --   rt:start(channel, profile)   rt:stop(channel)   rt:startFresh(channel)
 --   rt:status(channel)           rt:sessionsDir(channel)   rt:attachmentDir(channel)
 --   rt:stopBrokers()             rt:runTurn{channel, profile, turnId, author, text, images, signal?}
+--   rt:metrics()                 the Prometheus text (sbx_turns_total{mode="rich",...})
 --   rich.broker(options)         a channel's broker alone (PiSandboxBroker)
 --   rich.transport{...}          the built-in upstream transport, fetchImpl-shaped
 --   rich.collectAttachments(message, dir, opts)   16.4 (rich/_attachments.lua)
@@ -22,6 +23,7 @@ local core = require "sandbox.core"
 local docker = require "sandbox.rich.docker"
 local lifecycle = require "sandbox.rich._lifecycle"
 local log = require "sandbox.rich._log"
+local metrics = require "sandbox.ops.metrics"
 local options = require "sandbox.rich._options"
 local text = require "sandbox.rich._text"
 local transport = require "sandbox.rich._transport"
@@ -42,6 +44,19 @@ function M.new(opts, seams)
     o = o, chans = {}, log = log.new(o.logger, o.log), clock = seams.clock or broker.DEFAULT_CLOCK,
     idle_ms = seams.idleMs, trace = seams.trace,
   }, Runtime)
+  -- one record per turn and per broker call (ops/record.lua), read by the
+  -- operator log and by the one metrics registry type (ops/metrics.lua):
+  -- sbx_turns_total{mode="rich",reason=...}, the broker families
+  rt.recorder = rt.log.recorder
+  rt.metrics_registry = metrics.new { mode = "rich" }
+  rt.recorder:subscribe(rt.metrics_registry:reader())
+  -- sbx_containers{state="running"}: the channels whose long-lived container
+  -- has a broker in this process (started and not stopped)
+  rt.metrics_registry:containers_source(function()
+    local n = 0
+    for _, c in pairs(rt.chans) do if c.broker then n = n + 1 end end
+    return { running = n }
+  end)
   rt.driver = o.driver or docker.new { labelProfile = o.labelProfile }
   rt.fetch = transport.new(o.fetchImpl)
   return rt
@@ -55,6 +70,9 @@ function Runtime:status(channel) return lifecycle.status(self, channel) end
 function Runtime:sessionsDir(channel) return lifecycle.sessions_dir(self, channel) end
 function Runtime:attachmentDir(channel) return lifecycle.attachment_dir(self, channel) end
 function Runtime:runTurn(t) return turn.run(self, t) end
+-- The Prometheus exposition of this runtime's turns and broker calls
+-- (spec/operations.md 4; PiSandboxRuntime.metrics() in Bun).
+function Runtime:metrics() return self.metrics_registry:render() end
 
 -- The channel's broker in this process (specs and diagnostics), or nil.
 function Runtime:broker(channel)

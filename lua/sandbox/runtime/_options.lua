@@ -64,17 +64,9 @@ M.DEFAULT_MENTIONS = "neutral"
 M.MAX_REPLY_CHARS = 100000
 
 -- The option names of `sandbox.runtime{}` (spec/runtime.md 2.1-2.2,
--- providers.md 1, operations.md 2-4).
-M.OPTIONS = {
-  image = true, runRoot = true, workspaceRoot = true, model = true, modelUrl = true,
-  apiKey = true, prompt = true, timeZone = true, tools = true, mcp = true, uid = true,
-  gid = true, limits = true, turnTimeoutMs = true, driver = true, allowHttp = true,
-  modelAuth = true, maxOutputTokens = true, outputTokensField = true,
-  logFormat = true, logLevel = true, audit = true, logger = true,
-  seccompProfile = true, workspaceQuotaMb = true, diskReserveMb = true, mentions = true,
-  maxReplyChars = true, metricsListen = true,
-  warm = true,      -- spec/warm-turns.md 2
-}
+-- providers.md 1, operations.md 2-4): the sealed mode's one declaration
+-- (runtime/_option_table.lua), which sandbox{} and the Bun bridge read too.
+M.OPTIONS = require("sandbox.runtime._option_table").RUNTIME
 
 local function fail(msg) error(msg, 0) end
 
@@ -428,7 +420,6 @@ M.STEPS = {
 -- container.lua's (runtime_ok), so the option and the ContainerSpec field
 -- cannot disagree. Whether the daemon has it registered is `sbx doctor`'s
 -- check (cli/doctor.lua), never a startup step: construction asks no daemon.
-M.OPTIONS.runtime = true
 M.E_RUNTIME = errors.RUNTIME
 
 -- The resolved runtime name (nil: the daemon's default), or raises

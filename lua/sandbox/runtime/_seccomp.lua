@@ -16,7 +16,7 @@
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local json = require "sandbox.json"
-local layout = require "sandbox.layout"
+local layout = require "sandbox.runtime.layout"
 
 local M = {}
 
@@ -28,7 +28,7 @@ local cache = {}
 local function fail(msg) error(msg, 0) end
 
 -- The shipped profile: in the worker image's build context of this Lua
--- tree's layout (sandbox.layout: <checkout>/worker/, an installed
+-- tree's layout (sandbox.runtime.layout: <checkout>/worker/, an installed
 -- <prefix>/share/pi-roundtable-sandbox/, the Bun package's worker/), or, for
 -- a luarocks tree (no build context), beside the modules in sandbox/.
 function M.default_path()

@@ -45,15 +45,18 @@ local function channel_of(b, s)
   return b.channel or (s and s.channel) or nil
 end
 
-local function settle(b, rec)
+-- Into the recorder, counted in the bound turn's record when the scope has
+-- one (rich/_turn.lua: the turn's model, tool and refused calls, and the
+-- last model call its reason is read from).
+local function settle(b, rec, t)
   local r = b.log and b.log.recorder
-  if r then pcall(r.call, r, nil, rec) end
+  if r then pcall(r.call, r, t, rec) end
 end
 
 function M.refused(b, s, status, reason, route)
   local rec = record.call(channel_of(b, s), s and s.turnId, route and route.path, route and route.kind)
   rec.status, rec.reason, rec.ms = status, reason, 0
-  settle(b, rec)
+  settle(b, rec, s and s.record)
 end
 
 function M.c_refused(b, reason, status)
@@ -64,6 +67,7 @@ end
 function M.begin(b, s, route, call)
   local rec = record.call(channel_of(b, s), s.turnId, route.path, route.kind)
   rec.accepted = true
+  rec.turn_record = s.record
   call.rec = rec
   return rec
 end
@@ -87,7 +91,9 @@ function M.finish(b, rec, conn)
     -- nothing was written: the client left, or the turn ended first
     rec.reason = conn.signal.aborted and "client_closed" or "after_turn"
   end
-  settle(b, rec)
+  local t = rec.turn_record
+  rec.turn_record = nil
+  settle(b, rec, t)
 end
 
 return M

@@ -49,6 +49,7 @@ function M.turn(ctx, max_calls)
   return {
     kind = "turn", channel = ctx.channel, profile = ctx.profile or "",
     turnId = type(ctx.turnId) == "string" and ctx.turnId or nil,
+    record = ctx.record,                -- the turn's record (ops/record.lua), when a runtime binds it
     speaker = copy_speaker(ctx.speaker), thinking = ctx.thinking or "low",
     signal = ctx.signal or signal.new(), deadline = ctx.deadline,
     remaining = max_calls, active = 0,

@@ -34,6 +34,11 @@ M.TURN_ENDED = "Turn ended"
 M.BUDGET = "Broker budget exhausted"
 M.BAD_INPUT = "Invalid input"
 M.MAX_BODY = 96 * 1024 * 1024
+-- Claude Code's reachability check of ANTHROPIC_BASE_URL (`HEAD /anthropic`,
+-- before and between turns): the worker transport's own machinery, answered
+-- 200 with no body and never audited, so a healthy turn logs no refusal
+-- (operations.md 5). Any other method or target there stays a refusal.
+M.PREFLIGHT = "/anthropic"
 M.DEFAULT_CLOCK = { now = core.now, timer = core.timer }
 
 local Broker = {}
@@ -193,7 +198,7 @@ function Broker:_call(conn, s, route, path, beta)
   scope.settle(s)
   self:_trace { route = route.kind, ms = self.clock.now() - started }
   if not ok then
-    self.log.error("sandbox broker handler failed", { channel = s.channel, route = route.kind, error = tostring(err):sub(1, 300) })
+    self.log.error("sandbox broker handler failed", { channel = s.channel, turn = s.turnId, route = route.kind, error = tostring(err):sub(1, 300) })
     conn:fail()
   end
   audit.finish(self, rec, conn)
@@ -215,6 +220,9 @@ function Broker:_serve(conn)
     return refuse(self, conn, self.bound, 404, M.NOT_FOUND, "query")
   end
   if path:sub(1, 8) == "/worker/" and query == nil then return worker.route(self, conn, path) end  -- 2
+  if conn.method == "HEAD" and path == M.PREFLIGHT and query == nil then                 -- 2a
+    return conn:reply(200, "")   -- the worker's own preflight: no body, budget, credential or audit line
+  end
   if path == "/mcp-tools" and conn.method == "GET" and query == nil then return mcp.discovery(self, conn) end  -- 3
   if (path == "/compaction/compact" or path == "/compaction/report") and query == nil then  -- 4
     return compaction.route(self, conn, path)

@@ -1,4 +1,4 @@
--- layout.lua: where this host Lua tree lives, and so the one command that
+-- runtime/layout.lua: where this host Lua tree lives, and so the one command that
 -- builds its worker image (spec/operations.md 5 "a missing image names the
 -- project's own build command", 6). The tree is found from this file's own
 -- path; four layouts:
@@ -15,6 +15,7 @@
 --   layout.image_build()       -> {kind=, command=, dir=}: command builds
 --                                 pi-roundtable-sandbox:local (nil for "modules")
 --   layout.image_fix(image)    -> the operator's fix for a missing image
+--   layout.make_fix(target)    -> the fix naming another image's make target
 local core = require "sandbox.core"
 
 local M = {}
@@ -36,7 +37,8 @@ end
 
 function M.tree()
   local src = debug.getinfo(1, "S").source
-  local dir = src:match("^@(.*)/sandbox/layout%.lua$") or src:match("^@(sandbox)/layout%.lua$") and "."
+  local dir = src:match("^@(.*)/sandbox/runtime/layout%.lua$")
+    or src:match("^@(sandbox)/runtime/layout%.lua$") and "."
   if not dir then return nil end
   if dir == "" then dir = "/" end
   return core.realpath(dir) or dir
@@ -59,6 +61,15 @@ function M.image_build()
     return { kind = "installed", dir = share .. "/" .. M.CONTEXT_DIR, command = shq(script) }
   end
   return { kind = "modules" }
+end
+
+-- The fix for a missing image another make target builds (rich mode's
+-- `image-pi`, the precheck image's `image`): that target in this checkout,
+-- else where it is run.
+function M.make_fix(target)
+  local b = M.image_build()
+  if b.kind == "checkout" then return "build it: make -C " .. shq(b.dir) .. " " .. target end
+  return "build it from the engine's source tree: make " .. target
 end
 
 -- The fix printed for a missing image (image defaults to the default tag).

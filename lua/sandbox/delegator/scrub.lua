@@ -1,4 +1,4 @@
--- scrub.lua: scrub_diagnostic(text, max), a failure reason that is safe to
+-- delegator/scrub.lua: scrub_diagnostic(text, max), a failure reason that is safe to
 -- deliver into a guest channel (spec fetch-and-delegation.md section 2).
 --
 -- The scan lives in C (core/scrub.c, sbx_scrub_diagnostic, fuzzed by
@@ -11,7 +11,7 @@ local M = {}
 
 M.DEFAULT_MAX = 600
 M.MASK = "[redacted]"
-M.E_LIMIT = "Invalid diagnostic limit"
+M.E_LIMIT = require("sandbox.errors").DIAGNOSTIC_LIMIT
 
 -- scrub_diagnostic(text, max): max nil (600), an integral value >= 1 or
 -- math.huge; anything else raises M.E_LIMIT. A non-string text goes through
