@@ -96,7 +96,7 @@ function M.report_turn(cmd, res, settled, cfg, config_path)
   if fix then io.stderr:write("  fix: ", fix, "\n") end
   -- the cause behind the reason, never "unexpected error" (hardening.md 9);
   -- only when it is that reason's own message: a provider's refusal also
-  -- ends the worker, and "sandbox worker failed" beside it would mislead
+  -- ends the worker, and the worker-failed message beside it would mislead
   local e = res.error and errors.entry(res.error)
   if e and e.reason == res.reason and errors.safe_to_show(res.error) then
     io.stderr:write("  error: ", res.error, "\n")
