@@ -64,6 +64,8 @@ local function options(root, over)
   return o
 end
 
+local health = require "sandbox.ops.health"
+
 local function runtime(over)
   local root = spec_fs.tmpdir("mt", roots, spec_fs.short_tmp())
   return sandbox.runtime(options(root, over)), root
@@ -446,6 +448,54 @@ describe("metricsListen (loopback only)", function()
     assert.equal(405, res.post.status)
     assert.equal(413, res.body.status)
     assert.equal(431, res.big.status)
+  end)
+
+  it("serves /healthz and /readyz beside /metrics: liveness, then daemon, image, writable roots and descriptor room", function()
+    if not spec_fs.service_account(pending) then return end
+    local state = { daemon = true, image = true, daemon_calls = 0 }
+    local driver = fake.new(fake.reply(true, "x"), {
+      inspect_daemon = function()
+        state.daemon_calls = state.daemon_calls + 1
+        async.sleep(50)                       -- a daemon call takes a while: requests meanwhile share it
+        if state.daemon then return { version = "99.0" } end
+        return nil, "no answer"
+      end,
+      inspect_image = function() return state.image end,
+    })
+    local rt, root = runtime { driver = driver, metricsListen = "127.0.0.1:0" }
+    local base = "http://" .. assert(rt:metrics_address())
+    local res = async.run(function()
+      local r = { live = P.get(base .. "/healthz"), ready = P.get(base .. "/readyz"),
+                  post = P.get(base .. "/readyz", { "-X", "POST" }), query = P.get(base .. "/readyz?x=1") }
+      async.sleep(health.CACHE_MS + 50)
+      state.image = false
+      local calls = state.daemon_calls
+      local flood = {}
+      for i = 1, 10 do flood[i] = async.spawn(P.get, base .. "/readyz") end
+      for i = 1, 10 do local _, got = async.wait(flood[i]); flood[i] = got end
+      r.flood, r.flood_calls = flood, state.daemon_calls - calls
+      async.sleep(health.CACHE_MS + 50)
+      state.image = true
+      os.execute("chmod 0500 '" .. root .. "/work'")
+      r.unwritable = P.get(base .. "/readyz")
+      os.execute("chmod 0700 '" .. root .. "/work'")
+      return r
+    end)
+    dispose(rt)
+    assert.equal(200, res.live.status)
+    assert.equal("ok\n", res.live.body)
+    assert.equal(200, res.ready.status, res.ready.body)
+    assert.matches("^ok   daemon      answers %(99%.0%)\nok   image       ", res.ready.body)
+    assert.matches("\nok   writable    runRoot and workspaceRoot\nok   descriptors %d+ of %d+ free\n$", res.ready.body)
+    assert.equal(405, res.post.status)
+    assert.equal(404, res.query.status)
+    for _, r in ipairs(res.flood) do
+      assert.equal(503, r.status)
+      assert.matches("\nFAIL image       .- is missing; fix: ", r.body)
+    end
+    assert.equal(1, res.flood_calls)          -- ten requests, one daemon call
+    assert.equal(503, res.unwritable.status)
+    assert.matches("FAIL writable    .-/work is not writable; fix: ", res.unwritable.body)
   end)
 
   it("serves on [::1] too, and stops serving once the runtime is disposed", function()

@@ -12,13 +12,19 @@
 --
 --   local ml = require "sandbox.ops.metrics_listen"
 --   ml.check(value)                 -- raises errors.METRICS_LISTEN (nil is fine: not served)
---   local srv = ml.serve(value, render)   -- render() -> exposition text; raises METRICS_START
+--   local srv = ml.serve(value, render[, ready])   -- render() -> exposition text;
+--                                   ready() -> ok, text (may yield); raises METRICS_START
 --   srv:port(), srv:host(), srv:close()
 --
 -- Requests: GET /metrics -> 200 with the text exposition (version 0.0.4);
--- any other target (a query string too) -> 404; another method on
--- /metrics -> 405; a body -> 413; a head over MAX_HEAD -> 431; a request
--- not complete within TIMEOUT_MS -> 408.
+-- GET /healthz -> 200 "ok" while the process serves its loop (liveness);
+-- GET /readyz -> 200 or 503 with one line per readiness check
+-- (ops/health.lua: daemon, image, writable roots, descriptor room), 404
+-- when no ready() was given; any other target (a query string too) -> 404;
+-- another method -> 405; a body -> 413; a head over MAX_HEAD -> 431; a
+-- request not complete within TIMEOUT_MS -> 408. None of them touches a
+-- channel.
+local async = require "sandbox.async"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local exposition = require "sandbox.ops.exposition"
@@ -26,6 +32,9 @@ local exposition = require "sandbox.ops.exposition"
 local M = {}
 
 M.PATH = "/metrics"
+M.HEALTH_PATH = "/healthz"
+M.READY_PATH = "/readyz"
+local PLAIN = "text/plain; charset=utf-8"
 M.MAX_HEAD = 8192
 M.TIMEOUT_MS = 10000
 
@@ -52,14 +61,23 @@ end
 
 -- Starts serving render()'s text on the address of value. Raises the
 -- catalogue's METRICS_START with the listener's error (EADDRINUSE, ...).
-function M.serve(value, render)
+function M.serve(value, render, ready)
   local host, port = M.parse(value)
   if host == nil then fail(errors.METRICS_LISTEN) end
+  local routes = { [M.PATH] = true, [M.HEALTH_PATH] = true, [M.READY_PATH] = ready ~= nil }
   local srv, err = core.http_server {
     host = host, port = port, max_head = M.MAX_HEAD, max_body = 0, timeout_ms = M.TIMEOUT_MS,
     on_request = function(req)
-      if req.target ~= M.PATH then return req:reply(404, "not found\n", "text/plain; charset=utf-8") end
-      if req.method ~= "GET" then return req:reply(405, "method not allowed\n", "text/plain; charset=utf-8") end
+      if not routes[req.target] then return req:reply(404, "not found\n", PLAIN) end
+      if req.method ~= "GET" then return req:reply(405, "method not allowed\n", PLAIN) end
+      if req.target == M.HEALTH_PATH then return req:reply(200, "ok\n", PLAIN) end
+      if req.target == M.READY_PATH then
+        async.spawn(function()
+          local ok, is_ready, text = pcall(ready)
+          req:reply(ok and is_ready and 200 or 503, ok and text or "FAIL readiness check failed\n", PLAIN)
+        end)
+        return
+      end
       req:reply(200, render(), exposition.CONTENT_TYPE)
     end,
   }

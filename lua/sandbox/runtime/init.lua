@@ -58,6 +58,7 @@ local installation = require "sandbox.runtime._installation"
 local lines = require "sandbox.ops.lines"
 local log = require "sandbox.log"
 local metrics = require "sandbox.ops.metrics"
+local health = require "sandbox.ops.health"
 local metrics_listen = require "sandbox.ops.metrics_listen"
 local options = require "sandbox.runtime._options"
 local reason = require "sandbox.ops.reason"
@@ -152,7 +153,9 @@ function M.new(opts, checked, host)
     self.installation = installation.id(o.workspaceRoot, o.runRoot)
     self.owner = installation.owner_id()
     if o.metricsListen then                                         -- operations.md 4
-      self.metrics_server = metrics_listen.serve(o.metricsListen, function() return m:render() end)
+      self.health = health.new(self:_health_facts())
+      self.metrics_server = metrics_listen.serve(o.metricsListen, function() return m:render() end,
+        function() return self.health:check() end)
     end
   end)
   if not ok then
@@ -597,6 +600,42 @@ end
 -- The Prometheus text exposition of this runtime (spec/operations.md 4).
 function Runtime:metrics()
   return self.metrics_registry:render()
+end
+
+-- The readiness checks /readyz runs (ops/health.lua): the daemon answers,
+-- the image is there, both roots take a file, a turn's descriptors fit.
+function Runtime:_health_facts()
+  local o, d = self.options, self.driver
+  local function has(name) return type(d) == "table" and type(d[name]) == "function" end
+  return {
+    daemon = has("inspect_daemon") and function()
+      local info = d:inspect_daemon()
+      if not info then return false, "the Docker daemon did not answer", errors.reason_fix("daemon_unavailable") end
+      return true, "answers" .. (info.version and (" (" .. info.version .. ")") or "")
+    end or nil,
+    image = has("inspect_image") and function()
+      if not d:inspect_image(o.image) then
+        return false, o.image .. " is missing", errors.reason_fix("image_missing", self:fix_context())
+      end
+      return true, o.image
+    end or nil,
+    writable = function()
+      for _, dir in ipairs { o.runRoot, o.workspaceRoot } do
+        if not health.writable(dir) then
+          return false, dir .. " is not writable", "give the service account its 0700 root back"
+        end
+      end
+      return true, "runRoot and workspaceRoot"
+    end,
+    descriptors = function()
+      local ok, free, limit = health.descriptor_room()
+      if not ok then
+        return false, string.format("%d of %d free, a turn needs %d", free, limit, health.PER_TURN),
+          "raise the service's LimitNOFILE, or run fewer channels at once"
+      end
+      return true, string.format("%d of %d free", free, limit)
+    end,
+  }
 end
 
 -- "HOST:PORT" where metricsListen serves, nil when it is not set.
