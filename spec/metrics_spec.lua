@@ -251,6 +251,50 @@ describe("the engine's metrics on real turns", function()
     end
   end)
 
+  it("model tokens: each call's reported usage in sbx_model_tokens_total, the call and turn lines", function()
+    if not W.available() then return pending("build/worker/sbxw.so is not built (make)") end
+    if not spec_fs.service_account(pending) then return end
+    local function with_usage(r, usage)
+      local v = json.decode(r.body)
+      local names = json.keys(v)
+      names[#names + 1] = "usage"
+      v.usage = json.decode(usage)
+      r.body = json.encode(json.object(names, v))
+      return r
+    end
+    -- OpenAI's shape with details, then DeepSeek's cache-hit member, then none at all
+    script {
+      with_usage(call_tool("host_secret_tool_name"), '{"prompt_tokens":120,"completion_tokens":15,"total_tokens":135,'
+        .. '"prompt_tokens_details":{"cached_tokens":100},"completion_tokens_details":{"reasoning_tokens":7}}'),
+      with_usage(text_reply("It is noon."), '{"prompt_tokens":140,"completion_tokens":4,"prompt_cache_hit_tokens":128}'),
+    }
+    local lines = {}
+    local function keep(level) return function(msg, f) lines[#lines + 1] = { level = level, msg = msg, f = f } end end
+    local rt = runtime { driver = W.driver(), logLevel = "debug",
+      logger = { debug = keep "debug", info = keep "info", warn = keep "warn", error = keep "error" } }
+    local r = turn(rt)
+    assert.is_true(r.ok, r.reason)
+    script { text_reply("Bare.") }
+    assert.is_true(turn(rt).ok)
+    local text = rt:metrics()
+    dispose(rt)
+    expect_samples(text, {
+      { 'sbx_model_tokens_total{direction="input"}', 260 },
+      { 'sbx_model_tokens_total{direction="output"}', 19 },
+      { 'sbx_model_tokens_total{direction="cached"}', 228 },
+      { 'sbx_model_tokens_total{direction="reasoning"}', 7 },
+    })
+    local finished = {}
+    for _, l in ipairs(lines) do if l.msg == "turn finished" then finished[#finished + 1] = l.f end end
+    assert.equal(2, #finished)
+    assert.equal(260, finished[1].tokens_in)
+    assert.equal(19, finished[1].tokens_out)
+    assert.equal(228, finished[1].tokens_cached)
+    assert.equal(7, finished[1].tokens_reasoning)
+    assert.equal(0, finished[2].tokens_in)
+    assert.is_nil(finished[2].tokens_cached)
+  end)
+
   it("failed turns count under their reason; the provider's status and a reflected key are counted", function()
     if not W.available() then return pending("build/worker/sbxw.so is not built (make)") end
     if not spec_fs.service_account(pending) then return end

@@ -253,6 +253,7 @@ function Broker:_model(body, sig, deadline, rec)
   note_upstream(rec, reason, info, M.fix_context(cfg))
   if value == nil then return 502 end
   rec.reply = openai_chat.reply_facts(value)
+  rec.usage = rec.reply.usage
   return reply_json(value)
 end
 

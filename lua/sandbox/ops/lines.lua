@@ -74,6 +74,7 @@ local function call_lines(logger, c, audit)
     f.cause = c.cause
     if c.reason then f.request_id = c.request_id end
     f.bytes_in, f.bytes_out = c.bytes_in, c.bytes_out
+    if c.usage then f.tokens_in, f.tokens_out = c.usage.input, c.usage.output end
   end
   f.header = c.header
   if c.reason and M.REFUSALS[c.reason] then logger:warn("broker refused", f)
@@ -88,6 +89,9 @@ local function turn_line(logger, t)
     refused_calls = t.refused_calls, tool_failures = t.tool_failures,
     ms_start = t.ms_start, ms_first_call = t.ms_first_call, ms_reply = t.ms_reply,
     ms_removed = t.ms_removed,
+    tokens_in = t.tokens_in, tokens_out = t.tokens_out,
+    tokens_cached = t.tokens_cached ~= 0 and t.tokens_cached or nil,
+    tokens_reasoning = t.tokens_reasoning ~= 0 and t.tokens_reasoning or nil,
   }
   if t.reason == "ok" then
     logger:info("turn finished", f)

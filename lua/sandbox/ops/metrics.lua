@@ -35,6 +35,8 @@
 --   sbx_upstream_responses_total{route_kind,status} counter call record: upstream_status (model, mcp)
 --   sbx_upstream_duration_seconds{route_kind}     histogram call record: upstream_ms
 --   sbx_reflection_refusals_total                 counter   call record: reason = reflection
+--   sbx_model_tokens_total{direction}            counter   call record: usage (providers/: input, output,
+--                                                           cached, reasoning, as the provider reported)
 --   sbx_containers{state}                         gauge     running, warm, removing (always all three)
 --   sbx_channel_queue_depth                       gauge     turns waiting behind a channel's running one
 --   sbx_cleanup_failures_total                    counter   turn record: removal_failed; cleanup
@@ -100,6 +102,9 @@ function M.reasons_of(mode)
   end
   return out
 end
+M.TOKEN_DIRECTIONS = { "input", "output", "cached", "reasoning" }
+M.TOKEN_DIRECTIONS_SET = {}
+for _, d in ipairs(M.TOKEN_DIRECTIONS) do M.TOKEN_DIRECTIONS_SET[d] = true end
 local PHASE_SET = {}
 for _, p in ipairs(M.PHASES) do PHASE_SET[p[1]] = true end
 local STATES = set_of(M.CONTAINER_STATES)
@@ -148,6 +153,10 @@ function M.new(opts)
     { route_kind = UPSTREAM_KINDS, status = status_label })
   self.upstream_seconds = reg:histogram("sbx_upstream_duration_seconds",
     "Time of one upstream request of a broker call, in seconds.", { route_kind = UPSTREAM_KINDS }, M.UPSTREAM_BUCKETS)
+  self.tokens = reg:counter("sbx_model_tokens_total",
+    "Model tokens the providers reported, by direction (input, output; cached: of the input, read from a cache; reasoning: of the output).",
+    { direction = M.TOKEN_DIRECTIONS_SET })
+  for _, d in ipairs(M.TOKEN_DIRECTIONS) do self.tokens:init { direction = d } end
   self.reflection = reg:counter("sbx_reflection_refusals_total",
     "Upstream replies the credential reflection filter refused.")
   local always = {}
@@ -202,6 +211,13 @@ function Metrics:_call(c)
   end
   local s = seconds(c.upstream_ms)
   if s then self.upstream_seconds:observe({ route_kind = c.route_kind }, s) end
+  local u = c.usage
+  if u then
+    for _, d in ipairs(M.TOKEN_DIRECTIONS) do
+      local n = u[d]
+      if n and n > 0 then self.tokens:inc({ direction = d }, n) end
+    end
+  end
 end
 
 local Source = {}

@@ -92,6 +92,7 @@ local function counting(kind, channel, id)
   return {
     kind = kind, channel = channel, turn = id or M.turn_id(), started = core.now(),
     model_calls = 0, tool_calls = 0, mcp_calls = 0, refused_calls = 0, tool_failures = 0,
+    tokens_in = 0, tokens_out = 0, tokens_cached = 0, tokens_reasoning = 0,
   }
 end
 
@@ -117,6 +118,13 @@ function Recorder:call(t, c)
     if c.status ~= 200 and c.reason ~= "tool_failed" then t.refused_calls = t.refused_calls + 1 end
     if c.reason == "tool_failed" then t.tool_failures = t.tool_failures + 1 end
     if c.route_kind == "model" then t.last_model = c end
+    local u = c.usage
+    if u then
+      t.tokens_in = t.tokens_in + (u.input or 0)
+      t.tokens_out = t.tokens_out + (u.output or 0)
+      t.tokens_cached = t.tokens_cached + (u.cached or 0)
+      t.tokens_reasoning = t.tokens_reasoning + (u.reasoning or 0)
+    end
   end
   self:_emit(c)
 end

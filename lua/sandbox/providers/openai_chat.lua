@@ -10,8 +10,15 @@
 --       the forced output-token cap in the configured member. Anything
 --       unexpected refuses the whole request (400 before any credential or
 --       upstream contact).
---   openai_chat.reply_facts(value) -> {message=bool, finish=, tool_calls=bool}
---       what ops/reason.lua checks a worker's reason against (never text)
+--   openai_chat.reply_facts(value) -> {message=bool, finish=, tool_calls=bool, usage=}
+--       what ops/reason.lua checks a worker's reason against (never text),
+--       and the call's token usage (M.usage)
+--   openai_chat.usage(value) -> {input=, output=, cached=, reasoning=} | nil
+--       the provider's `usage` counts: prompt_tokens, completion_tokens,
+--       prompt_tokens_details.cached_tokens (OpenAI, Azure, Gemini, xAI;
+--       DeepSeek's prompt_cache_hit_tokens), completion_tokens_details.
+--       reasoning_tokens; each a non-negative integer, absent when the
+--       provider does not report it
 --   openai_chat.auth_headers(modelAuth, key) -> {"Name: value", ...}
 --   openai_chat.error_tokens(body, filter) -> {code=, type=, param=}
 --       (providers/_error_body.lua: the operator's tokens of an error body)
@@ -156,6 +163,31 @@ function M.rebuild(body, model, max_tokens, field)
   })
 end
 
+M.MAX_TOKENS = 1 << 40
+
+local function count(v)
+  if math.type(v) == "float" and v == math.floor(v) then v = math.tointeger(v) end
+  if math.type(v) ~= "integer" or v < 0 or v > M.MAX_TOKENS then return nil end
+  return v
+end
+
+local function member(obj, name)
+  return json.kind(obj) == "object" and obj[name] or nil
+end
+
+function M.usage(value)
+  local u = member(value, "usage")
+  if json.kind(u) ~= "object" then return nil end
+  local out = {
+    input = count(u.prompt_tokens),
+    output = count(u.completion_tokens),
+    cached = count(member(u.prompt_tokens_details, "cached_tokens")) or count(u.prompt_cache_hit_tokens),
+    reasoning = count(member(u.completion_tokens_details, "reasoning_tokens")),
+  }
+  if next(out) == nil then return nil end
+  return out
+end
+
 M.FINISH = { stop = true, length = true, content_filter = true, tool_calls = true, function_call = true }
 
 -- The facts of a decoded reply: whether choices[0] holds a message object,
@@ -169,6 +201,7 @@ function M.reply_facts(value)
     facts.finish = M.FINISH[first.finish_reason] and first.finish_reason or "other"
   end
   facts.tool_calls = facts.message and json.kind(message.tool_calls) == "array" and #message.tool_calls > 0
+  facts.usage = M.usage(value)
   return facts
 end
 
