@@ -37,6 +37,7 @@ function M.new(opts)
   broker_config.check_option_names(opts, M.OPTIONS)
   options.check_model(opts.model)
   if opts.apiKey ~= nil and type(opts.apiKey) ~= "function" then fail(errors.API_KEY_TYPE) end
+  if opts.budget ~= nil and type(opts.budget) ~= "function" then fail(errors.BUDGET_TYPE) end
   options.check_prompt(opts.prompt)
   local timeout = options.check_turn_timeout(opts.turnTimeoutMs)
   log.check_options(opts)
@@ -65,7 +66,7 @@ function Config:broker(t)
     fail(errors.API_KEY_REQUIRED)
   end
   return broker.bind(self.broker_config, {
-    apiKey = o.apiKey, channel = t.channel, speaker = t.speaker, signal = t.signal,
+    apiKey = o.apiKey, budget = o.budget, channel = t.channel, speaker = t.speaker, signal = t.signal,
     recorder = t.recorder, turnId = t.turnId,
   })
 end

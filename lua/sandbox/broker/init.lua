@@ -19,6 +19,7 @@
 -- `api-key`, or nothing at all (then apiKey is never called and the
 -- reflection filter has nothing to look for).
 local async = require "sandbox.async"
+local budget = require "sandbox.broker._budget"
 local broker_config = require "sandbox.broker._config"
 local core = require "sandbox.core"
 local credential = require "sandbox.broker._credential"
@@ -71,6 +72,7 @@ end
 -- recorder, turn record, turn id.
 local function set_binding(self, b)
   self.api_key = b.apiKey
+  self.budget = b.budget
   self.speaker = copy_speaker(b.speaker)
   self.turn_signal = b.signal or signal.new()
   self.recorder = b.recorder or self.recorder
@@ -239,6 +241,14 @@ function Broker:_model(body, sig, deadline, rec)
   if not forced then
     rec.reason = "payload"
     return 400, refused
+  end
+  if self.budget then                         -- the operator's budget hook
+    local allowed, why = budget.allows(self.budget,
+      budget.scope(self.channel, self.speaker, self.turn_id, "model_call", self.turn), sig)
+    if not allowed then
+      if why ~= "aborted" then rec.reason, rec.budget_error = "budget_exceeded", why == "raised" or nil end
+      return 502
+    end
   end
   local key
   if cfg.modelAuth ~= "none" then

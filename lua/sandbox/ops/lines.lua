@@ -63,6 +63,8 @@ local function call_lines(logger, c, audit)
     logger:warn((c.route_kind == "model" and "model" or "mcp") .. " reply refused", f)
   elseif c.reason == "credential_error" then
     logger:error("apiKey raised an error", base(c))
+  elseif c.reason == "budget_exceeded" and c.budget_error then
+    logger:error("budget hook raised an error", base(c))
   end
   if not audit then return end
   local f = base(c)

@@ -46,6 +46,7 @@ M.TABLE = {
   { "runtime", "both", "plain" },
   { "timeZone", "runtime", "plain" },      -- sandbox{} takes the host's ($TZ)
   { "apiKey", "both", "host" },
+  { "budget", "both", "host" },
   { "driver", "both", "host" },
   { "logger", "both", "host" },
 }

@@ -318,6 +318,12 @@ M.STEPS = {
     if type(o.apiKey) ~= "function" then fail(M.E_APIKEY) end
     return "a function (called before every model call)"
   end },
+  { name = "budget", run = function(s)                                         -- issue 23: budgets
+    local b = s.opts.budget
+    if b == nil then return "none (no per-channel limit)" end
+    if type(b) ~= "function" then fail(errors.BUDGET_TYPE) end
+    return "a function (asked at admission and before every model call)"
+  end },
   { name = "prompt", run = function(s) M.check_prompt(s.opts.prompt) end },    -- 5
   { name = "log options", run = function(s) log.check_options(s.opts) end },
   { name = "metricsListen", run = function(s)                                 -- operations.md 4
@@ -483,7 +489,7 @@ function M.resolve(opts, checked)
   return {
     warm = warm,
     image = opts.image, runRoot = s.run_root, workspaceRoot = s.ws_root, model = opts.model,
-    modelUrl = opts.modelUrl, allowHttp = opts.allowHttp == true, apiKey = opts.apiKey,
+    modelUrl = opts.modelUrl, allowHttp = opts.allowHttp == true, apiKey = opts.apiKey, budget = opts.budget,
     prompt = opts.prompt or M.DEFAULT_PROMPT, timeZone = s.zone, tools = opts.tools,
     mcp = opts.mcp, uid = s.uid, gid = s.gid, limits = s.limits, turnTimeoutMs = s.timeout,
     driver = s.driver, builtin_driver = s.builtin, broker_config = s.cfg,

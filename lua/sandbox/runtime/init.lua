@@ -47,6 +47,7 @@
 -- Nothing here logs a payload, a credential, a URL or an exception text.
 local async = require "sandbox.async"
 local broker = require "sandbox.broker"
+local budget = require "sandbox.broker._budget"
 local channel_key = require "sandbox.channels._key"
 local container = require "sandbox.runtime.container"
 local contract = require "sandbox.drivers.contract"
@@ -85,6 +86,8 @@ M.STOPPED = errors.STOPPED
 M.SETTLED = "sandbox turn settled"
 
 M.LOG_NOT_STARTED = "turn not started"
+M.LOG_BUDGET_RAISED = "budget hook raised an error"
+M.SETTLED_HOOK_MS = 10000
 M.LOG_REFUSED = "turn refused"
 M.GUEST_FAILED_OR_STOPPED = "The sandbox turn failed or was stopped."
 M.GUEST_FAILED = "The sandbox turn failed."
@@ -333,7 +336,7 @@ function Runtime:_in_run_dir(turn, text, workspace_dir)
   local ok, res = pcall(function()
     local socket = run_dir .. "/broker.sock"
     if #socket > broker.MAX_SOCKET_PATH then fail(broker.SOCKET_TOO_LONG) end
-    b = broker.bind(self.cfg, { apiKey = o.apiKey, channel = turn.channel, speaker = turn.speaker, signal = sig,
+    b = broker.bind(self.cfg, { apiKey = o.apiKey, budget = o.budget, channel = turn.channel, speaker = turn.speaker, signal = sig,
       recorder = self.recorder, turn = turn.record })
     local started, err = b:start(socket)
     if not started then fail(err == broker.SOCKET_TOO_LONG and err or errors.BROKER_START) end
@@ -383,7 +386,7 @@ function Runtime:_warm_turn(turn, text, e)
   local ok, input = pcall(function()
     local _, bytes = self:_turn_input(turn, text)
     if sig.aborted then fail(sig.reason) end
-    e.broker:bind { apiKey = o.apiKey, channel = turn.channel, speaker = turn.speaker, signal = sig,
+    e.broker:bind { apiKey = o.apiKey, budget = o.budget, channel = turn.channel, speaker = turn.speaker, signal = sig,
       recorder = self.recorder, turn = turn.record }
     return bytes
   end)
@@ -422,8 +425,41 @@ function Runtime:_charge(turn)
   turn.charged = true
 end
 
+-- The budget hook's admission (broker/_budget.lua): a refusal, or a hook
+-- that raised, refuses the turn before anything starts.
+function Runtime:_budget_admission(turn)
+  local hook = self.options.budget
+  if not hook then return end
+  local allowed, why = budget.allows(hook,
+    budget.scope(turn.channel, turn.speaker, turn.record.turn, "admission", turn.record), turn.signal)
+  if allowed then return end
+  if why == "aborted" then fail(turn.signal.reason or M.STOPPED) end
+  if why == "raised" then
+    self.logger:error(M.LOG_BUDGET_RAISED, { channel = turn.channel, turn = turn.record.turn })
+  end
+  fail(errors.BUDGET_EXCEEDED)
+end
+
+-- The hook is told the settled turn's usage (its answer is ignored), in a
+-- task of its own bounded by SETTLED_HOOK_MS: the reply never waits for it.
+function Runtime:_budget_settled(turn)
+  local hook = self.options.budget
+  if not hook then return end
+  local scope = budget.scope(turn.channel, turn.speaker, turn.record.turn, "settled", turn.record)
+  async.spawn(function()
+    local sig = signal.new()
+    local timer = core.timer(M.SETTLED_HOOK_MS, function() sig:abort("deadline") end)
+    local _, why = budget.allows(hook, scope, sig)
+    timer:stop()
+    if why == "raised" then
+      self.logger:error(M.LOG_BUDGET_RAISED, { channel = turn.channel, turn = turn.record.turn })
+    end
+  end)
+end
+
 function Runtime:_turn(turn, text)
   local sig, pool = turn.signal, self.pool
+  self:_budget_admission(turn)
   self:_await_sweep(sig)
   if sig.aborted then fail(sig.reason) end
   self:_retry_leftovers()
@@ -523,6 +559,7 @@ function Runtime:run_turn(channel, speaker, text)
     error(res, 0)
   end
   local result = self:_settle(turn, ok, res)
+  self:_budget_settled(turn)
   self:_after_turn(turn, result.reason)
   return result
 end
@@ -610,7 +647,7 @@ function Runtime:_health_facts()
   return {
     daemon = has("inspect_daemon") and function()
       local info = d:inspect_daemon()
-      if not info then return false, "the Docker daemon did not answer", errors.reason_fix("daemon_unavailable") end
+      if not info then return false, errors.DAEMON, errors.reason_fix("daemon_unavailable") end
       return true, "answers" .. (info.version and (" (" .. info.version .. ")") or "")
     end or nil,
     image = has("inspect_image") and function()
