@@ -96,6 +96,7 @@ struct up_req {
   char rid[SBX_UP_MAX_REQUEST_ID];  /* the provider's request id (best name) */
   size_t rid_len;
   int rid_rank;          /* its name's rank, 0 while none */
+  long retry_after_ms;   /* the final response's Retry-After, -1 while none */
 };
 
 /* What on_done receives; built on the C stack, turned into a table in Lua. */
@@ -109,6 +110,7 @@ typedef struct {
   int want_ctype;
   char rid[SBX_UP_MAX_REQUEST_ID];
   size_t rid_len;
+  long retry_after_ms;
   const char *cause;     /* network/timeout: why (sbx__curl_cause), else NULL */
 } up_outcome_t;
 
@@ -165,6 +167,10 @@ static int deliver(lua_State *L) {
     lua_pushlstring(L, o->rid, o->rid_len);
     lua_setfield(L, -2, "request_id");
   }
+  if (o->retry_after_ms >= 0) {
+    lua_pushinteger(L, (lua_Integer)o->retry_after_ms);
+    lua_setfield(L, -2, "retry_after_ms");
+  }
   if (o->kind == UP_OK) {
     lua_pushlstring(L, o->body != NULL ? o->body : "", o->len);
     lua_setfield(L, -2, "body");
@@ -218,6 +224,7 @@ static void finish(up_multi_t *m, up_req_t *r, CURLcode rc) {
   o.want_ctype = r->want_ctype;
   memcpy(o.rid, r->rid, r->rid_len);
   o.rid_len = r->rid_len;
+  o.retry_after_ms = r->retry_after_ms;
   ref = r->done_ref;
   r->done_ref = LUA_NOREF;
   req_destroy(NULL, r, &buf);
@@ -327,6 +334,37 @@ int sbx__up_request_id(const char *p, size_t n, size_t *vs_out, size_t *vn_out) 
   return 0;
 }
 
+long sbx__up_retry_after(const char *p, size_t n, time_t now) {
+  const char *colon = memchr(p, ':', n);
+  size_t nl, vs, ve, k;
+  char value[64];
+  long secs = 0;
+  time_t when;
+  if (colon == NULL) return -1;
+  nl = (size_t)(colon - p);
+  while (nl > 0 && is_ows(p[nl - 1])) nl--;
+  if (nl != 11 || strncasecmp(p, "retry-after", 11) != 0) return -1;
+  vs = (size_t)(colon - p) + 1;
+  ve = n;
+  while (vs < ve && is_ows(p[vs])) vs++;
+  while (ve > vs && (is_ows(p[ve - 1]) || p[ve - 1] == '\r' || p[ve - 1] == '\n')) ve--;
+  if (ve == vs || ve - vs >= sizeof value) return -1;
+  for (k = vs; k < ve && p[k] >= '0' && p[k] <= '9'; k++) {
+    if (secs <= SBX_UP_MAX_RETRY_AFTER_MS / 1000) secs = secs * 10 + (p[k] - '0');
+  }
+  if (k == ve) {                                         /* delta-seconds */
+    if (secs > SBX_UP_MAX_RETRY_AFTER_MS / 1000) return SBX_UP_MAX_RETRY_AFTER_MS;
+    return secs * 1000;
+  }
+  memcpy(value, p + vs, ve - vs);                        /* an HTTP-date */
+  value[ve - vs] = '\0';
+  when = curl_getdate(value, NULL);
+  if (when == (time_t)-1) return -1;
+  if (when <= now) return 0;
+  if (when - now > SBX_UP_MAX_RETRY_AFTER_MS / 1000) return SBX_UP_MAX_RETRY_AFTER_MS;
+  return (long)(when - now) * 1000;
+}
+
 /* Keeps the best-ranked request id of the final response. */
 static void keep_request_id(up_req_t *r, const char *p, size_t n) {
   size_t vs, vn;
@@ -366,6 +404,10 @@ static size_t on_header(char *p, size_t size, size_t nitems, void *ud) {
   r->last_was_ce = is_ce;
   keep_content_type(r, p, n);
   keep_request_id(r, p, n);
+  {
+    long ra = sbx__up_retry_after(p, n, time(NULL));
+    if (ra >= 0) r->retry_after_ms = ra;
+  }
   return n;                                /* every other header: discarded */
 }
 
@@ -623,6 +665,7 @@ static int l_http_post(lua_State *L) {
   r->x.drop = req_drop;
   r->max_body = (size_t)max_body;
   r->want_ctype = want_ctype;
+  r->retry_after_ms = -1;
   r->err_max = (size_t)err_max;
   if (sbx__up_build_lists(L, &r->headers, &r->connect_to) != 0) return fail(L, r, "out of memory");
   r->body = malloc(body_len > 0 ? body_len : 1);

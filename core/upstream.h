@@ -15,6 +15,7 @@
 #ifndef SBX_UPSTREAM_H
 #define SBX_UPSTREAM_H
 
+#include <time.h>
 #include <curl/curl.h>
 
 #include "curl_loop.h"
@@ -70,5 +71,11 @@ int sbx__up_bad_encoding(const char *p, size_t n, int *is_ce);
   "x-request-id", "request-id", "apim-request-id", "x-ms-request-id", \
   "mistral-correlation-id", "x-ds-trace-id", "cf-ray"
 int sbx__up_request_id(const char *p, size_t n, size_t *vs, size_t *vn);
+
+/* A Retry-After header line's wait in milliseconds: delta-seconds, or an
+ * HTTP-date less now (0 when it is past); capped at SBX_UP_MAX_RETRY_AFTER_MS.
+ * -1 when the line is not Retry-After or its value is neither. */
+#define SBX_UP_MAX_RETRY_AFTER_MS 3600000L
+long sbx__up_retry_after(const char *p, size_t n, time_t now);
 
 #endif

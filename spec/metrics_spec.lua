@@ -199,6 +199,14 @@ describe("the text exposition (format 0.0.4)", function()
 end)
 
 describe("the engine's metrics on real turns", function()
+  it("counts the host's retries of a call (tries beyond the first) in sbx_upstream_retries_total", function()
+    local m = require("sandbox.ops.metrics").new()
+    local read = m:reader()
+    read { kind = "call", route_kind = "model", status = 200, upstream_status = 200, tries = 3 }
+    read { kind = "call", route_kind = "model", status = 200, upstream_status = 200, tries = 1 }
+    assert.equal(2, P.value(m:render(), 'sbx_upstream_retries_total{route_kind="model"}'))
+  end)
+
   it("an empty runtime exposes every family, the closed reasons and container states at 0", function()
     if not spec_fs.service_account(pending) then return end
     local rt = runtime { driver = fake.new(fake.reply(true, "x")) }
@@ -577,7 +585,7 @@ describe("promtool check metrics", function()
     end
     if not W.available() then return pending("build/worker/sbxw.so is not built (make)") end
     if not spec_fs.service_account(pending) then return end
-    local rt = runtime { driver = W.driver() }
+    local rt = runtime { driver = W.driver(), upstreamRetries = 0 }
     script { call_tool("host_secret_tool_name"), text_reply("noon") }
     assert.is_true(turn(rt).ok)
     script { { status = 429, body = '{"error":{"code":"rate_limit_exceeded"}}' } }

@@ -277,7 +277,7 @@ describe("a provider's refusal in the operator log (providers.md 4, item 6)", fu
 
   it("names the provider's request id on the operator line (x-request-id before request-id), never to the guest", function()
     local body = '{"error":{"type":"rate_limit_error","message":"slow down"}}'
-    with_broker({}, function(_, path, cap)
+    with_broker({ upstreamRetries = 0 }, function(_, path, cap)
       local r = H.post(path, "/model")
       assert.equal(502, r.status)
       assert.is_nil(r.body:find("req_", 1, true))
@@ -288,11 +288,11 @@ describe("a provider's refusal in the operator log (providers.md 4, item 6)", fu
   end)
 
   it("keeps Azure's apim-request-id, and drops a request id that holds the credential or is not a plain token", function()
-    with_broker({}, function(_, path, cap)
+    with_broker({ upstreamRetries = 0 }, function(_, path, cap)
       assert.equal(502, H.post(path, "/model").status)
       assert.equal("0a1b2c3d-4e5f", C.parse_text(assert(cap:find("model call refused upstream"))).fields.request_id)
     end, { { status = 500, headers = { ["apim-request-id"] = "0a1b2c3d-4e5f" }, body = "{}" } })
-    with_broker({}, function(_, path, cap)
+    with_broker({ upstreamRetries = 0 }, function(_, path, cap)
       assert.equal(502, H.post(path, "/model").status)
       local p = C.parse_text(assert(cap:find("model call refused upstream")))
       assert.is_nil(p.fields.request_id)
@@ -322,7 +322,7 @@ describe("a provider's refusal in the operator log (providers.md 4, item 6)", fu
     local url = string.format("http://%s:%d/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21",
       azure, fake.port)
     local seam = { connectTo = { string.format("%s:%d:127.0.0.1:%d", azure, fake.port, fake.port) } }
-    with_broker({ modelUrl = url, transport = seam }, function(_, path, cap)
+    with_broker({ modelUrl = url, transport = seam, upstreamRetries = 0 }, function(_, path, cap)
       assert.equal(502, H.post(path, "/model").status)
       assert.equal('set modelAuth = "api-key"', C.parse_text(assert(cap:find("model call refused"))).fields.fix)
       cap:clear()
@@ -342,7 +342,7 @@ describe("a provider's refusal in the operator log (providers.md 4, item 6)", fu
   it("reads at most 4,096 bytes of the body: a longer one keeps no tokens and still fails closed", function()
     local long = '{"error":{"code":"late_code","message":"' .. string.rep("m", 5000) .. '"}}'
     local short = '{"error":"insufficient_quota"}'
-    with_broker({}, function(_, path, cap)
+    with_broker({ upstreamRetries = 0 }, function(_, path, cap)
       assert.equal(502, H.post(path, "/model").status)
       assert.is_nil(C.parse_text(assert(cap:find("model call refused"))).fields.code)
       cap:clear()
@@ -351,3 +351,82 @@ describe("a provider's refusal in the operator log (providers.md 4, item 6)", fu
     end, { { status = 500, body = long }, { status = 429, body = short } })
   end)
 end)
+
+describe("the host's retry policy (broker/_retry.lua)", function()
+  local retry = require "sandbox.broker._retry"
+  local OK = '{"choices":[{"index":0,"message":{"role":"assistant","content":"fine"},"finish_reason":"stop"}]}'
+
+  it("429 with Retry-After: 1 twice, then 200: the worker gets the answer, the operator three counted tries", function()
+    with_broker({}, function(b, path, cap)
+      local started = require("sandbox.core").now()
+      local r = H.post(path, "/model")
+      local took = require("sandbox.core").now() - started
+      assert.equal(200, r.status)
+      assert.matches('"content":"fine"', r.body, 1, true)
+      assert.equal(3, #sent())
+      assert.truthy(took >= 1900, "Retry-After was honoured")
+      local line = C.parse_text(assert(cap:find("broker call ")))
+      assert.equal("3", line.fields.tries)
+      assert.equal("200", line.fields.upstream_status)
+    end, {
+      { status = 429, headers = { ["Retry-After"] = "1" }, body = '{"error":{"type":"rate_limit_error"}}' },
+      { status = 429, headers = { ["Retry-After"] = "1" }, body = '{"error":{"type":"rate_limit_error"}}' },
+      { status = 200, headers = { ["Content-Type"] = "application/json" }, body = OK },
+    })
+  end)
+
+  it("a 5xx burst is tried 1 + upstreamRetries times, then refused as the last answer says", function()
+    with_broker({ upstreamRetries = 1 }, function(_, path, cap)
+      assert.equal(502, H.post(path, "/model").status)
+      assert.equal(2, #sent())
+      local p = C.parse_text(assert(cap:find("model call refused upstream")))
+      assert.equal("529", p.fields.status)
+      assert.equal("2", C.parse_text(assert(cap:find("broker call "))).fields.tries)
+    end, {
+      { status = 500, body = "{}" },
+      { status = 529, headers = { ["Retry-After"] = "0" }, body = '{"type":"error","error":{"type":"overloaded_error"}}' },
+      { status = 200, body = OK },
+    })
+  end)
+
+  it("never retries a refusal the upstream meant (4xx other than 429)", function()
+    with_broker({}, function(_, path)
+      assert.equal(502, H.post(path, "/model").status)
+      assert.equal(1, #sent())
+    end, { { status = 400, body = '{"error":{"code":"bad"}}' }, { status = 200, body = OK } })
+  end)
+
+  it("takes no wait that would pass the call's deadline", function()
+    with_broker({ listenTimeouts = { call_ms = 1500 } }, function(_, path)
+      assert.equal(502, H.post(path, "/model").status)
+      assert.equal(1, #sent())           -- Retry-After 30 s is past the deadline: the 429 stands
+    end, { { status = 429, headers = { ["Retry-After"] = "30" }, body = "{}" }, { status = 200, body = OK } })
+  end)
+
+  it("retries a connection that was never made, and a name that did not resolve; not a timeout", function()
+    assert.is_true(retry.retryable("upstream_unreachable", { cause = "connection refused" }))
+    assert.is_true(retry.retryable("upstream_unreachable", { cause = "name resolution failed" }))
+    assert.is_false(retry.retryable("upstream_unreachable", { cause = "the server closed the connection without a reply" }))
+    assert.is_false(retry.retryable("upstream_timeout", { cause = "timed out" }))
+    assert.is_true(retry.retryable("upstream_status", { status = 503 }))
+    assert.is_false(retry.retryable("upstream_status", { status = 401 }))
+  end)
+
+  it("backs off exponentially with jitter, or waits what Retry-After says", function()
+    assert.equal(250, retry.delay_ms(1, {}, function() return 0 end))
+    assert.equal(750, retry.delay_ms(1, {}, function() return 1 end))
+    assert.equal(1000, retry.delay_ms(2, {}, function() return 0.5 end))
+    assert.equal(retry.MAX_BACKOFF_MS, retry.delay_ms(10, {}, function() return 0.5 end))
+    assert.equal(2000, retry.delay_ms(1, { retry_after_ms = 2000 }))
+  end)
+
+  it("upstreamRetries is 0 to 5", function()
+    for _, bad in ipairs { -1, 6, 1.5, "2" } do
+      local ok, err = pcall(sandbox, { image = "x", runRoot = "/tmp/never", workspaceRoot = "/tmp/never2",
+        model = "m", modelUrl = "https://x.example/v1", apiKey = function() return "k" end, upstreamRetries = bad })
+      assert.is_false(ok)
+      assert.equal("upstreamRetries must be 0 to 5", err)
+    end
+  end)
+end)
+

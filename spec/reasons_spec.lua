@@ -208,7 +208,7 @@ describe("a worker's claim never overrides what the host saw", function()
         return status, v
       end
     end
-    local rt = runtime { driver = W.driver(lying) }
+    local rt = runtime { driver = W.driver(lying), upstreamRetries = 0 }
     local r = turn(rt)
     async.run(function() rt:dispose() end)
     assert.equal("upstream_status", r.reason)

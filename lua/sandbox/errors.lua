@@ -55,6 +55,8 @@ M.catalogue = {
   { name = "MODEL", message = "model is required" },
   { name = "API_KEY_TYPE", message = "apiKey must be a function",
     fix = "make apiKey a function, e.g. apiKey = function() return os.getenv(\"MODEL_API_KEY\") end" },
+  { name = "UPSTREAM_RETRIES", message = "upstreamRetries must be 0 to 5",
+    fix = "set upstreamRetries to a whole number from 0 (never retry) to 5, or leave it out (2)" },
   { name = "BUDGET_TYPE", message = "budget must be a function",
     fix = "make budget a function(scope) that returns false to refuse, or leave it out (examples/daily_budget.lua)" },
   { name = "BUDGET_EXCEEDED", message = "the budget hook refused this turn", reason = "budget_exceeded" },

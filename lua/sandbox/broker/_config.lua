@@ -9,6 +9,7 @@ local errors = require "sandbox.errors"
 local json = require "sandbox.json"
 local names = require "sandbox.broker._names"
 local schema = require "sandbox.broker._schema"
+local retry = require "sandbox.broker._retry"
 local upstream_error = require "sandbox.broker._upstream_error"
 
 local M = {}
@@ -95,6 +96,7 @@ function M.check(opts)
   if not whole_in(max_tokens, 1, M.MAX_OUTPUT_TOKENS) then fail(errors.MAX_OUTPUT_TOKENS) end
   local field = opts.outputTokensField == nil and M.DEFAULT_OUTPUT_FIELD or opts.outputTokensField
   if not M.OUTPUT_FIELDS[field] then fail(errors.OUTPUT_FIELD) end
+  local retries = retry.check(opts.upstreamRetries)
   local max_calls = opts.maxCalls == nil and M.DEFAULT_MAX_CALLS or opts.maxCalls
   if not whole_in(max_calls, 1, 1000) then fail(M.E_BUDGET) end
 
@@ -142,6 +144,7 @@ function M.check(opts)
     outputTokensField = field,
     maxCalls = math.tointeger(max_calls),
     maxOutputTokens = math.tointeger(max_tokens),
+    upstreamRetries = retries,
     tools = tools, tool_list = tool_list,
     servers = servers, server_list = server_list,
     transport = opts.transport,

@@ -109,6 +109,7 @@ function M.post_json(opts, signal)
     elseif failed and type(failed.cause) == "string" then
       info.cause = failed.cause
     end
+    if failed and math.type(failed.retry_after_ms) == "integer" then info.retry_after_ms = failed.retry_after_ms end
     return nil, M.reason_of(why) or "aborted", info
   end
   info.bytes = #res.body

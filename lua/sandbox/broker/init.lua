@@ -27,6 +27,7 @@ local errors = require "sandbox.errors"
 local json = require "sandbox.json"
 local openai_chat = require "sandbox.providers.openai_chat"
 local record = require "sandbox.ops.record"
+local retry = require "sandbox.broker._retry"
 local signal = require "sandbox.signal"
 local upstream = require "sandbox.broker._upstream"
 local upstream_error = require "sandbox.broker._upstream_error"
@@ -204,6 +205,7 @@ local function note_upstream(rec, reason, info, fix_ctx)
   rec.upstream_ms = info.ms
   rec.cause = info.cause
   rec.request_id = info.request_id
+  rec.tries = info.tries
   if reason == nil then return end
   rec.reason = reason ~= "aborted" and reason or nil
   if reason == "upstream_status" then
@@ -222,11 +224,30 @@ function M.model_call(cfg, key, forced, sig, deadline)
   local encoded = json.encode(forced)
   if not encoded then return nil, "upstream_invalid", {} end
   local headers = openai_chat.auth_headers(cfg.modelAuth, key)
-  return upstream.post_json({
+  local opts = {
     url = cfg.modelUrl, headers = headers, body = encoded, deadline = deadline,
     allow_http = cfg.allowHttp, credential = cfg.modelAuth ~= "none" and key or nil,
     transport = cfg.transport,
-  }, sig)
+  }
+  -- the host's retry policy (broker/_retry.lua): 429, 5xx, never sent
+  local retries, try = cfg.upstreamRetries or retry.DEFAULT, 0
+  while true do
+    try = try + 1
+    local value, reason, info = upstream.post_json(opts, sig)
+    info.tries = try
+    if value ~= nil or try > retries or not retry.retryable(reason, info) then return value, reason, info end
+    local wait = retry.delay_ms(try, info)
+    if core.now() + wait >= deadline or sig.aborted then return value, reason, info end
+    local slept = signal.new()
+    local timer = core.timer(wait, function() slept:abort("slept") end)
+    local unhook = sig:on_abort(function() slept:abort("aborted") end)
+    async.await(function(resume)
+      if slept.aborted then resume() else slept:on_abort(function() resume() end) end
+    end)
+    timer:stop()
+    unhook()
+    if sig.aborted then return value, reason, info end
+  end
 end
 
 -- The fix context of cfg's model route (upstream_error.fix).

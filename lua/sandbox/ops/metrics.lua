@@ -35,6 +35,7 @@
 --   sbx_upstream_responses_total{route_kind,status} counter call record: upstream_status (model, mcp)
 --   sbx_upstream_duration_seconds{route_kind}     histogram call record: upstream_ms
 --   sbx_reflection_refusals_total                 counter   call record: reason = reflection
+--   sbx_upstream_retries_total{route_kind}        counter   call record: tries - 1 (broker/_retry.lua)
 --   sbx_model_tokens_total{direction}            counter   call record: usage (providers/: input, output,
 --                                                           cached, reasoning, as the provider reported)
 --   sbx_containers{state}                         gauge     running, warm, removing (always all three)
@@ -157,6 +158,10 @@ function M.new(opts)
     "Model tokens the providers reported, by direction (input, output; cached: of the input, read from a cache; reasoning: of the output).",
     { direction = M.TOKEN_DIRECTIONS_SET })
   for _, d in ipairs(M.TOKEN_DIRECTIONS) do self.tokens:init { direction = d } end
+  self.retries = reg:counter("sbx_upstream_retries_total",
+    "Upstream requests tried again by the host's retry policy (429, 5xx, never sent), by route kind.",
+    { route_kind = UPSTREAM_KINDS })
+  self.retries:init { route_kind = "model" }
   self.reflection = reg:counter("sbx_reflection_refusals_total",
     "Upstream replies the credential reflection filter refused.")
   local always = {}
@@ -211,6 +216,7 @@ function Metrics:_call(c)
   end
   local s = seconds(c.upstream_ms)
   if s then self.upstream_seconds:observe({ route_kind = c.route_kind }, s) end
+  if c.tries and c.tries > 1 then self.retries:inc({ route_kind = c.route_kind }, c.tries - 1) end
   local u = c.usage
   if u then
     for _, d in ipairs(M.TOKEN_DIRECTIONS) do

@@ -32,6 +32,7 @@ M.TABLE = {
   { "modelAuth", "both", "plain" },
   { "maxOutputTokens", "both", "plain" },
   { "outputTokensField", "both", "plain" },
+  { "upstreamRetries", "both", "plain" },
   { "logFormat", "both", "plain" },
   { "logLevel", "both", "plain" },
   { "audit", "both", "plain" },
