@@ -428,5 +428,35 @@ describe("the host's retry policy (broker/_retry.lua)", function()
       assert.equal("upstreamRetries must be 0 to 5", err)
     end
   end)
+
+  it("modelFallbacks: the next endpoint once the first is exhausted, keyed by apiKey with the endpoint in the scope", function()
+    local scopes = {}
+    local fb_url = fake:url("/fallback/v1/chat/completions")
+    with_broker({ upstreamRetries = 0, modelFallbacks = { { modelUrl = fb_url, model = "fb-model" } },
+        apiKey = function(scope)
+          scopes[#scopes + 1] = scope.endpoint
+          return scope.endpoint.fallback == 0 and H.KEY or "sk-fallback-key-22"
+        end }, function(_, path, cap)
+      local r = H.post(path, "/model")
+      assert.equal(200, r.status)
+      local log = sent()
+      assert.equal(2, #log)
+      assert.equal("/fallback/v1/chat/completions", log[2].url)
+      assert.matches('"model":"fb-model"', log[2].body, 1, true)
+      assert.equal(0, scopes[1].fallback)
+      assert.equal(1, scopes[2].fallback)
+      assert.equal("fb-model", scopes[2].model)
+      assert.truthy(C.parse_text(assert(cap:find("broker call "))).fields.fallback)
+    end, { { status = 503, body = "{}" }, { status = 200, headers = { ["Content-Type"] = "application/json" }, body = OK } })
+  end)
+
+  it("modelFallbacks is checked like modelUrl", function()
+    for _, bad in ipairs { 5, { { modelUrl = "ftp://x/v1", model = "m" } }, { { model = "m" } },
+        { { modelUrl = "https://x.example/v1", model = " " } }, { {}, {}, {}, {}, {} } } do
+      local ok = pcall(sandbox, { image = "x", runRoot = "/tmp/never", workspaceRoot = "/tmp/never2",
+        model = "m", modelUrl = "https://x.example/v1", apiKey = function() return "k" end, modelFallbacks = bad })
+      assert.is_false(ok)
+    end
+  end)
 end)
 

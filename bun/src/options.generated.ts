@@ -31,4 +31,4 @@ export interface PiSandboxRuntimePlainOptions {
 
 /** sandbox{}'s options that travel to the engine as JSON (options_json.sandbox), from
  * lua/sandbox/runtime/_option_table.lua. */
-export const SANDBOX_JSON_OPTIONS = ["image", "runRoot", "workspaceRoot", "stateFile", "provider", "model", "modelUrl", "tools", "mcp", "limits", "turnTimeoutMs", "initialChannels", "prompt", "uid", "gid", "allowHttp", "modelAuth", "maxOutputTokens", "outputTokensField", "upstreamRetries", "logFormat", "logLevel", "audit", "seccompProfile", "workspaceQuotaMb", "diskReserveMb", "maxQueuedTurns", "mentions", "maxReplyChars", "metricsListen", "warm", "runtime"] as const;
+export const SANDBOX_JSON_OPTIONS = ["image", "runRoot", "workspaceRoot", "stateFile", "provider", "model", "modelUrl", "tools", "mcp", "limits", "turnTimeoutMs", "initialChannels", "prompt", "uid", "gid", "allowHttp", "modelAuth", "maxOutputTokens", "outputTokensField", "upstreamRetries", "modelFallbacks", "logFormat", "logLevel", "audit", "seccompProfile", "workspaceQuotaMb", "diskReserveMb", "maxQueuedTurns", "mentions", "maxReplyChars", "metricsListen", "warm", "runtime"] as const;

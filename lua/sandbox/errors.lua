@@ -55,6 +55,8 @@ M.catalogue = {
   { name = "MODEL", message = "model is required" },
   { name = "API_KEY_TYPE", message = "apiKey must be a function",
     fix = "make apiKey a function, e.g. apiKey = function() return os.getenv(\"MODEL_API_KEY\") end" },
+  { name = "MODEL_FALLBACKS", message = "modelFallbacks must be a list of at most 4 {modelUrl, model}",
+    fix = 'set modelFallbacks = { { modelUrl = "https://.../v1/chat/completions", model = "..." } } (the same wire format as modelUrl), or leave it out' },
   { name = "UPSTREAM_RETRIES", message = "upstreamRetries must be 0 to 5",
     fix = "set upstreamRetries to a whole number from 0 (never retry) to 5, or leave it out (2)" },
   { name = "BUDGET_TYPE", message = "budget must be a function",

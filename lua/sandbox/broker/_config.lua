@@ -83,6 +83,28 @@ local function check_endpoint(url, allow_http)
   if not ok then fail(err) end
 end
 
+M.MAX_FALLBACKS = 4
+
+-- modelFallbacks (issue 23 item 5): an ordered list of further endpoints of
+-- the same wire format, tried when the first one's retries are exhausted.
+-- Each must pass modelUrl's own checks; returns {{modelUrl, model,
+-- modelHost}, ...} (empty when absent).
+function M.check_fallbacks(list, allow_http)
+  if list == nil then return {} end
+  if type(list) ~= "table" or json.count(list) > M.MAX_FALLBACKS or json.count(list) ~= #list then
+    fail(errors.MODEL_FALLBACKS)
+  end
+  local out = {}
+  for i, f in ipairs(list) do
+    if type(f) ~= "table" or type(f.model) ~= "string" or M.is_blank(f.model) or json.count(f) ~= 2 then
+      fail(errors.MODEL_FALLBACKS)
+    end
+    check_endpoint(f.modelUrl, allow_http)
+    out[i] = { modelUrl = f.modelUrl, model = f.model, modelHost = upstream_error.host(f.modelUrl) }
+  end
+  return out
+end
+
 -- Checks opts and returns the normalized configuration; raises the spec's
 -- error string on the first failure.
 function M.check(opts)
@@ -97,6 +119,7 @@ function M.check(opts)
   local field = opts.outputTokensField == nil and M.DEFAULT_OUTPUT_FIELD or opts.outputTokensField
   if not M.OUTPUT_FIELDS[field] then fail(errors.OUTPUT_FIELD) end
   local retries = retry.check(opts.upstreamRetries)
+  local fallbacks = M.check_fallbacks(opts.modelFallbacks, allow_http)
   local max_calls = opts.maxCalls == nil and M.DEFAULT_MAX_CALLS or opts.maxCalls
   if not whole_in(max_calls, 1, 1000) then fail(M.E_BUDGET) end
 
@@ -145,6 +168,7 @@ function M.check(opts)
     maxCalls = math.tointeger(max_calls),
     maxOutputTokens = math.tointeger(max_tokens),
     upstreamRetries = retries,
+    fallbacks = fallbacks,
     tools = tools, tool_list = tool_list,
     servers = servers, server_list = server_list,
     transport = opts.transport,

@@ -250,6 +250,13 @@ function M.model_call(cfg, key, forced, sig, deadline)
   end
 end
 
+-- cfg with one modelFallbacks entry's endpoint and model in place.
+function M.fallback_config(cfg, f)
+  local c = setmetatable({}, { __index = cfg })
+  c.modelUrl, c.model, c.modelHost = f.modelUrl, f.model, f.modelHost
+  return c
+end
+
 -- The fix context of cfg's model route (upstream_error.fix).
 function M.fix_context(cfg, kind)
   return { route_kind = kind or "model", modelAuth = cfg.modelAuth, host = cfg.modelHost }
@@ -271,17 +278,29 @@ function Broker:_model(body, sig, deadline, rec)
       return 502
     end
   end
-  local key
-  if cfg.modelAuth ~= "none" then
-    local why
-    key, why = credential.for_model(self.api_key, self:_scope(), sig)
-    if not key then
-      rec.reason = why
-      return 502
+  -- the configured endpoint, then each of modelFallbacks while the one
+  -- before it failed in a way the retry policy would retry (exhausted)
+  local value, reason, info, used
+  for i = 0, #cfg.fallbacks do
+    used = i == 0 and cfg or M.fallback_config(cfg, cfg.fallbacks[i])
+    local key
+    if cfg.modelAuth ~= "none" then
+      local why
+      local scope = self:_scope()
+      -- with fallbacks the hook learns which endpoint it keys (0: modelUrl)
+      if #cfg.fallbacks > 0 then scope.endpoint = { url = used.modelUrl, model = used.model, fallback = i } end
+      key, why = credential.for_model(self.api_key, scope, sig)
+      if not key then
+        rec.reason = why
+        return 502
+      end
     end
+    if i > 0 then forced.model = used.model end
+    value, reason, info = M.model_call(used, key, forced, sig, deadline)
+    if value ~= nil or sig.aborted or not retry.retryable(reason, info) then break end
   end
-  local value, reason, info = M.model_call(cfg, key, forced, sig, deadline)
-  note_upstream(rec, reason, info, M.fix_context(cfg))
+  if used ~= cfg then rec.fallback = used.modelHost or "fallback" end
+  note_upstream(rec, reason, info, M.fix_context(used))
   if value == nil then return 502 end
   rec.reply = openai_chat.reply_facts(value)
   rec.usage = rec.reply.usage

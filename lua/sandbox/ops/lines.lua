@@ -76,6 +76,7 @@ local function call_lines(logger, c, audit)
     f.cause = c.cause
     if c.reason then f.request_id = c.request_id end
     if c.tries and c.tries > 1 then f.tries = c.tries end
+    f.fallback = c.fallback
     f.bytes_in, f.bytes_out = c.bytes_in, c.bytes_out
     if c.usage then f.tokens_in, f.tokens_out = c.usage.input, c.usage.output end
   end

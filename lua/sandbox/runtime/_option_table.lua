@@ -33,6 +33,7 @@ M.TABLE = {
   { "maxOutputTokens", "both", "plain" },
   { "outputTokensField", "both", "plain" },
   { "upstreamRetries", "both", "plain" },
+  { "modelFallbacks", "both", "plain" },
   { "logFormat", "both", "plain" },
   { "logLevel", "both", "plain" },
   { "audit", "both", "plain" },
