@@ -1,6 +1,11 @@
--- runtime/container.lua: what one sealed container is, as data (spec/runtime.md
--- 4.2-4.4). Pure: no daemon, no process; the only system calls are realpath
--- on the two mount sources and the OS random source for names.
+-- drivers/_sealed.lua: what one sealed container is, as data (spec/runtime.md
+-- 4.2-4.4), and its two Docker renderings: the `docker run` argv of the CLI
+-- driver and the Engine API create body, for the sealed turns and the
+-- precheck runs alike. Pure: no daemon, no process; the only system calls
+-- are realpath on the two mount sources, the seccomp profile's one read
+-- (drivers/_seccomp.lua) and the OS random source for names. It requires
+-- nothing of sandbox.runtime (the drivers sit below the runtime; the
+-- runtime reads this file as sandbox.runtime.container, an alias).
 --
 --   container.args(spec)        -> argv for `docker` (43 elements + image;
 --                                  41 without a seccomp profile; 2 more with
@@ -18,13 +23,13 @@
 --   container.turn(t)           -> the turn object of 8.2 and its compact JSON
 --   container.turn_json(turn)   -> the JSON alone (the stdin bytes a driver writes)
 --
--- This file is the one owner of a container's identity (name, labels) and
--- of the turn's bytes: the runtime, the drivers, the sweep, `sbx cleanup`,
+-- This file is the one owner of a sealed container's identity (name, labels)
+-- and of the turn's bytes: the runtime, the drivers, the sweep, `sbx cleanup`,
 -- `sbx doctor` and `sbx demo` all read them here.
 --
 -- spec = {name, image, runDir, workspaceDir, uid, gid, memoryMb, cpus, pids,
 -- labels, seccompProfile}; seccompProfile is the absolute path of the
--- seccomp profile (shared/spec/hardening.md 1, runtime/_seccomp.lua): the
+-- seccomp profile (shared/spec/hardening.md 1, drivers/_seccomp.lua): the
 -- argv gains `--security-opt seccomp=<path>` right after no-new-privileges,
 -- the Engine API body "seccomp=<its JSON>" in SecurityOpt (a sealed runtime
 -- always sets it; without it Docker's default profile applies).
@@ -46,7 +51,7 @@
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local json = require "sandbox.json"
-local seccomp = require "sandbox.runtime._seccomp"
+local seccomp = require "sandbox.drivers._seccomp"
 
 local M = {}
 
@@ -182,7 +187,7 @@ end
 --  entrypoint, runtime, seccomp = the loaded profile {path, json, count}
 --  or nil}.
 -- A seccompProfile that cannot be read raises the startup error of
--- runtime/_seccomp.lua (the runtime loaded it at construction already).
+-- drivers/_seccomp.lua (the runtime loaded it at construction already).
 function M.check(spec)
   if type(spec) ~= "table" then fail(M.E_NAME_IMAGE) end
   if not name_ok(spec.name) or not image_ok(spec.image) then fail(M.E_NAME_IMAGE) end

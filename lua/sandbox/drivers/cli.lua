@@ -22,7 +22,7 @@
 -- ever stopped with SIGKILL (never a signal to the container); the container
 -- is then removed by its exact name with the algorithm of 4.7.
 local async = require "sandbox.async"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local contract = require "sandbox.drivers.contract"
 local core = require "sandbox.core"
 

@@ -71,7 +71,7 @@
 -- warm driver can create and start a container ahead of its turn, write the
 -- turn later and deliver on stdout's end of file (spec/warm-turns.md).
 local async = require "sandbox.async"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local errors = require "sandbox.errors"
 local core = require "sandbox.core"
 local json = require "sandbox.json"

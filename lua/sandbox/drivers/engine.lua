@@ -16,7 +16,7 @@
 -- big-endian length) are demultiplexed into the 2 MiB / 128 KiB limits as
 -- they arrive. An abort closes every connection of the run at once.
 local async = require "sandbox.async"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local contract = require "sandbox.drivers.contract"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
