@@ -25,6 +25,10 @@ local async = require "sandbox.async"
 local container = require "sandbox.drivers._sealed"
 local contract = require "sandbox.drivers.contract"
 local core = require "sandbox.core"
+local errors = require "sandbox.errors"
+local json = require "sandbox.json"
+local lasting = require "sandbox.drivers._lasting"
+local rich = require "sandbox.drivers._rich"
 
 local M = {}
 
@@ -40,6 +44,10 @@ M.parse_reply = contract.parse_reply
 
 M.MAX_RM_STDOUT = 65536         -- discarded
 M.INSPECT_TIMEOUT_MS = 20000
+M.CALL_TIMEOUT_MS = 15000       -- each command of the long-lived lifecycle (rich-mode.md 5.4)
+M.MAX_ANSWER = 1024 * 1024
+M.MAX_LOGS = 8 * 1024 * 1024
+M.TEXT_CHARS = 300
 M.DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 local Driver = contract.methods({})
@@ -78,6 +86,7 @@ function M.new(opts)
     getenv = getenv,
     remove_timeout_ms = opts.remove_timeout_ms or M.REMOVE_TIMEOUT_MS,
     list_timeout_ms = opts.list_timeout_ms or M.LIST_TIMEOUT_MS,
+    call_timeout_ms = opts.call_timeout_ms or M.CALL_TIMEOUT_MS,
     builtin = true,
   }, Driver)
 end
@@ -89,10 +98,11 @@ end
 
 -- Spawns the binary with args and waits for it; kill_after_ms arms a SIGKILL
 -- timer; on_proc(proc) sees the process once started. Returns core.spawn's
--- result table (res.error, res.code when it could not start).
+-- result table (res.error, res.code when it could not start; res.timed_out
+-- when the kill_after_ms timer killed it).
 function Driver:exec(args, o)
   o = o or {}
-  local proc, timer
+  local proc, timer, timed_out
   local res = async.await(function(resume)
     proc = core.spawn {
       file = self.binary, args = args, env = M.environment(self.getenv), stdin = o.stdin,
@@ -103,6 +113,7 @@ function Driver:exec(args, o)
     if o.kill_after_ms then
       timer = core.timer(o.kill_after_ms, function()
         timer = nil
+        timed_out = true
         proc:kill(core.SIGKILL)
       end)
     end
@@ -110,6 +121,7 @@ function Driver:exec(args, o)
   end)
   if timer then timer:stop() end
   proc:kill(core.SIGKILL)     -- harmless once exited; the core has reaped it
+  res.timed_out = timed_out
   return res
 end
 
@@ -257,6 +269,77 @@ function Driver:runtimes()
   if res.error then return nil, res.code == "ENOENT" and "not found" or "cannot run" end
   if res.exit_status ~= 0 or res.term_signal ~= 0 then return nil, "no answer" end
   return contract.runtime_set(res.stdout)
+end
+
+-- Long-lived primitives of drivers/_lasting.lua (rich-mode.md 5.4) -------
+
+local function first_chars(s, n)
+  if utf8.len(s) == nil then return s:sub(1, n) end
+  local stop = utf8.offset(s, n + 1)
+  return stop and s:sub(1, stop - 1) or s
+end
+
+local function missing(res)
+  local text = (res.stderr or ""):lower()
+  return text:find("no such container", 1, true) ~= nil or text:find("no such object", 1, true) ~= nil
+end
+
+-- One docker command within call_timeout_ms: its result when it exited 0
+-- (or, with o.missing_ok, failed saying there is no such container: then
+-- res.missing), else raises "docker <command> <name> failed with <exit>:
+-- <first 300 characters of its stderr>" (or "failed: <why>" when it did
+-- not start, was killed, or said more than its bounds).
+function Driver:command(args, name, o)
+  o = o or {}
+  local max = o.max or M.MAX_ANSWER
+  local res = self:exec(args, { max_stdout = max, max_stderr = o.max_stderr or M.MAX_RM_STDERR,
+    kill_on_overflow = true, kill_after_ms = self.call_timeout_ms })
+  local what = errors.RICH_DOCKER .. (o.verb or args[1]) .. " " .. name .. " failed"
+  if res.error then fail(what .. ": " .. tostring(res.error)) end
+  if res.timed_out then fail(what .. ": timeout") end
+  if res.stdout_truncated or res.stderr_truncated then fail(what .. ": too large") end
+  if res.term_signal ~= 0 then fail(what .. ": signal " .. tostring(res.term_signal)) end
+  if res.exit_status == 0 then return res end
+  if o.missing_ok and missing(res) then
+    res.missing = true
+    return res
+  end
+  fail(string.format("%s with %d: %s", what, res.exit_status, first_chars(res.stderr or "", M.TEXT_CHARS)))
+end
+
+function Driver:render_lasting(spec, logcfg)
+  return rich.render(spec, logcfg, rich.argv)
+end
+
+function Driver:inspect_container(name)
+  local res = self:command({ "container", "inspect", "--", name }, name,
+    { missing_ok = true, verb = "container inspect" })
+  if res.missing then return nil end
+  local v = json.decode(res.stdout)
+  local facts = json.kind(v) == "array" and #v == 1 and lasting.facts(v[1]) or nil
+  if not facts then fail(errors.RICH_DOCKER .. "container inspect " .. name .. " answered no container") end
+  return facts
+end
+
+function Driver:create_lasting(r)
+  self:command(r.rendered, r.name)
+end
+
+function Driver:start_lasting(name)
+  self:command({ "start", "--", name }, name)
+end
+
+function Driver:remove_lasting(name)
+  self:command({ "rm", "--force", "--", name }, name, { missing_ok = true })
+end
+
+-- `docker logs` writes the container's stdout and stderr to its own two:
+-- the text is the stdout lines, then the stderr lines.
+function Driver:lasting_logs(name, n)
+  local res = self:command({ "logs", "--tail", tostring(n), "--", name }, name,
+    { max = M.MAX_LOGS, max_stderr = M.MAX_LOGS, missing_ok = true })
+  if res.missing then return "" end
+  return res.stdout .. res.stderr
 end
 
 return setmetatable(M, { __call = function(_, opts) return M.new(opts) end })

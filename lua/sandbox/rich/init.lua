@@ -42,7 +42,9 @@ function M.new(opts, seams)
     o = o, chans = {}, log = log.new(o.logger, o.log), clock = seams.clock or broker.DEFAULT_CLOCK,
     idle_ms = seams.idleMs, trace = seams.trace,
   }, Runtime)
-  rt.driver = o.driver or docker.new { labelProfile = o.labelProfile }
+  -- a driver of the contract (sandbox.drivers.cli{} / .engine{}) runs the
+  -- long-lived lifecycle as the built-in one does (rich/docker.lua)
+  rt.driver = o.driver and docker.adapt(o.driver, o.labelProfile) or docker.new { labelProfile = o.labelProfile }
   rt.fetch = transport.new(o.fetchImpl)
   return rt
 end
