@@ -486,6 +486,7 @@ describe("the CLI driver's long-lived lifecycle (rich mode)", function()
       rich_render.argv(spec, rich_container.check(spec, nil)),
       { "start", "--", NAME },
     }, argvs())
+    assert.equal(rich_render.env_file(spec), fake:calls()[2].stdin)
     for _, c in ipairs(fake:calls()) do
       local names = {}
       for _, l in ipairs(c.env) do

@@ -8,6 +8,7 @@
 --   rich.render(spec, logcfg, how) -> {name=, image=, profile=, rendered=how(spec, logcfg)}
 --   rich.body(spec, logcfg)   -> the JSON text of POST /containers/create
 --   rich.argv(spec, logcfg)   -> the argv of `docker create` (without the binary)
+--   rich.env_file(spec)       -> its stdin: the environment, one line each
 --   rich.env(spec)            -> the worker's environment, in the page's order
 --
 -- spec: name, image, channel, profile, timeZone, labelChannel, labelProfile,
@@ -86,7 +87,9 @@ function M.body(spec, logcfg)
 end
 
 -- `docker create` of the same container, flag for body field in the body's
--- order; --pull never as the Engine API's create never pulls. A label key
+-- order; --pull never as the Engine API's create never pulls. The
+-- environment comes on stdin (M.env_file): the CLI keeps an env file's
+-- order, not that of repeated --env flags, and 5.3 gives it in order. A label key
 -- holding "=" cannot be spelled as `--label key=value` (the CLI splits at
 -- the first "="): refused as an invalid specification, never mis-rendered.
 function M.argv(spec, logcfg)
@@ -97,8 +100,7 @@ function M.argv(spec, logcfg)
   local function add(...)
     for _, v in ipairs { ... } do argv[#argv + 1] = v end
   end
-  add("--user", string.format("%d:%d", spec.uid, spec.gid))
-  for _, e in ipairs(M.env(spec)) do add("--env", e) end
+  add("--user", string.format("%d:%d", spec.uid, spec.gid), "--env-file", "/dev/stdin")
   add("--label", spec.labelChannel .. "=" .. spec.channel, "--label", spec.labelProfile .. "=" .. spec.profile)
   add("--network", "none",
     "--read-only",
@@ -115,6 +117,13 @@ function M.argv(spec, logcfg)
   for _, k in ipairs(log_names(logcfg)) do add("--log-opt", k .. "=" .. logcfg.Config[k]) end
   add(spec.image)
   return argv
+end
+
+-- The environment as the env file `docker create --env-file /dev/stdin`
+-- reads: one NAME=value a line, in order (no value holds CR or LF: the
+-- profile and the time zone were checked, the rest are constants).
+function M.env_file(spec)
+  return table.concat(M.env(spec), "\n") .. "\n"
 end
 
 -- What the long-lived lifecycle compares (drivers/_lasting.lua) and the

@@ -292,7 +292,7 @@ end
 function Driver:command(args, name, o)
   o = o or {}
   local max = o.max or M.MAX_ANSWER
-  local res = self:exec(args, { max_stdout = max, max_stderr = o.max_stderr or M.MAX_RM_STDERR,
+  local res = self:exec(args, { stdin = o.stdin, max_stdout = max, max_stderr = o.max_stderr or M.MAX_RM_STDERR,
     kill_on_overflow = true, kill_after_ms = self.call_timeout_ms })
   local what = errors.RICH_DOCKER .. (o.verb or args[1]) .. " " .. name .. " failed"
   if res.error then fail(what .. ": " .. tostring(res.error)) end
@@ -308,7 +308,7 @@ function Driver:command(args, name, o)
 end
 
 function Driver:render_lasting(spec, logcfg)
-  return rich.render(spec, logcfg, rich.argv)
+  return rich.render(spec, logcfg, function(s, l) return { argv = rich.argv(s, l), stdin = rich.env_file(s) } end)
 end
 
 function Driver:inspect_container(name)
@@ -322,7 +322,7 @@ function Driver:inspect_container(name)
 end
 
 function Driver:create_lasting(r)
-  self:command(r.rendered, r.name)
+  self:command(r.rendered.argv, r.name, { stdin = r.rendered.stdin })
 end
 
 function Driver:start_lasting(name)
