@@ -16,13 +16,15 @@ local write, read = spec_fs.write, spec_fs.read
 -- The fake: every call N (1, 2, ...) records calls/N.argv (one element per
 -- line), calls/N.env and calls/N.stdin. Per command (run, rm, ps) the
 -- answer comes from files <cmd>.<k>.{out,err,exit,sleep} for its k-th call,
--- falling back to <cmd>.{out,err,exit,sleep}. "sleep" execs `sleep` (so a
+-- falling back to <cmd>.{out,err,exit,sleep}. The file after --env-file,
+-- when there is one, is copied to calls/N.envfile. "sleep" execs `sleep` (so a
 -- SIGKILL ends the process and its pipes at once); "outbytes"/"errbytes"
 -- write that many bytes.
 local FAKE = [[#!/bin/sh
 D=$(dirname "$0")
 n=$(cat "$D/count" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$D/count"
 for a in "$@"; do printf '%s\n' "$a"; done > "$D/calls/$n.argv"
+prev=; for a in "$@"; do [ "$prev" = "--env-file" ] && cp "$a" "$D/calls/$n.envfile"; prev=$a; done
 env > "$D/calls/$n.env"
 cmd=$1
 k=$(cat "$D/$cmd.count" 2>/dev/null || echo 0); k=$((k+1)); echo $k > "$D/$cmd.count"
@@ -481,12 +483,17 @@ describe("the CLI driver's long-lived lifecycle (rich mode)", function()
     missing()
     async.run(function() rd().ensureRunning(rspec()) end)
     local spec = rspec()
+    local a = argvs()
+    local env_path = a[2][9]
+    assert.equal("--env-file", a[2][8])
     assert.same({
       { "container", "inspect", "--", NAME },
-      rich_render.argv(spec, rich_container.check(spec, nil)),
+      rich_render.argv(spec, rich_container.check(spec, nil), env_path),
       { "start", "--", NAME },
-    }, argvs())
-    assert.equal(rich_render.env_file(spec), fake:calls()[2].stdin)
+    }, a)
+    -- the environment in its file, in the page's order; the file is gone after
+    assert.equal(rich_render.env_file(spec), spec_fs.read(fake.dir .. "/calls/2.envfile"))
+    assert.is_false(spec_fs.exists(env_path))
     for _, c in ipairs(fake:calls()) do
       local names = {}
       for _, l in ipairs(c.env) do

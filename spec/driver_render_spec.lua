@@ -99,10 +99,10 @@ describe("the drivers' Docker renderings", function()
 
   it("the rich CLI argv is pinned: docker create of the 5.3 settings", function()
     local s = rich_spec()
-    local r = cli.new { binary = "docker" }:render_lasting(s, rich_container.check(s, nil))
+    local argv = rich.argv(s, rich_container.check(s, nil), "/run/env")
     assert.are.same({
       "create", "--name", "roundtable-sandbox-discord_party", "--pull", "never",
-      "--user", "1000:1001", "--env-file", "/dev/stdin",
+      "--user", "1000:1001", "--env-file", "/run/env",
       "--label", "roundtable.sandbox.channel=discord:party \u{e9}", "--label", "roundtable.sandbox.profile=main",
       "--network", "none", "--read-only", "--tmpfs", "/tmp:rw,nosuid,nodev,size=512m,mode=1777",
       "--memory", "1610612736", "--memory-swap", "1610612736", "--cpus", "1", "--pids-limit", "256",
@@ -110,13 +110,13 @@ describe("the drivers' Docker renderings", function()
       "--volume", "/srv/party/c/run:/run/sandbox:ro", "--volume", "/srv/party/c/workspace:/workspace",
       "--restart", "unless-stopped", "--log-driver", "journald", "--log-opt", "tag=sandbox/discord:party__",
       "pi-roundtable-sandbox:pi",
-    }, r.rendered.argv)
-    -- the environment in the page's order, as the env file on stdin (the CLI
+    }, argv)
+    -- the environment in the page's order, as the env file's lines (the CLI
     -- reorders repeated --env flags; it keeps an env file's lines in order)
     assert.are.equal("SANDBOX_PROFILE=main\nTZ=UTC\nANTHROPIC_BASE_URL=http://127.0.0.1:8080/anthropic\n"
       .. "CLAUDE_CODE_OAUTH_TOKEN=sandbox-dummy-token\nCLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1\n"
       .. "SANDBOX_CONTENT=/app/worker/content.ts\nHOME=/tmp/home\nPI_CODING_AGENT_DIR=/tmp/pi-agent\n"
-      .. "CLAUDE_CONFIG_DIR=/workspace/claude\n", r.rendered.stdin)
+      .. "CLAUDE_CONFIG_DIR=/workspace/claude\n", rich.env_file(s))
   end)
 
   -- The argv read back the way the docker CLI reads it, as the body's fields.
@@ -132,7 +132,7 @@ describe("the drivers' Docker renderings", function()
         i = i + 2
         if f == "--user" then b.User = v
         elseif f == "--env-file" then
-          assert.are.equal("/dev/stdin", v)
+          assert.are.equal("/run/env", v)
           for line in stdin:gmatch("([^\n]*)\n") do b.Env[#b.Env + 1] = line end
         elseif f == "--label" then local k, x = v:match("^([^=]*)=(.*)$"); b.Labels[k] = x
         elseif f == "--network" then h.NetworkMode = v
@@ -163,9 +163,9 @@ describe("the drivers' Docker renderings", function()
       local body = json.plain(json.decode(golden["rich_" .. case[1] .. "_body"]))
       assert.is_true(body.NetworkDisabled)
       body.NetworkDisabled = nil   -- no CLI flag; NetworkMode none is
-      local r = cli.new { binary = "docker" }:render_lasting(case[2], logcfg).rendered
-      assert.are.equal("create", r.argv[1])
-      assert.are.same(body, as_body(r.argv, r.stdin))
+      local argv = rich.argv(case[2], logcfg, "/run/env")
+      assert.are.equal("create", argv[1])
+      assert.are.same(body, as_body(argv, rich.env_file(case[2])))
     end)
   end
 

@@ -7,8 +7,9 @@
 --
 --   rich.render(spec, logcfg, how) -> {name=, image=, profile=, rendered=how(spec, logcfg)}
 --   rich.body(spec, logcfg)   -> the JSON text of POST /containers/create
---   rich.argv(spec, logcfg)   -> the argv of `docker create` (without the binary)
---   rich.env_file(spec)       -> its stdin: the environment, one line each
+--   rich.argv(spec, logcfg, env_path) -> the argv of `docker create` (without
+--                                the binary), its environment in the file env_path
+--   rich.env_file(spec)       -> that file's text: the environment, one line each
 --   rich.env(spec)            -> the worker's environment, in the page's order
 --
 -- spec: name, image, channel, profile, timeZone, labelChannel, labelProfile,
@@ -88,11 +89,12 @@ end
 
 -- `docker create` of the same container, flag for body field in the body's
 -- order; --pull never as the Engine API's create never pulls. The
--- environment comes on stdin (M.env_file): the CLI keeps an env file's
--- order, not that of repeated --env flags, and 5.3 gives it in order. A label key
+-- environment comes in the env file at env_path (M.env_file's text): the
+-- CLI keeps an env file's order, not that of repeated --env flags, and 5.3
+-- gives it in order. A label key
 -- holding "=" cannot be spelled as `--label key=value` (the CLI splits at
 -- the first "="): refused as an invalid specification, never mis-rendered.
-function M.argv(spec, logcfg)
+function M.argv(spec, logcfg, env_path)
   if spec.labelChannel:find("=", 1, true) or spec.labelProfile:find("=", 1, true) then
     error(errors.RICH_SPEC, 0)
   end
@@ -100,7 +102,7 @@ function M.argv(spec, logcfg)
   local function add(...)
     for _, v in ipairs { ... } do argv[#argv + 1] = v end
   end
-  add("--user", string.format("%d:%d", spec.uid, spec.gid), "--env-file", "/dev/stdin")
+  add("--user", string.format("%d:%d", spec.uid, spec.gid), "--env-file", env_path)
   add("--label", spec.labelChannel .. "=" .. spec.channel, "--label", spec.labelProfile .. "=" .. spec.profile)
   add("--network", "none",
     "--read-only",
@@ -119,8 +121,8 @@ function M.argv(spec, logcfg)
   return argv
 end
 
--- The environment as the env file `docker create --env-file /dev/stdin`
--- reads: one NAME=value a line, in order (no value holds CR or LF: the
+-- The environment as the env file `docker create --env-file` reads: one
+-- NAME=value a line, in order (no value holds CR or LF: the
 -- profile and the time zone were checked, the rest are constants).
 function M.env_file(spec)
   return table.concat(M.env(spec), "\n") .. "\n"

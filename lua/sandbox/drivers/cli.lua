@@ -292,7 +292,7 @@ end
 function Driver:command(args, name, o)
   o = o or {}
   local max = o.max or M.MAX_ANSWER
-  local res = self:exec(args, { stdin = o.stdin, max_stdout = max, max_stderr = o.max_stderr or M.MAX_RM_STDERR,
+  local res = self:exec(args, { max_stdout = max, max_stderr = o.max_stderr or M.MAX_RM_STDERR,
     kill_on_overflow = true, kill_after_ms = self.call_timeout_ms })
   local what = errors.RICH_DOCKER .. (o.verb or args[1]) .. " " .. name .. " failed"
   if res.error then fail(what .. ": " .. tostring(res.error)) end
@@ -307,8 +307,13 @@ function Driver:command(args, name, o)
   fail(string.format("%s with %d: %s", what, res.exit_status, first_chars(res.stderr or "", M.TEXT_CHARS)))
 end
 
+-- The argv is made at create, with the env file's path; rendered once here
+-- so what it refuses is refused before any command.
 function Driver:render_lasting(spec, logcfg)
-  return rich.render(spec, logcfg, function(s, l) return { argv = rich.argv(s, l), stdin = rich.env_file(s) } end)
+  return rich.render(spec, logcfg, function(s, l)
+    rich.argv(s, l, "")
+    return { spec = s, logcfg = l, env_file = rich.env_file(s) }
+  end)
 end
 
 function Driver:inspect_container(name)
@@ -321,8 +326,20 @@ function Driver:inspect_container(name)
   return facts
 end
 
+-- `docker create` with the environment in an env file: a new file of this
+-- account (os.tmpname: mkstemp, mode 0600) that lives only for the command.
+-- (Not /dev/stdin: the child's stdin is a socket, which that path cannot open.)
 function Driver:create_lasting(r)
-  self:command(r.rendered.argv, r.name, { stdin = r.rendered.stdin })
+  local path = os.tmpname()
+  local ok, err = pcall(function()
+    local f = io.open(path, "w")
+    if not f or not f:write(r.rendered.env_file) or not f:close() then
+      fail(errors.RICH_DOCKER .. "create " .. r.name .. " failed: cannot write its env file " .. path)
+    end
+    self:command(rich.argv(r.rendered.spec, r.rendered.logcfg, path), r.name)
+  end)
+  os.remove(path)
+  if not ok then error(err, 0) end
 end
 
 function Driver:start_lasting(name)
