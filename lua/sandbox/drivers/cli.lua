@@ -12,10 +12,16 @@
 --                                the 4.5 environment (sbx doctor and sbx demo
 --                                use it too, so they ask the daemon the turns use)
 --   d:inspect_daemon() / d:inspect_image(image)   (sbx doctor, sbx demo)
+--   d:ensure_running(spec, logcfg, label) / d:status(name, label) / d:logs(name, n)
+--                                the long-lived lifecycle (drivers/_lasting.lua)
+--                                with `docker container inspect`, `create`,
+--                                `start`, `rm --force` and `logs`; rich mode
+--                                reaches it through rich/docker.lua
 --
 -- Options: binary (default "docker", looked up on the child's PATH);
 -- getenv (default os.getenv: where PATH, HOME, DOCKER_* are read);
--- remove_timeout_ms / list_timeout_ms (default 5000; spec seams only).
+-- remove_timeout_ms / list_timeout_ms (default 5000; spec seams only);
+-- call_timeout_ms (default 15000: each command of the long-lived lifecycle).
 --
 -- Every docker child gets the minimal environment of 4.5, its three standard
 -- streams as pipes and no other descriptor (core.spawn). The run CLI is only

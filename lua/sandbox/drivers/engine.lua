@@ -9,6 +9,11 @@
 --   local d = engine { socket = "/var/run/docker.sock" }   -- default: DOCKER_HOST
 --                                                          -- unix://..., else that path
 --   d:run(spec, turn, signal) / d:list(installation) / d:remove(name)
+--   d:ensure_running(spec, logcfg, label) / d:status(name, label) / d:logs(name, n)
+--                        the long-lived lifecycle (drivers/_lasting.lua,
+--                        rich-mode.md 5.4): GET /containers/<name>/json,
+--                        POST create and start, DELETE ?force=true, GET logs,
+--                        each within call_timeout_ms (default 15000)
 --
 -- The attach stream is hijacked: stdin is written only after the daemon's
 -- 101 answer has been read (the daemon drops bytes sent before it), then the
