@@ -548,6 +548,9 @@ describe("the CLI driver's long-lived lifecycle (rich mode)", function()
     local text = "Error response from daemon: No such image: pi-roundtable-sandbox:pi" .. string.rep("x", 400)
     assert.equal("docker create " .. NAME .. " failed with 125: " .. text:sub(1, 300), err)
     assert.equal(0, fake:count("start"))
+    local create = argvs()[2]
+    assert.equal("--env-file", create[8])
+    assert.is_false(spec_fs.exists(create[9]))   -- the env file is gone on failure too
   end)
 
   it("an inspect answer that is not one container object is refused, never read as a state", function()

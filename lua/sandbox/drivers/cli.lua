@@ -336,15 +336,17 @@ end
 -- account (os.tmpname: mkstemp, mode 0600) that lives only for the command.
 -- (Not /dev/stdin: the child's stdin is a socket, which that path cannot open.)
 function Driver:create_lasting(r)
-  local path = os.tmpname()
+  local path
   local ok, err = pcall(function()
-    local f = io.open(path, "w")
+    local made, p = pcall(os.tmpname)
+    if made then path = p end
+    local f = path and io.open(path, "w")
     if not f or not f:write(r.rendered.env_file) or not f:close() then
-      fail(errors.RICH_DOCKER .. "create " .. r.name .. " failed: cannot write its env file " .. path)
+      fail(errors.RICH_DOCKER .. "create " .. r.name .. " failed: cannot write its env file in /tmp")
     end
     self:command(rich.argv(r.rendered.spec, r.rendered.logcfg, path), r.name)
   end)
-  os.remove(path)
+  if path then os.remove(path) end
   if not ok then error(err, 0) end
 end
 
