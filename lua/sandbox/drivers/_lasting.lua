@@ -70,6 +70,14 @@ function M.logs(d, name, lines)
   return d:lasting_logs(name, n)
 end
 
+-- The first n characters of s (its first n bytes when it is not UTF-8): the
+-- part of a daemon's answer an error quotes (5.4: 300).
+function M.first_chars(s, n)
+  if utf8.len(s) == nil then return s:sub(1, n) end
+  local stop = utf8.offset(s, n + 1)
+  return stop and s:sub(1, stop - 1) or s
+end
+
 -- Inspect's container object (`docker container inspect`'s element, GET
 -- /containers/<name>/json) as inspect_container's answer, or nil when it
 -- is not one.

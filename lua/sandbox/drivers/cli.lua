@@ -192,6 +192,12 @@ function Driver:release(h)
   h.unregister = nil
 end
 
+-- True when docker's stderr says the container does not exist.
+local function missing(res)
+  local text = (res.stderr or ""):lower()
+  return text:find("no such container", 1, true) ~= nil or text:find("no such object", 1, true) ~= nil
+end
+
 -- One `docker rm --force <name>` attempt: "ok", "retry" or "fail".
 function Driver:remove_once(name)
   local res = self:exec({ "rm", "--force", name }, {
@@ -200,8 +206,8 @@ function Driver:remove_once(name)
   })
   if res.error or res.stderr_truncated then return "fail" end
   if res.exit_status == 0 and res.term_signal == 0 then return "ok" end
+  if missing(res) then return "ok" end
   local text = res.stderr:lower()
-  if text:find("no such container") or text:find("no such object") then return "ok" end
   -- Lua's '.' matches newlines too.
   if text:find("removal.*already in progress") then return "retry" end
   return "fail"
@@ -279,17 +285,6 @@ end
 
 -- Long-lived primitives of drivers/_lasting.lua (rich-mode.md 5.4) -------
 
-local function first_chars(s, n)
-  if utf8.len(s) == nil then return s:sub(1, n) end
-  local stop = utf8.offset(s, n + 1)
-  return stop and s:sub(1, stop - 1) or s
-end
-
-local function missing(res)
-  local text = (res.stderr or ""):lower()
-  return text:find("no such container", 1, true) ~= nil or text:find("no such object", 1, true) ~= nil
-end
-
 -- One docker command within call_timeout_ms: its result when it exited 0
 -- (or, with o.missing_ok, failed saying there is no such container: then
 -- res.missing), else raises "docker <command> <name> failed with <exit>:
@@ -310,7 +305,7 @@ function Driver:command(args, name, o)
     res.missing = true
     return res
   end
-  fail(string.format("%s with %d: %s", what, res.exit_status, first_chars(res.stderr or "", M.TEXT_CHARS)))
+  fail(string.format("%s with %d: %s", what, res.exit_status, lasting.first_chars(res.stderr or "", M.TEXT_CHARS)))
 end
 
 -- The argv is made at create, with the env file's path; rendered once here

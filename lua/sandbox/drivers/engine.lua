@@ -407,12 +407,6 @@ end
 
 -- Long-lived primitives of drivers/_lasting.lua (rich-mode.md 5.4) -------
 
-local function first_chars(s, n)
-  if utf8.len(s) == nil then return s:sub(1, n) end
-  local stop = utf8.offset(s, n + 1)
-  return stop and s:sub(1, stop - 1) or s
-end
-
 -- One call within call_timeout_ms: the status and body when the status is
 -- accepted, else raises "docker <METHOD> <target> failed with <status>:
 -- <first 300 characters of the body>" (or "failed: <why>" with no answer).
@@ -423,7 +417,7 @@ function Driver:call(method, target, accepted, o)
   if not status then fail(errors.RICH_DOCKER .. method .. " " .. target .. " failed: " .. tostring(body)) end
   if not accepted[status] then
     fail(string.format("%s%s %s failed with %d: %s", errors.RICH_DOCKER, method, target, status,
-      first_chars(body or "", M.BODY_CHARS)))
+      lasting.first_chars(body or "", M.BODY_CHARS)))
   end
   return status, body
 end
