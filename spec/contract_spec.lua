@@ -260,4 +260,107 @@ describe("contract.attached (the precheck runner's run)", function()
     assert.equal("refused", err)
     assert.equal(contract.MAX_STDOUT, d.max_stdout)
   end)
+
+  -- The long-lived lifecycle (drivers/_lasting.lua, rich-mode.md 5.4) over
+  -- scripted primitives: `state` is the container the daemon has (nil:
+  -- missing); `log` lists the primitive calls in order.
+  local function lasting_driver(state, o)
+    o = o or {}
+    local d = { log = {} }
+    local function note(s) d.log[#d.log + 1] = s end
+    function d:render_lasting(spec, logcfg)
+      note("render " .. spec.name)
+      if o.render_error then error(o.render_error, 0) end
+      return { name = spec.name, image = spec.image, profile = spec.profile, rendered = { logcfg = logcfg } }
+    end
+    function d:inspect_container(name)
+      note("inspect " .. name)
+      if o.inspect_error then error(o.inspect_error, 0) end
+      return state
+    end
+    function d:create_lasting(r)
+      note("create " .. r.name)
+      if o.create_error then error(o.create_error, 0) end
+    end
+    function d:start_lasting(name) note("start " .. name) end
+    function d:remove_lasting(name) note("remove " .. name) end
+    function d:lasting_logs(name, n)
+      note("logs " .. name .. " " .. n)
+      return "text"
+    end
+    return d
+  end
+
+  local RNAME = "roundtable-sandbox-discord_party"
+  local RSPEC = { name = RNAME, image = "img:1", profile = "main" }
+  local LABEL = "roundtable.sandbox.profile"
+
+  it("status: missing, running or stopped, with the image and the profile label the container carries", function()
+    assert.are.same({ state = "missing" }, contract.status(lasting_driver(nil), RNAME, LABEL))
+    assert.are.same({ state = "running", image = "img:1", profile = "main" }, contract.status(lasting_driver(
+      { running = true, image = "img:1", labels = { [LABEL] = "main", other = "x" } }), RNAME, LABEL))
+    assert.are.same({ state = "stopped" },
+      contract.status(lasting_driver({ running = false, labels = { other = "main" } }), RNAME, LABEL))
+  end)
+
+  it("ensure_running: a running container of the same image and profile is kept (no create, no start)", function()
+    local d = lasting_driver({ running = true, image = "img:1", labels = { [LABEL] = "main" } })
+    contract.ensure_running(d, RSPEC, {}, LABEL)
+    assert.are.same({ "render " .. RNAME, "inspect " .. RNAME }, d.log)
+  end)
+
+  for _, case in ipairs {
+    { "another image", { running = true, image = "img:0", labels = { [LABEL] = "main" } } },
+    { "another profile", { running = true, image = "img:1", labels = { [LABEL] = "other" } } },
+    { "no profile label", { running = true, image = "img:1", labels = {} } },
+    { "a stopped one", { running = false, image = "img:1", labels = { [LABEL] = "main" } } },
+  } do
+    it("ensure_running: " .. case[1] .. " is removed, then the container is created and started", function()
+      local d = lasting_driver(case[2])
+      contract.ensure_running(d, RSPEC, {}, LABEL)
+      assert.are.same({ "render " .. RNAME, "inspect " .. RNAME, "remove " .. RNAME, "create " .. RNAME,
+        "start " .. RNAME }, d.log)
+    end)
+  end
+
+  it("ensure_running: a missing container is created and started, nothing removed", function()
+    local d = lasting_driver(nil)
+    contract.ensure_running(d, RSPEC, {}, LABEL)
+    assert.are.same({ "render " .. RNAME, "inspect " .. RNAME, "create " .. RNAME, "start " .. RNAME }, d.log)
+  end)
+
+  it("ensure_running: a rendering refused, a status or a create that fails stops it there, with that error", function()
+    local d = lasting_driver(nil, { render_error = "Invalid container specification" })
+    assert.has_error(function() contract.ensure_running(d, RSPEC, {}, LABEL) end, "Invalid container specification")
+    assert.are.same({ "render " .. RNAME }, d.log)
+    d = lasting_driver(nil, { inspect_error = "docker GET /x failed: timeout" })
+    assert.has_error(function() contract.ensure_running(d, RSPEC, {}, LABEL) end, "docker GET /x failed: timeout")
+    assert.are.same({ "render " .. RNAME, "inspect " .. RNAME }, d.log)
+    d = lasting_driver(nil, { create_error = "docker create x failed with 125: no such image" })
+    assert.has_error(function() contract.ensure_running(d, RSPEC, {}, LABEL) end,
+      "docker create x failed with 125: no such image")
+    assert.are.same({ "render " .. RNAME, "inspect " .. RNAME, "create " .. RNAME }, d.log)
+  end)
+
+  it("logs asks for max(1, floor(lines)) lines; remove is one forced removal", function()
+    local d = lasting_driver(nil)
+    assert.are.equal("text", contract.logs(d, RNAME, 40.7))
+    contract.logs(d, RNAME, 0)
+    contract.logs(d, RNAME, "x")
+    contract.remove_lasting(d, RNAME)
+    assert.are.same({ "logs " .. RNAME .. " 40", "logs " .. RNAME .. " 1", "logs " .. RNAME .. " 1",
+      "remove " .. RNAME }, d.log)
+  end)
+
+  it("a name that could be read as an option or a path never reaches a primitive", function()
+    for _, name in ipairs { "-v", "--force", "a/../b", "A", "", "x y", string.rep("a", 92) } do
+      local d = lasting_driver(nil)
+      assert.has_error(function() contract.status(d, name, LABEL) end, "Invalid container specification")
+      assert.has_error(function() contract.remove_lasting(d, name) end, "Invalid container specification")
+      assert.has_error(function() contract.logs(d, name, 5) end, "Invalid container specification")
+      assert.has_error(function() contract.ensure_running(d, { name = name, image = "i", profile = "p" }, {}, LABEL) end,
+        "Invalid container specification")
+      assert.are.same({}, d.log)
+    end
+  end)
 end)

@@ -16,13 +16,15 @@ local write, read = spec_fs.write, spec_fs.read
 -- The fake: every call N (1, 2, ...) records calls/N.argv (one element per
 -- line), calls/N.env and calls/N.stdin. Per command (run, rm, ps) the
 -- answer comes from files <cmd>.<k>.{out,err,exit,sleep} for its k-th call,
--- falling back to <cmd>.{out,err,exit,sleep}. "sleep" execs `sleep` (so a
+-- falling back to <cmd>.{out,err,exit,sleep}. The file after --env-file,
+-- when there is one, is copied to calls/N.envfile. "sleep" execs `sleep` (so a
 -- SIGKILL ends the process and its pipes at once); "outbytes"/"errbytes"
 -- write that many bytes.
 local FAKE = [[#!/bin/sh
 D=$(dirname "$0")
 n=$(cat "$D/count" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$D/count"
 for a in "$@"; do printf '%s\n' "$a"; done > "$D/calls/$n.argv"
+prev=; for a in "$@"; do [ "$prev" = "--env-file" ] && cp "$a" "$D/calls/$n.envfile"; prev=$a; done
 env > "$D/calls/$n.env"
 cmd=$1
 k=$(cat "$D/$cmd.count" 2>/dev/null || echo 0); k=$((k+1)); echo $k > "$D/$cmd.count"
@@ -434,5 +436,195 @@ describe("driver:list and driver:remove", function()
     assert.is_false(ok)
     assert.equal(CLEANUP, err)
     assert.equal(1, fake:count("rm"))
+  end)
+end)
+
+-- The long-lived lifecycle through the CLI (drivers/_lasting.lua, rich-mode.md
+-- 5.4 with `docker create`, `start`, `container inspect`, `rm`, `logs`), as
+-- rich mode drives it: rich.dockerDriver{driver = cli{...}}.
+describe("the CLI driver's long-lived lifecycle (rich mode)", function()
+  local rich_docker = require "sandbox.rich.docker"
+  local rich_render = require "sandbox.drivers._rich"
+  local rich_container = require "sandbox.rich._container"
+  local NAME = "roundtable-sandbox-discord_party"
+  local fake
+  before_each(function() fake = new_fake() end)
+  after_each(function() fake:cleanup() end)
+
+  local function rspec(over)
+    local s = { name = NAME, image = "pi-roundtable-sandbox:pi", channel = "discord:party", profile = "main",
+      timeZone = "UTC", labelChannel = "roundtable.sandbox.channel", labelProfile = "roundtable.sandbox.profile",
+      runDir = fake.dir .. "/run", workspaceDir = fake.dir .. "/ws", uid = 1000, gid = 1000 }
+    for k, v in pairs(over or {}) do s[k] = v end
+    return s
+  end
+
+  local function inspect_json(running, image, profile)
+    return '[{"Id":"abc","State":{"Running":' .. tostring(running) .. ',"Status":"x"},"Config":{"Image":"'
+      .. image .. '","Labels":{"roundtable.sandbox.profile":"' .. profile .. '","roundtable.sandbox.channel":"c"}}}]'
+  end
+
+  local function rd(opts)
+    return rich_docker.new { driver = driver(fake, opts) }
+  end
+
+  local function argvs()
+    local out = {}
+    for i, c in ipairs(fake:calls()) do out[i] = c.argv end
+    return out
+  end
+
+  local function missing()
+    fake:set("container.err", "Error: No such container: " .. NAME .. "\n")
+    fake:set("container.exit", 1)
+  end
+
+  it("ensureRunning on a missing container: inspect, then docker create of the 5.3 settings, then start", function()
+    missing()
+    async.run(function() rd().ensureRunning(rspec()) end)
+    local spec = rspec()
+    local a = argvs()
+    local env_path = a[2][9]
+    assert.equal("--env-file", a[2][8])
+    assert.same({
+      { "container", "inspect", "--", NAME },
+      rich_render.argv(spec, rich_container.check(spec, nil), env_path),
+      { "start", "--", NAME },
+    }, a)
+    -- the environment in its file, in the page's order; the file is gone after
+    assert.equal(rich_render.env_file(spec), spec_fs.read(fake.dir .. "/calls/2.envfile"))
+    assert.is_false(spec_fs.exists(env_path))
+    for _, c in ipairs(fake:calls()) do
+      local names = {}
+      for _, l in ipairs(c.env) do
+        local k = l:match("^([^=]+)=")
+        if k ~= "PWD" and k ~= "SHLVL" and k ~= "_" then names[#names + 1] = k end
+      end
+      table.sort(names)
+      assert.same({ "DOCKER_CONTEXT", "HOME", "PATH" }, names)
+    end
+  end)
+
+  it("ensureRunning keeps a running container of the same image and profile: one inspect, nothing else", function()
+    fake:set("container.out", inspect_json(true, "pi-roundtable-sandbox:pi", "main"))
+    async.run(function() rd().ensureRunning(rspec()) end)
+    assert.same({ { "container", "inspect", "--", NAME } }, argvs())
+  end)
+
+  for _, case in ipairs {
+    { "another profile", inspect_json(true, "pi-roundtable-sandbox:pi", "other") },
+    { "another image", inspect_json(true, "pi-roundtable-sandbox:old", "main") },
+    { "a stopped one", inspect_json(false, "pi-roundtable-sandbox:pi", "main") },
+  } do
+    it("ensureRunning replaces " .. case[1] .. ": rm --force, create, start", function()
+      fake:set("container.out", case[2])
+      async.run(function() rd().ensureRunning(rspec()) end)
+      local a = argvs()
+      assert.equal(4, #a)
+      assert.same({ "rm", "--force", "--", NAME }, a[2])
+      assert.equal("create", a[3][1])
+      assert.same({ "start", "--", NAME }, a[4])
+    end)
+  end
+
+  it("status maps inspect to missing, running or stopped with the image and the profile label", function()
+    local d = rd()
+    missing()
+    assert.same({ state = "missing" }, async.run(function() return d.status(NAME) end))
+    os.remove(fake.dir .. "/container.exit")
+    fake:set("container.out", inspect_json(true, "img:1", "main"))
+    assert.same({ state = "running", image = "img:1", profile = "main" },
+      async.run(function() return d.status(NAME) end))
+    fake:set("container.out", inspect_json(false, "img:1", "main"))
+    assert.equal("stopped", async.run(function() return d.status(NAME) end).state)
+  end)
+
+  it("a refused command raises docker <command> <name> failed with <status>: <first 300 characters of stderr>", function()
+    missing()
+    fake:set("create.err", "Error response from daemon: No such image: pi-roundtable-sandbox:pi" .. string.rep("x", 400))
+    fake:set("create.exit", 125)
+    local ok, err = pcall(async.run, function() rd().ensureRunning(rspec()) end)
+    assert.is_false(ok)
+    local text = "Error response from daemon: No such image: pi-roundtable-sandbox:pi" .. string.rep("x", 400)
+    assert.equal("docker create " .. NAME .. " failed with 125: " .. text:sub(1, 300), err)
+    assert.equal(0, fake:count("start"))
+    local create = argvs()[2]
+    assert.equal("--env-file", create[8])
+    assert.is_false(spec_fs.exists(create[9]))   -- the env file is gone on failure too
+  end)
+
+  it("an inspect answer that is not one container object is refused, never read as a state", function()
+    for _, out in ipairs { "[]", "{}", "not json", '[{"State":{}},{"State":{}}]' } do
+      fake:set("container.out", out)
+      local ok, err = pcall(async.run, function() return rd().status(NAME) end)
+      assert.is_false(ok)
+      assert.equal("docker container inspect " .. NAME .. " answered no container", err)
+    end
+  end)
+
+  it("a command that outlives its deadline is killed and reported as a timeout", function()
+    fake:set("container.sleep", 30)
+    local ok, err = pcall(async.run, function() return rd { call_timeout_ms = 300 }.status(NAME) end)
+    assert.is_false(ok)
+    assert.equal("docker container inspect " .. NAME .. " failed: timeout", err)
+  end)
+
+  it("a docker binary that cannot start is reported, naming the command", function()
+    local d = rich_docker.new { driver = cli { binary = fake.dir .. "/absent-docker",
+      getenv = function(k) return ({ PATH = "/usr/bin:/bin" })[k] end } }
+    local ok, err = pcall(async.run, function() return d.status(NAME) end)
+    assert.is_false(ok)
+    assert.is_truthy(err:find("^docker container inspect " .. NAME:gsub("%p", "%%%0") .. " failed: "))
+  end)
+
+  it("remove is one rm --force; a missing container is fine, any other failure raises", function()
+    missing()
+    fake:set("rm.err", "Error: No such container: " .. NAME)
+    fake:set("rm.exit", 1)
+    async.run(function() rd().remove(NAME) end)
+    assert.same({ { "rm", "--force", "--", NAME } }, argvs())
+    fake:set("rm.err", "Error response from daemon: removal of container is already in progress")
+    local ok, err = pcall(async.run, function() rd().remove(NAME) end)
+    assert.is_false(ok)
+    assert.equal("docker rm " .. NAME .. " failed with 1: Error response from daemon: removal of container is already in progress", err)
+  end)
+
+  it("logs asks docker logs --tail max(1, floor(n)); stdout then stderr; a missing container has none", function()
+    fake:set("logs.out", "line one\n")
+    fake:set("logs.err", "line two\n")
+    assert.equal("line one\nline two\n", async.run(function() return rd().logs(NAME, 7.9) end))
+    assert.same({ "logs", "--tail", "7", "--", NAME }, argvs()[1])
+    async.run(function() return rd().logs(NAME, -3) end)
+    assert.same({ "logs", "--tail", "1", "--", NAME }, argvs()[2])
+    os.remove(fake.dir .. "/logs.out")
+    fake:set("logs.err", "Error: No such container: " .. NAME)
+    fake:set("logs.exit", 1)
+    assert.equal("", async.run(function() return rd().logs(NAME, 5) end))
+  end)
+
+  it("a name that could be a flag never reaches docker", function()
+    for _, name in ipairs { "--all", "-v", "A", "x/y" } do
+      for _, op in ipairs { "status", "remove", "logs" } do
+        local ok, err = pcall(async.run, function() return rd()[op](name, 3) end)
+        assert.is_false(ok)
+        assert.equal("Invalid container specification", err)
+      end
+    end
+    assert.equal(0, #fake:calls())
+  end)
+
+  it("a CLI driver pointed at a remote daemon is refused when rich mode takes it", function()
+    assert.has_error(function()
+      rich_docker.new { driver = cli { binary = fake.binary,
+        getenv = function(k) return ({ DOCKER_HOST = "tcp://10.0.0.1:2375" })[k] end } }
+    end, "remote Docker daemons are unsupported")
+  end)
+
+  it("rich mode's driver option takes the CLI driver itself (adapted, with the runtime's profile label)", function()
+    local adapted = rich_docker.adapt(driver(fake), "x.profile")
+    fake:set("container.out", '[{"State":{"Running":true},"Config":{"Image":"i","Labels":{"x.profile":"p"}}}]')
+    assert.same({ state = "running", image = "i", profile = "p" }, async.run(function() return adapted.status(NAME) end))
+    local table_driver = { ensureRunning = function() end, status = function() end, remove = function() end }
+    assert.equal(table_driver, rich_docker.adapt(table_driver, "x.profile"))
   end)
 end)

@@ -277,3 +277,106 @@ describe("Engine API driver (fake daemon)", function()
     assert.is_nil(engine.parse_response("garbage"))
   end)
 end)
+
+-- The long-lived lifecycle through the Engine API driver itself
+-- (drivers/_lasting.lua over its primitives, rich-mode.md 5.4), against the
+-- scripted Engine API of the rich specs (spec/fixtures/rich_docker_api.mjs).
+describe("the Engine API driver's long-lived lifecycle", function()
+  local contract = require "sandbox.drivers.contract"
+  local rich_docker = require "sandbox.rich.docker"
+  local rich_render = require "sandbox.drivers._rich"
+  local rich_container = require "sandbox.rich._container"
+  local NAME = "roundtable-sandbox-discord_party"
+  local LABEL = "roundtable.sandbox.profile"
+  local dir, sock, proc, exited, seed = nil, nil, nil, false, 0
+
+  setup(function()
+    local node = node_path()
+    assert(node, "node is required for the fake daemon (make deps installs it)")
+    dir = spec_fs.tmpdir("drv-lasting")
+    sock = dir .. "/docker.sock"
+    write(dir .. "/state.json", "{}")
+    proc = core.spawn { file = node, args = { "spec/fixtures/rich_docker_api.mjs", sock, dir .. "/state.json",
+      dir .. "/log.jsonl" }, env = {}, on_exit = function() exited = true end }
+    async.run(function()
+      for _ = 1, 200 do
+        if core.fs_lstat(sock) then return end
+        async.sleep(20)
+      end
+      error("the fake daemon did not start")
+    end)
+  end)
+
+  teardown(function()
+    if proc then proc:kill(core.SIGKILL) while not exited do core.run("once") end end
+    if dir then spec_fs.rmdir(dir, "drv-lasting") end
+  end)
+
+  local function state(t)
+    seed = seed + 1
+    t.seed = seed
+    os.remove(dir .. "/log.jsonl")
+    write(dir .. "/state.json", assert(json.encode(json.jsonable(t))))
+  end
+
+  local function requests()
+    local out = {}
+    local f = io.open(dir .. "/log.jsonl")
+    if not f then return out end
+    for line in f:lines() do out[#out + 1] = json.plain(json.decode(line)) end
+    f:close()
+    return out
+  end
+
+  local function rspec()
+    return { name = NAME, image = "pi-roundtable-sandbox:pi", channel = "discord:party", profile = "main",
+      timeZone = "UTC", labelChannel = "roundtable.sandbox.channel", labelProfile = LABEL,
+      runDir = dir .. "/run", workspaceDir = dir .. "/ws", uid = 1000, gid = 1000 }
+  end
+
+  it("ensure_running, status, logs and remove_lasting on the driver: the 5.4 calls, the body byte for byte", function()
+    state({ logLines = { { 1, "out\n" }, { 2, "err\n" } } })
+    local d = engine { socket = sock }
+    local s = rspec()
+    local logcfg = rich_container.check(s, nil)
+    async.run(function()
+      d:ensure_running(s, logcfg, LABEL)
+      assert.same({ state = "running", image = s.image, profile = "main" }, d:status(NAME, LABEL))
+      assert.equal("out\nerr\n", d:logs(NAME, 3))
+      contract.remove_lasting(d, NAME)
+      assert.same({ state = "missing" }, d:status(NAME, LABEL))
+    end)
+    local got = requests()
+    local lines = {}
+    for i, r in ipairs(got) do lines[i] = r.method .. " " .. r.url end
+    assert.same({
+      "GET /containers/" .. NAME .. "/json",
+      "POST /containers/create?name=" .. NAME,
+      "POST /containers/" .. NAME .. "/start",
+      "GET /containers/" .. NAME .. "/json",
+      "GET /containers/" .. NAME .. "/logs?stdout=1&stderr=1&tail=3",
+      "DELETE /containers/" .. NAME .. "?force=true",
+      "GET /containers/" .. NAME .. "/json",
+    }, lines)
+    assert.equal(rich_render.body(s, logcfg), got[2].body)
+  end)
+
+  it("rich mode takes the Engine API driver as its driver option and runs the same lifecycle", function()
+    state({})
+    local adapted = rich_docker.adapt(engine { socket = sock, getenv = function() return nil end }, LABEL)
+    async.run(function() adapted.ensureRunning(rspec()) end)
+    assert.equal(3, #requests())
+    assert.is_truthy(requests()[2].url:find("^/containers/create%?name="))
+  end)
+
+  it("a supplied Engine API driver whose DOCKER_HOST is remote is refused", function()
+    assert.has_error(function()
+      rich_docker.new { driver = engine { getenv = function(k) return ({ DOCKER_HOST = "tcp://h:2375" })[k] end } }
+    end, "remote Docker daemons are unsupported")
+  end)
+
+  it("rich.dockerDriver refuses a driver that is not a contract driver, naming the two it takes", function()
+    assert.has_error(function() rich_docker.new { driver = { ensureRunning = function() end } } end,
+      "sandbox.rich.dockerDriver: driver must be require('sandbox.drivers').cli{} or .engine{}")
+  end)
+end)

@@ -1,7 +1,8 @@
 -- docker/rich_runtime_spec.lua: sandbox.rich end to end on the real daemon
--- (spec/rich-mode.md behaviours 129-131) with the built-in Docker driver
--- over the Engine API socket and the images `make image-pi` builds: the
--- container posts ready; a turn against the scripted Anthropic upstream
+-- (spec/rich-mode.md behaviours 129-131) with the built-in Docker driver,
+-- through both drivers of the contract (the Engine API over the socket, the
+-- default; the docker CLI, drivers/cli.lua), and the images `make image-pi`
+-- builds: the two drivers make the same container; the container posts ready; a turn against the scripted Anthropic upstream
 -- (reached through fetchImpl) completes while only the broker ever holds the
 -- real token; a worker whose PID 1 ignores SIGTERM is force-removed at the
 -- turn deadline. Opt-in with SANDBOX_DOCKER_TEST=1 (make check sets it); runs
@@ -10,6 +11,7 @@
 -- SIGTERM test's derived image is roundtable-rich-l-test-sigterm:<pid>.
 local async = require "sandbox.async"
 local core = require "sandbox.core"
+local drivers = require "sandbox.drivers"
 local json = require "sandbox.json"
 local rich = require "sandbox.rich"
 local spec_fs = require "spec_fs"
@@ -62,6 +64,12 @@ describe("rich mode on real Docker (129-131)", function()
     return "spec:rich-l-" .. PID .. "-" .. seq
   end
 
+  -- rich mode's driver through one of the contract's two Docker drivers
+  local function driver_via(via)
+    if via == "cli" then return rich.dockerDriver { driver = drivers.cli {}, log = { driver = "local" } } end
+    return rich.dockerDriver { log = { driver = "local" } }
+  end
+
   local function runtime(image, over)
     local logs = {}
     local curl = rich.transport()
@@ -90,8 +98,46 @@ describe("rich mode on real Docker (129-131)", function()
     return out
   end
 
-  it("B129/B130: the worker posts ready; a turn completes and only the broker ever sees the real token", function()
-    local rt = runtime(IMAGE)
+  it("the CLI and the Engine API driver create the same container: every 5.3 setting read back from the daemon", function()
+    local dir = spec_fs.tmpdir("rd-same", dirs, "/tmp")
+    os.execute("mkdir -p " .. q(dir .. "/run") .. " " .. q(dir .. "/ws"))
+    local seen = {}
+    for _, via in ipairs { "engine", "cli" } do
+      local name = "roundtable-rich-l-same-" .. PID .. "-" .. via
+      names[#names + 1] = name
+      local d = driver_via(via)
+      async.run(function()
+        d.ensureRunning { name = name, image = IMAGE, channel = "spec:same \u{e9}", profile = "spec", timeZone = "UTC",
+          labelChannel = "roundtable.sandbox.channel", labelProfile = "roundtable.sandbox.profile",
+          runDir = dir .. "/run", workspaceDir = dir .. "/ws", uid = 1000, gid = 1000 }
+        local st = d.status(name)   -- no broker listens: the worker may be between restarts
+        assert.same({ image = IMAGE, profile = "spec" }, { image = st.image, profile = st.profile })
+        assert.is_truthy(st.state == "running" or st.state == "stopped", st.state)
+      end)
+      local v = json.plain(json.decode((sh("docker inspect " .. q(name)))))[1]
+      local h, c = v.HostConfig, v.Config
+      seen[via] = {
+        Image = c.Image, User = c.User, Env = c.Env, Labels = c.Labels,
+        NetworkMode = h.NetworkMode, ReadonlyRootfs = h.ReadonlyRootfs, Tmpfs = h.Tmpfs, Memory = h.Memory,
+        MemorySwap = h.MemorySwap, NanoCpus = h.NanoCpus, PidsLimit = h.PidsLimit, Ulimits = h.Ulimits,
+        CapDrop = h.CapDrop, SecurityOpt = h.SecurityOpt, Binds = h.Binds, RestartPolicy = h.RestartPolicy,
+        LogConfig = h.LogConfig, Privileged = h.Privileged, Mounts = h.Mounts, CapAdd = h.CapAdd,
+      }
+      async.run(function()
+        d.remove(name)
+        assert.same({ state = "missing" }, d.status(name))
+      end)
+    end
+    assert.equal(1536 * 1024 * 1024, seen.engine.Memory)
+    assert.equal(1000000000, seen.engine.NanoCpus)
+    assert.equal(256, seen.engine.PidsLimit)
+    assert.same({ Name = "unless-stopped", MaximumRetryCount = 0 }, seen.engine.RestartPolicy)
+    assert.same(seen.engine, seen.cli)
+  end)
+
+  for _, via in ipairs { "engine", "cli" } do
+  it("B129/B130 (" .. via .. " driver): the worker posts ready; a turn completes and only the broker ever sees the real token", function()
+    local rt = runtime(IMAGE, { driver = driver_via(via) })
     local ch = channel()
     local name = "roundtable-sandbox-" .. rich.channelSegment(ch)
     names[#names + 1] = name
@@ -131,6 +177,7 @@ describe("rich mode on real Docker (129-131)", function()
     async.run(function() rt:stop(ch) end)
     assert.equal("missing", (function() local s async.run(function() s = rt:status(ch) end) return s.state end)())
   end)
+  end
 
   it("a profile with an MCP server: pi-mcp-adapter connects through the startup scope and its tool reaches the model", function()
     local mcp = require("mcp_server").start { require_key = "mcp-host-key" }
@@ -220,8 +267,9 @@ export function workerContent() {
     assert.same({ "recall", "draw" }, seen_tools)
   end)
 
-  it("B131: a container whose PID 1 ignores SIGTERM is force-removed at the turn deadline", function()
-    local image = "roundtable-rich-l-test-sigterm:" .. PID
+  for _, via in ipairs { "engine", "cli" } do
+  it("B131 (" .. via .. " driver): a container whose PID 1 ignores SIGTERM is force-removed at the turn deadline", function()
+    local image = "roundtable-rich-l-test-sigterm:" .. PID .. "-" .. via
     local ctx = spec_fs.tmpdir("rd-img", dirs, "/tmp")
     -- preloaded, so the worker itself stays the main module
     spec_fs.write(ctx .. "/sigterm.js", 'process.on("SIGTERM", () => {});\n')
@@ -231,7 +279,7 @@ export function workerContent() {
     local out, code = sh("DOCKER_BUILDKIT=0 docker build -q -t " .. q(image) .. " " .. q(ctx))
     images[#images + 1] = image
     assert.equal(0, code, out)
-    local rt, logs = runtime(image, { turnTimeoutMs = 30000 })
+    local rt, logs = runtime(image, { turnTimeoutMs = 30000, driver = driver_via(via) })
     local ch = channel()
     local name = "roundtable-sandbox-" .. rich.channelSegment(ch)
     names[#names + 1] = name
@@ -253,4 +301,5 @@ export function workerContent() {
     assert.is_table(seen)
     assert.matches("sandbox worker ready", seen.lines, 1, true)
   end)
+  end
 end)

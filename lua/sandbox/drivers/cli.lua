@@ -12,19 +12,29 @@
 --                                the 4.5 environment (sbx doctor and sbx demo
 --                                use it too, so they ask the daemon the turns use)
 --   d:inspect_daemon() / d:inspect_image(image)   (sbx doctor, sbx demo)
+--   d:ensure_running(spec, logcfg, label) / d:status(name, label) / d:logs(name, n)
+--                                the long-lived lifecycle (drivers/_lasting.lua)
+--                                with `docker container inspect`, `create`,
+--                                `start`, `rm --force` and `logs`; rich mode
+--                                reaches it through rich/docker.lua
 --
 -- Options: binary (default "docker", looked up on the child's PATH);
 -- getenv (default os.getenv: where PATH, HOME, DOCKER_* are read);
--- remove_timeout_ms / list_timeout_ms (default 5000; spec seams only).
+-- remove_timeout_ms / list_timeout_ms (default 5000; spec seams only);
+-- call_timeout_ms (default 15000: each command of the long-lived lifecycle).
 --
 -- Every docker child gets the minimal environment of 4.5, its three standard
 -- streams as pipes and no other descriptor (core.spawn). The run CLI is only
 -- ever stopped with SIGKILL (never a signal to the container); the container
 -- is then removed by its exact name with the algorithm of 4.7.
 local async = require "sandbox.async"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local contract = require "sandbox.drivers.contract"
 local core = require "sandbox.core"
+local errors = require "sandbox.errors"
+local json = require "sandbox.json"
+local lasting = require "sandbox.drivers._lasting"
+local rich = require "sandbox.drivers._rich"
 
 local M = {}
 
@@ -40,6 +50,10 @@ M.parse_reply = contract.parse_reply
 
 M.MAX_RM_STDOUT = 65536         -- discarded
 M.INSPECT_TIMEOUT_MS = 20000
+M.CALL_TIMEOUT_MS = 15000       -- each command of the long-lived lifecycle (rich-mode.md 5.4)
+M.MAX_ANSWER = 1024 * 1024
+M.MAX_LOGS = 8 * 1024 * 1024
+M.TEXT_CHARS = 300
 M.DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 local Driver = contract.methods({})
@@ -78,6 +92,7 @@ function M.new(opts)
     getenv = getenv,
     remove_timeout_ms = opts.remove_timeout_ms or M.REMOVE_TIMEOUT_MS,
     list_timeout_ms = opts.list_timeout_ms or M.LIST_TIMEOUT_MS,
+    call_timeout_ms = opts.call_timeout_ms or M.CALL_TIMEOUT_MS,
     builtin = true,
   }, Driver)
 end
@@ -89,10 +104,11 @@ end
 
 -- Spawns the binary with args and waits for it; kill_after_ms arms a SIGKILL
 -- timer; on_proc(proc) sees the process once started. Returns core.spawn's
--- result table (res.error, res.code when it could not start).
+-- result table (res.error, res.code when it could not start; res.timed_out
+-- when the kill_after_ms timer killed it).
 function Driver:exec(args, o)
   o = o or {}
-  local proc, timer
+  local proc, timer, timed_out
   local res = async.await(function(resume)
     proc = core.spawn {
       file = self.binary, args = args, env = M.environment(self.getenv), stdin = o.stdin,
@@ -103,6 +119,7 @@ function Driver:exec(args, o)
     if o.kill_after_ms then
       timer = core.timer(o.kill_after_ms, function()
         timer = nil
+        timed_out = true
         proc:kill(core.SIGKILL)
       end)
     end
@@ -110,6 +127,7 @@ function Driver:exec(args, o)
   end)
   if timer then timer:stop() end
   proc:kill(core.SIGKILL)     -- harmless once exited; the core has reaped it
+  res.timed_out = timed_out
   return res
 end
 
@@ -174,6 +192,12 @@ function Driver:release(h)
   h.unregister = nil
 end
 
+-- True when docker's stderr says the container does not exist.
+local function missing(res)
+  local text = (res.stderr or ""):lower()
+  return text:find("no such container", 1, true) ~= nil or text:find("no such object", 1, true) ~= nil
+end
+
 -- One `docker rm --force <name>` attempt: "ok", "retry" or "fail".
 function Driver:remove_once(name)
   local res = self:exec({ "rm", "--force", name }, {
@@ -182,8 +206,8 @@ function Driver:remove_once(name)
   })
   if res.error or res.stderr_truncated then return "fail" end
   if res.exit_status == 0 and res.term_signal == 0 then return "ok" end
+  if missing(res) then return "ok" end
   local text = res.stderr:lower()
-  if text:find("no such container") or text:find("no such object") then return "ok" end
   -- Lua's '.' matches newlines too.
   if text:find("removal.*already in progress") then return "retry" end
   return "fail"
@@ -257,6 +281,85 @@ function Driver:runtimes()
   if res.error then return nil, res.code == "ENOENT" and "not found" or "cannot run" end
   if res.exit_status ~= 0 or res.term_signal ~= 0 then return nil, "no answer" end
   return contract.runtime_set(res.stdout)
+end
+
+-- Long-lived primitives of drivers/_lasting.lua (rich-mode.md 5.4) -------
+
+-- One docker command within call_timeout_ms: its result when it exited 0
+-- (or, with o.missing_ok, failed saying there is no such container: then
+-- res.missing), else raises "docker <command> <name> failed with <exit>:
+-- <first 300 characters of its stderr>" (or "failed: <why>" when it did
+-- not start, was killed, or said more than its bounds).
+function Driver:command(args, name, o)
+  o = o or {}
+  local max = o.max or M.MAX_ANSWER
+  local res = self:exec(args, { max_stdout = max, max_stderr = o.max_stderr or M.MAX_RM_STDERR,
+    kill_on_overflow = true, kill_after_ms = self.call_timeout_ms })
+  local what = errors.RICH_DOCKER .. (o.verb or args[1]) .. " " .. name .. " failed"
+  if res.error then fail(what .. ": " .. tostring(res.error)) end
+  if res.timed_out then fail(what .. ": timeout") end
+  if res.stdout_truncated or res.stderr_truncated then fail(what .. ": too large") end
+  if res.term_signal ~= 0 then fail(what .. ": signal " .. tostring(res.term_signal)) end
+  if res.exit_status == 0 then return res end
+  if o.missing_ok and missing(res) then
+    res.missing = true
+    return res
+  end
+  fail(string.format("%s with %d: %s", what, res.exit_status, lasting.first_chars(res.stderr or "", M.TEXT_CHARS)))
+end
+
+-- The argv is made at create, with the env file's path; rendered once here
+-- so what it refuses is refused before any command.
+function Driver:render_lasting(spec, logcfg)
+  return rich.render(spec, logcfg, function(s, l)
+    rich.argv(s, l, "")
+    return { spec = s, logcfg = l, env_file = rich.env_file(s) }
+  end)
+end
+
+function Driver:inspect_container(name)
+  local res = self:command({ "container", "inspect", "--", name }, name,
+    { missing_ok = true, verb = "container inspect" })
+  if res.missing then return nil end
+  local v = json.decode(res.stdout)
+  local facts = json.kind(v) == "array" and #v == 1 and lasting.facts(v[1]) or nil
+  if not facts then fail(errors.RICH_DOCKER .. "container inspect " .. name .. " answered no container") end
+  return facts
+end
+
+-- `docker create` with the environment in an env file: a new file of this
+-- account (os.tmpname: mkstemp, mode 0600) that lives only for the command.
+-- (Not /dev/stdin: the child's stdin is a socket, which that path cannot open.)
+function Driver:create_lasting(r)
+  local path
+  local ok, err = pcall(function()
+    local made, p = pcall(os.tmpname)
+    if made then path = p end
+    local f = path and io.open(path, "w")
+    if not f or not f:write(r.rendered.env_file) or not f:close() then
+      fail(errors.RICH_DOCKER .. "create " .. r.name .. " failed: cannot write its env file in /tmp")
+    end
+    self:command(rich.argv(r.rendered.spec, r.rendered.logcfg, path), r.name)
+  end)
+  if path then os.remove(path) end
+  if not ok then error(err, 0) end
+end
+
+function Driver:start_lasting(name)
+  self:command({ "start", "--", name }, name)
+end
+
+function Driver:remove_lasting(name)
+  self:command({ "rm", "--force", "--", name }, name, { missing_ok = true })
+end
+
+-- `docker logs` writes the container's stdout and stderr to its own two:
+-- the text is the stdout lines, then the stderr lines.
+function Driver:lasting_logs(name, n)
+  local res = self:command({ "logs", "--tail", tostring(n), "--", name }, name,
+    { max = M.MAX_LOGS, max_stderr = M.MAX_LOGS, missing_ok = true })
+  if res.missing then return "" end
+  return res.stdout .. res.stderr
 end
 
 return setmetatable(M, { __call = function(_, opts) return M.new(opts) end })

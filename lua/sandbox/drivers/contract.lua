@@ -23,6 +23,17 @@
 --   contract.parse_reply(stdout)        4.6 step 9 / 8.4 -> {ok=, text=} (raises)
 --   contract.local_endpoint(value)      4.5: DOCKER_HOST unset or unix://<absolute>
 --
+-- The long-lived lifecycle (rich-mode.md 5.1, 5.4), drivers/_lasting.lua:
+--   contract.ensure_running(d, spec, logcfg, label)   keep or (re)create and start
+--   contract.status(d, name, label) -> {state=, image=?, profile=?}
+--   contract.remove_lasting(d, name)    forced, missing is fine (one call; raises
+--                                       the driver's `docker ...` error)
+--   contract.logs(d, name, lines) -> text
+-- over the primitives render_lasting, inspect_container, create_lasting,
+-- start_lasting, remove_lasting and lasting_logs (listed there). Both
+-- built-in drivers have them; rich/docker.lua makes rich mode's driver
+-- table of either.
+--
 -- The primitives a driver d provides (each yields; none raises for what the
 -- daemon answered, only for a programming error):
 --   d:create(c, signal) -> h        the container of the checked spec c
@@ -71,10 +82,11 @@
 -- warm driver can create and start a container ahead of its turn, write the
 -- turn later and deliver on stdout's end of file (spec/warm-turns.md).
 local async = require "sandbox.async"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local errors = require "sandbox.errors"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
+local lasting = require "sandbox.drivers._lasting"
 local signal = require "sandbox.signal"
 
 local M = {}
@@ -356,12 +368,21 @@ function M.runtime_set(v)
   return set
 end
 
+M.ensure_running = lasting.ensure_running
+M.status = lasting.status
+M.remove_lasting = lasting.remove
+M.logs = lasting.logs
+
 -- The driver methods of spec 4.1 for a driver class made of primitives:
--- run, remove and list over the contract.
+-- run, remove and list over the contract; and the long-lived lifecycle's
+-- ensure_running, status and logs.
 function M.methods(Driver)
   function Driver:run(spec, turn, signal, report) return M.run(self, spec, turn, signal, report) end
   function Driver:remove(name) return M.remove(self, name) end
   function Driver:list(installation) return M.list(self, installation) end
+  function Driver:ensure_running(spec, logcfg, label) return lasting.ensure_running(self, spec, logcfg, label) end
+  function Driver:status(name, label) return lasting.status(self, name, label) end
+  function Driver:logs(name, lines) return lasting.logs(self, name, lines) end
   return Driver
 end
 

@@ -9,6 +9,11 @@
 --   local d = engine { socket = "/var/run/docker.sock" }   -- default: DOCKER_HOST
 --                                                          -- unix://..., else that path
 --   d:run(spec, turn, signal) / d:list(installation) / d:remove(name)
+--   d:ensure_running(spec, logcfg, label) / d:status(name, label) / d:logs(name, n)
+--                        the long-lived lifecycle (drivers/_lasting.lua,
+--                        rich-mode.md 5.4): GET /containers/<name>/json,
+--                        POST create and start, DELETE ?force=true, GET logs,
+--                        each within call_timeout_ms (default 15000)
 --
 -- The attach stream is hijacked: stdin is written only after the daemon's
 -- 101 answer has been read (the daemon drops bytes sent before it), then the
@@ -16,10 +21,13 @@
 -- big-endian length) are demultiplexed into the 2 MiB / 128 KiB limits as
 -- they arrive. An abort closes every connection of the run at once.
 local async = require "sandbox.async"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local contract = require "sandbox.drivers.contract"
 local core = require "sandbox.core"
+local errors = require "sandbox.errors"
 local json = require "sandbox.json"
+local lasting = require "sandbox.drivers._lasting"
+local rich = require "sandbox.drivers._rich"
 
 local M = {}
 
@@ -28,6 +36,10 @@ M.MAX_CONTROL = 65536
 M.MAX_LIST = contract.MAX_LIST
 M.MAX_HEAD = 65536
 M.CONTROL_TIMEOUT_MS = 30000
+M.CALL_TIMEOUT_MS = 15000       -- each call of the long-lived lifecycle (rich-mode.md 5.4)
+M.MAX_ANSWER = 1024 * 1024
+M.MAX_LOGS = 8 * 1024 * 1024
+M.BODY_CHARS = 300
 
 local Driver = contract.methods({})
 Driver.__index = Driver
@@ -46,6 +58,7 @@ function M.new(opts)
     socket = sock, getenv = getenv, builtin = true,
     remove_timeout_ms = opts.remove_timeout_ms or contract.REMOVE_TIMEOUT_MS,
     list_timeout_ms = opts.list_timeout_ms or contract.LIST_TIMEOUT_MS,
+    call_timeout_ms = opts.call_timeout_ms or M.CALL_TIMEOUT_MS,
   }, Driver)
 end
 
@@ -390,6 +403,55 @@ function Driver:runtimes()
   local v = json.decode(body)
   if json.kind(v) ~= "object" then return nil, "no answer" end
   return contract.runtime_set(v.Runtimes)
+end
+
+-- Long-lived primitives of drivers/_lasting.lua (rich-mode.md 5.4) -------
+
+-- One call within call_timeout_ms: the status and body when the status is
+-- accepted, else raises "docker <METHOD> <target> failed with <status>:
+-- <first 300 characters of the body>" (or "failed: <why>" with no answer).
+function Driver:call(method, target, accepted, o)
+  o = o or {}
+  local status, body = self:http(method, target,
+    { body = o.body, max = o.max or M.MAX_ANSWER, timeout_ms = self.call_timeout_ms })
+  if not status then fail(errors.RICH_DOCKER .. method .. " " .. target .. " failed: " .. tostring(body)) end
+  if not accepted[status] then
+    fail(string.format("%s%s %s failed with %d: %s", errors.RICH_DOCKER, method, target, status,
+      lasting.first_chars(body or "", M.BODY_CHARS)))
+  end
+  return status, body
+end
+
+function Driver:render_lasting(spec, logcfg)
+  return rich.render(spec, logcfg, rich.body)
+end
+
+function Driver:inspect_container(name)
+  local target = "/containers/" .. name .. "/json"
+  local status, body = self:call("GET", target, { [200] = true, [404] = true })
+  if status == 404 then return nil end
+  local facts = lasting.facts(json.decode(body))
+  if not facts then fail(errors.RICH_DOCKER .. "GET " .. target .. " answered no container") end
+  return facts
+end
+
+function Driver:create_lasting(r)
+  self:call("POST", "/containers/create?name=" .. urlencode(r.name), { [201] = true }, { body = r.rendered })
+end
+
+function Driver:start_lasting(name)
+  self:call("POST", "/containers/" .. name .. "/start", { [204] = true, [304] = true })
+end
+
+function Driver:remove_lasting(name)
+  self:call("DELETE", "/containers/" .. name .. "?force=true", { [200] = true, [204] = true, [404] = true })
+end
+
+function Driver:lasting_logs(name, n)
+  local status, body = self:call("GET", string.format("/containers/%s/logs?stdout=1&stderr=1&tail=%d", name, n),
+    { [200] = true, [404] = true }, { max = M.MAX_LOGS })
+  if status == 404 then return "" end
+  return core.docker_demux(body)
 end
 
 function Driver:release(h)

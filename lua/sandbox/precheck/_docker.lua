@@ -5,7 +5,7 @@
 --   driver.exec(spec, input, signal, {stdoutBytes=N}) -> stdout (yields)
 --   (a plain function member, as the spec's `driver` seam is called)
 --
--- The argv is lua/sandbox/runtime/container.lua's with the precheck's
+-- The argv is lua/sandbox/drivers/_sealed.lua's with the precheck's
 -- parameters (no labels, read-only workspace, `--entrypoint`); the run and
 -- the removal algorithm (3 tries x 5 s, one more removal 100 ms after an
 -- abort or a non-zero exit) are the driver contract's
@@ -13,7 +13,7 @@
 -- precheck container dies and is removed exactly like a sealed turn's.
 -- Raises the abort reason, `body too large`, `sandbox worker failed` or the
 -- cleanup error.
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local contract = require "sandbox.drivers.contract"
 
 local M = {}

@@ -1,25 +1,21 @@
 -- rich/_container.lua: the long-lived channel container's specification
--- (spec/rich-mode.md 5.2 checks, 5.3 settings): what any rich driver is
--- handed (5.1's spec) and the Engine API create body the built-in Docker
--- driver sends. Pure: no daemon call.
+-- (spec/rich-mode.md 5.2 checks, 5.3's log setting): what any rich driver is
+-- handed (5.1's spec), checked before any daemon call. Pure. The settings of
+-- 5.3 and their two Docker renderings (the Engine API create body, the
+-- `docker create` argv) are drivers/_rich.lua's.
 --
 --   container.check(spec, log) -> the checked log config {Type, Config}   (raises 5.2's errors)
 --   container.create_body(spec, logcfg) -> JSON text of POST /containers/create
+--                                         (drivers/_rich.lua's body)
 --   container.log_tag(channel) -> "sandbox/<channel>" with [^A-Za-z0-9_.:/-] as "_"
 local errors = require "sandbox.errors"
-local json = require "sandbox.json"
+local render = require "sandbox.drivers._rich"
 local runtime_options = require "sandbox.runtime._options"
 
 local M = {}
 
-M.MEMORY = 1536 * 1024 * 1024
-M.NANO_CPUS = 1000000000
-M.PIDS = 256
-M.NOFILE = 256
-M.TMPFS = "rw,nosuid,nodev,size=512m,mode=1777"
-M.BASE_URL = "http://127.0.0.1:8080/anthropic"
-M.DUMMY_TOKEN = "sandbox-dummy-token"
-M.CONTENT = "/app/worker/content.ts"
+M.MEMORY, M.NANO_CPUS, M.PIDS, M.NOFILE = render.MEMORY, render.NANO_CPUS, render.PIDS, render.NOFILE
+M.TMPFS, M.BASE_URL, M.DUMMY_TOKEN, M.CONTENT = render.TMPFS, render.BASE_URL, render.DUMMY_TOKEN, render.CONTENT
 M.LOG_NAME = "^[a-z0-9][a-z0-9_.-]*$"     -- 1-64
 
 local function fail(msg) error(msg, 0) end
@@ -87,47 +83,7 @@ function M.check(spec, log_option)
   return M.log_config(spec, log_option)
 end
 
--- The worker's environment, in the page's order. No host secret, ever.
-function M.env(spec)
-  return json.array {
-    "SANDBOX_PROFILE=" .. spec.profile, "TZ=" .. spec.timeZone, "ANTHROPIC_BASE_URL=" .. M.BASE_URL,
-    "CLAUDE_CODE_OAUTH_TOKEN=" .. M.DUMMY_TOKEN, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
-    "SANDBOX_CONTENT=" .. M.CONTENT, "HOME=/tmp/home", "PI_CODING_AGENT_DIR=/tmp/pi-agent",
-    "CLAUDE_CONFIG_DIR=/workspace/claude",
-  }
-end
-
-function M.create_body(spec, logcfg)
-  local o = json.object
-  local labels = o({ spec.labelChannel, spec.labelProfile },
-    { [spec.labelChannel] = spec.channel, [spec.labelProfile] = spec.profile })
-  local config = {}
-  local names = {}
-  for k, v in pairs(logcfg.Config) do names[#names + 1] = k config[k] = v end
-  table.sort(names)
-  return json.encode(o({ "Image", "User", "Env", "Labels", "NetworkDisabled", "HostConfig" }, {
-    Image = spec.image,
-    User = string.format("%d:%d", spec.uid, spec.gid),
-    Env = M.env(spec),
-    Labels = labels,
-    NetworkDisabled = true,
-    HostConfig = o({ "NetworkMode", "ReadonlyRootfs", "Tmpfs", "Memory", "MemorySwap", "NanoCpus",
-      "PidsLimit", "Ulimits", "CapDrop", "SecurityOpt", "Binds", "RestartPolicy", "LogConfig" }, {
-      NetworkMode = "none",
-      ReadonlyRootfs = true,
-      Tmpfs = o({ "/tmp" }, { ["/tmp"] = M.TMPFS }),
-      Memory = M.MEMORY,
-      MemorySwap = M.MEMORY,
-      NanoCpus = M.NANO_CPUS,
-      PidsLimit = M.PIDS,
-      Ulimits = json.array { o({ "Name", "Soft", "Hard" }, { Name = "nofile", Soft = M.NOFILE, Hard = M.NOFILE }) },
-      CapDrop = json.array { "ALL" },
-      SecurityOpt = json.array { "no-new-privileges" },
-      Binds = json.array { spec.runDir .. ":/run/sandbox:ro", spec.workspaceDir .. ":/workspace" },
-      RestartPolicy = o({ "Name" }, { Name = "unless-stopped" }),
-      LogConfig = o({ "Type", "Config" }, { Type = logcfg.Type, Config = o(names, config) }),
-    }),
-  }))
-end
+M.env = render.env
+M.create_body = render.body
 
 return M

@@ -57,7 +57,9 @@ function M.new(opts, seams)
     for _, c in pairs(rt.chans) do if c.broker then n = n + 1 end end
     return { running = n }
   end)
-  rt.driver = o.driver or docker.new { labelProfile = o.labelProfile }
+  -- a driver of the contract (sandbox.drivers.cli{} / .engine{}) runs the
+  -- long-lived lifecycle as the built-in one does (rich/docker.lua)
+  rt.driver = o.driver and docker.adapt(o.driver, o.labelProfile) or docker.new { labelProfile = o.labelProfile }
   rt.fetch = transport.new(o.fetchImpl)
   return rt
 end

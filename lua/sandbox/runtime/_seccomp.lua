@@ -9,23 +9,15 @@
 --
 --   seccomp.default_path()  -> the shipped profile of this Lua tree's layout
 --                              (<checkout>/worker/seccomp.json, ...), or nil
---   seccomp.load(path)      -> {path=, json= (compact text), count=} (raises
---                              `seccomp profile missing: <path>` /
---                              `seccomp profile invalid: <path>`); cached per path
---   seccomp.count(profile)  -> how many system calls the decoded profile allows
-local core = require "sandbox.core"
-local errors = require "sandbox.errors"
-local json = require "sandbox.json"
+--   seccomp.load(path) / seccomp.count(profile) / seccomp.forget([path])
+--                              the profile file as the drivers read it
+--                              (drivers/_seccomp.lua, re-exported here)
 local layout = require "sandbox.runtime.layout"
+local profile = require "sandbox.drivers._seccomp"
 
 local M = {}
 
 M.FILE = "seccomp.json"
-M.MAX_BYTES = 1048576
-
-local cache = {}
-
-local function fail(msg) error(msg, 0) end
 
 -- The shipped profile: in the worker image's build context of this Lua
 -- tree's layout (sandbox.runtime.layout: <checkout>/worker/, an installed
@@ -39,61 +31,7 @@ function M.default_path()
   return t and (t .. "/sandbox/" .. M.FILE) or nil
 end
 
--- The distinct system call names the profile allows (any allow rule).
-function M.count(profile)
-  local seen, n = {}, 0
-  for _, rule in ipairs(profile.syscalls) do
-    if rule.action == "SCMP_ACT_ALLOW" and json.kind(rule.names) == "array" then
-      for _, name in ipairs(rule.names) do
-        if type(name) == "string" and not seen[name] then
-          seen[name] = true
-          n = n + 1
-        end
-      end
-    end
-  end
-  return n
-end
-
--- A profile Docker can load: an object with a string defaultAction and an
--- array of syscall rules, each with an array of names and a string action.
-local function well_formed(p)
-  if json.kind(p) ~= "object" or type(p.defaultAction) ~= "string" or json.kind(p.syscalls) ~= "array" then
-    return false
-  end
-  for _, rule in ipairs(p.syscalls) do
-    if json.kind(rule) ~= "object" or json.kind(rule.names) ~= "array" or type(rule.action) ~= "string" then
-      return false
-    end
-  end
-  return true
-end
-
-function M.load(path)
-  if type(path) ~= "string" or path:sub(1, 1) ~= "/" or path:find("[%z,\r\n]") then
-    fail(errors.SECCOMP_MISSING .. tostring(path))
-  end
-  local hit = cache[path]
-  if hit then return hit end
-  local bytes = core.read_file_nofollow(path, M.MAX_BYTES)
-  if not bytes then
-    -- a link to the profile is the operator's own choice: follow it once
-    local real = core.realpath(path)
-    bytes = real and core.read_file_nofollow(real, M.MAX_BYTES)
-  end
-  if not bytes then fail(errors.SECCOMP_MISSING .. path) end
-  local ok, profile = pcall(json.decode, bytes)
-  if not ok or not well_formed(profile) then fail(errors.SECCOMP_INVALID .. path) end
-  local compact = json.encode(profile)
-  if not compact then fail(errors.SECCOMP_INVALID .. path) end
-  hit = { path = path, json = compact, count = M.count(profile) }
-  cache[path] = hit
-  return hit
-end
-
--- Forgets what load read (specs that rewrite a profile file).
-function M.forget(path)
-  if path then cache[path] = nil else cache = {} end
-end
+M.MAX_BYTES = profile.MAX_BYTES
+M.count, M.load, M.forget = profile.count, profile.load, profile.forget
 
 return M
