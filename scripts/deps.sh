@@ -5,6 +5,8 @@
 # `missing: <the fix>`. As root it installs what is missing: Debian packages
 # with apt-get (one `apt-get update` first, only when something is missing),
 # Bun from the npm registry, the MCP SDK for the spec fixtures (`npm ci`), the
+# Bun package's dev tools (`bun install` in bun/: TypeScript, which makes the
+# declarations `bun pm pack` ships), the
 # Docker daemon (started in the background when `docker info` does not answer;
 # machines without systemd are expected), and the `sbx` service account in the
 # `docker` group that the tests run as. As another user it installs nothing it
@@ -188,6 +190,26 @@ elif (cd "$FIXTURES" && npm ci --no-audit --no-fund >/tmp/sbx-npm-ci.$$.log 2>&1
 else
   line "spec fixtures (npm)" "missing: \`npm ci\` in $FIXTURES failed; tail of its log:"
   tail -n 15 /tmp/sbx-npm-ci.$$.log
+  failed=1
+fi
+
+# ---- the Bun package's dev tools (bun/node_modules: typescript, @types/bun) ----
+# Its prepack runs tsc from there (bun/scripts/build.ts); a stamp holding
+# bun.lock's hash says whether node_modules matches it.
+bun_stamp="bun/node_modules/.sbx-lock.sha256"
+bun_lock_hash() { sha256sum bun/bun.lock | cut -d' ' -f1; }
+if [ -f "$bun_stamp" ] && [ "$(cat "$bun_stamp")" = "$(bun_lock_hash)" ] && [ -x bun/node_modules/.bin/tsc ]; then
+  line "bun package dev tools" "ok"
+elif ! bun_ok; then
+  line "bun package dev tools" "missing: install bun first, then: (cd bun && bun install --frozen-lockfile)"
+  failed=1
+elif (cd bun && timeout 600 bun install --frozen-lockfile >/tmp/sbx-bun-install.$$.log 2>&1) && [ -x bun/node_modules/.bin/tsc ]; then
+  bun_lock_hash >"$bun_stamp"
+  line "bun package dev tools" "installed (bun install)"
+  rm -f /tmp/sbx-bun-install.$$.log
+else
+  line "bun package dev tools" "missing: \`bun install --frozen-lockfile\` in bun/ failed; tail of its log:"
+  tail -n 15 /tmp/sbx-bun-install.$$.log
   failed=1
 fi
 

@@ -14,12 +14,18 @@
 //                        prepack script). Elsewhere (an installed package):
 //                        copies an installed libsbx.so.0 into native/ when
 //                        native/ has none.
+//                        Then (prepack) dist/*.d.ts, the declaration files
+//                        the package's "types" name (tsc -p tsconfig.build.json,
+//                        the devDependency `bun install` put in node_modules/:
+//                        a consumer's checker reads them, under its
+//                        skipLibCheck, while Bun runs src/*.ts), and LICENSE
+//                        copied from the checkout's root.
 //   --install            the install script (postinstall): as `build` outside
 //                        a checkout, and it never fails the install (the
 //                        bridge also falls back to the system library path)
 //   --clean              the postpack script: in a checkout, removes what
-//                        build copied (the checkout's bridge loads build/
-//                        directly)
+//                        build copied or made (the checkout's bridge loads
+//                        build/ directly)
 // An installed library is looked for at $SBX_LIB, pkg-config's libdir of
 // sbx, the loader's cache (ldconfig -p), then /usr/local/lib and /usr/lib.
 import { chmodSync, copyFileSync, existsSync, mkdirSync, readdirSync, rmSync, statSync } from "node:fs";
@@ -104,6 +110,17 @@ function buildFromCheckout(): void {
   say(`native/libsbx.so, lua/ (${lua} modules) and worker/ (${workerLua} worker modules) copied from ${CHECKOUT}`);
 }
 
+/** dist/*.d.ts from src/ (see the header) and LICENSE; throws naming the fix. */
+function emitTypes(): void {
+  const tsc = join(PKG, "node_modules", ".bin", "tsc");
+  if (!existsSync(tsc)) throw new Error(`no TypeScript compiler at ${tsc}: run \`bun install\` in ${PKG} (make deps does)`);
+  rmSync(join(PKG, "dist"), { recursive: true, force: true });
+  const r = Bun.spawnSync([tsc, "-p", join(PKG, "tsconfig.build.json")], { cwd: PKG, stdout: "inherit", stderr: "inherit", timeout: 300_000 });
+  if (r.exitCode !== 0) throw new Error(`tsc -p tsconfig.build.json failed (exit ${r.exitCode ?? r.signalCode}): fix the type errors above`);
+  copy(join(CHECKOUT, "LICENSE"), join(PKG, "LICENSE"));
+  say(`dist/ (${filesUnder(join(PKG, "dist"), ".d.ts").length} declaration files) and LICENSE made`);
+}
+
 function fillNative(strict: boolean): void {
   const target = join(PKG, "native", "libsbx.so");
   if (existsSync(target)) return;
@@ -122,12 +139,14 @@ function fillNative(strict: boolean): void {
 
 try {
   if (mode === "--clean") {
-    if (inCheckout) for (const d of ["native", "lua", "worker"]) rmSync(join(PKG, d), { recursive: true, force: true });
+    if (inCheckout) for (const d of ["native", "lua", "worker", "dist", "LICENSE"]) rmSync(join(PKG, d), { recursive: true, force: true });
   } else if (mode === "--install") {
     if (!inCheckout) fillNative(false);
   } else if (mode === "--build") {
-    if (inCheckout) buildFromCheckout();
-    else fillNative(true);
+    if (inCheckout) {
+      buildFromCheckout();
+      emitTypes();
+    } else fillNative(true);
   } else {
     throw new Error(`unknown mode ${mode} (--build, --install, --clean)`);
   }

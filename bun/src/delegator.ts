@@ -68,7 +68,11 @@ export class DelegationError extends Error {
   override name = "DelegationError";
 }
 
-const rethrow = (err: unknown): never => rethrowAs(err, { DelegationError });
+// A declaration, not an arrow const: TypeScript's control flow treats only
+// declared functions returning never as ending the path (TS2366 otherwise).
+function rethrow(err: unknown): never {
+  return rethrowAs(err, { DelegationError });
+}
 
 export class ScopedSandboxDelegator {
   private readonly owner: string;

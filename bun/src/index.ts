@@ -315,7 +315,7 @@ export async function sandbox(options: SandboxOptions = {}): Promise<SandboxPlug
   if (logger) {
     // The engine's operator lines: (message, fields), never a payload.
     engine.registerOwner("logger", (fn, args) => {
-      const write = (logger as Record<string, unknown>)[fn];
+      const write = (logger as unknown as Record<string, unknown>)[fn];
       if (typeof write !== "function") return;
       const fields = (args[1] !== null && typeof args[1] === "object" ? args[1] : {}) as Record<string, unknown>;
       (write as (m: string, f: Record<string, unknown>) => void)(String(args[0] ?? ""), fields);
@@ -324,9 +324,10 @@ export async function sandbox(options: SandboxOptions = {}): Promise<SandboxPlug
 
   // spec/operations.md 6: the configured image must exist before the first
   // turn; a driver that cannot tell (a custom one) is not asked.
-  let image: { checked?: boolean; present?: boolean; error?: string } | null = null;
+  type ImageCheck = { checked?: boolean; present?: boolean; error?: string } | null;
+  let image: ImageCheck = null;
   try {
-    image = await engine.submit<typeof image>({ type: "image" });
+    image = await engine.submit<ImageCheck>({ type: "image" });
   } catch (err) {
     await stopEngine(engine);
     throw err;

@@ -70,7 +70,11 @@ export interface PrecheckScriptRunner {
   dispose(): Promise<void>;
 }
 
-const rethrow = (err: unknown): never => rethrowAs(err, {});
+// A declaration, not an arrow const: TypeScript's control flow treats only
+// declared functions returning never as ending the path (TS2366 otherwise).
+function rethrow(err: unknown): never {
+  return rethrowAs(err, {});
+}
 
 /** Builds the runner from a trusted Lua config script; throws its construction error. */
 export function precheckScriptRunner(options: PrecheckScriptRunnerOptions): PrecheckScriptRunner {

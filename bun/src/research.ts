@@ -106,7 +106,11 @@ function fnFlag(v: unknown): unknown {
   return typeof v === "function" ? true : v === null ? false : typeof v === "object" ? "not a function" : v;
 }
 
-const rethrow = (err: unknown): never => rethrowAs(err, { ResearchError, ConfigError });
+// A declaration, not an arrow const: TypeScript's control flow treats only
+// declared functions returning never as ending the path (TS2366 otherwise).
+function rethrow(err: unknown): never {
+  return rethrowAs(err, { ResearchError, ConfigError });
+}
 
 interface Load {
   tools: Map<string, (args: Record<string, unknown>, signal: AbortSignal) => unknown>;
@@ -268,7 +272,7 @@ export class SandboxResearchWorker {
       // The run's own outcome (the aborted text) is the worker's answer;
       // an abort before the session opened rejects with the caller's reason.
       if (signal?.aborted && !(err instanceof EngineError && err.info)) throw signal.reason;
-      rethrow(err);
+      return rethrow(err);
     } finally {
       signal?.removeEventListener("abort", onAbort);
     }

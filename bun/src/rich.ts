@@ -147,7 +147,11 @@ const PLAIN = RICH_PLAIN_OPTIONS;
 /** Every name the constructor takes: the engine's (generated) and the bridge's own. */
 const KNOWN = new Set<string>([...RICH_OPTION_NAMES, "docker", "library"]);
 
-const rethrow = (err: unknown): never => rethrowAs(err, {});
+// A declaration, not an arrow const: TypeScript's control flow treats only
+// declared functions returning never as ending the path (TS2366 otherwise).
+function rethrow(err: unknown): never {
+  return rethrowAs(err, {});
+}
 const isFn = (v: unknown): v is (...a: unknown[]) => unknown => typeof v === "function";
 
 function bodyBase64(body: unknown): string {

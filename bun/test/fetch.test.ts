@@ -196,7 +196,7 @@ describe("safeFetch", () => {
       const e = await failure(safeFetch("http://example.com/", bad as SafeFetchOptions));
       expect(e.message).toBe("Invalid fetch bounds");
     }
-    for (const headers of [{ host: "x" }, { "x-a": "a\r\nb" }, { "bad name": "x" }, { "proxy-authorization": "x" }]) {
+    for (const headers of <Record<string, string>[]>[{ host: "x" }, { "x-a": "a\r\nb" }, { "bad name": "x" }, { "proxy-authorization": "x" }]) {
       const e = await failure(safeFetch("http://example.com/", { headers }));
       expect(e.message).toBe("Invalid fetch headers");
     }

@@ -141,12 +141,12 @@ describe("PiSandboxRuntime turns", () => {
     if (!r.ok) return;
     expect(r.text).toBe('{"ok":true,"text":"you are ann"} | 200 {"type":"message","content":[]}');
     expect(r.files.length).toBe(1);
-    expect(r.files[0].name).toBe("note.txt");
-    expect(new TextDecoder().decode(r.files[0].data)).toBe("bytes!");
+    expect(r.files[0]!.name).toBe("note.txt");
+    expect(new TextDecoder().decode(r.files[0]!.data)).toBe("bytes!");
     expect(judged).toEqual([["hello", null]]);
     expect(toolCtx).toEqual([{ name: "whoami", input: { q: 1 }, speaker: { id: "123", name: "Ann", principalId: "ann" }, channel: "discord:party", aborted: false }]);
     expect(fetched).toEqual(["https://api.anthropic.com/v1/messages Bearer host-token"]);
-    const seen = [...fx.running.values()][0].loop.turns[0];
+    const seen = [...fx.running.values()][0]!.loop.turns[0]!;
     expect(seen.memory).toBe("memory of 123 in discord:party");
     expect(seen.thinking).toBe("high");
     expect(await rt.sessionsDir("discord:party")).toMatch(/\/discord_party\/workspace\/sessions$/);

@@ -15,6 +15,11 @@
 #   bun pm pack; bun add TGZ    in a fresh project outside the checkout: the
 #                               import by name, a turn, the image check
 #                               (bun_turn.ts)
+#   bun init -y; bun add TGZ; bunx tsc --noEmit   in another fresh project
+#                               with bun init's default tsconfig: every
+#                               "exports" entry and typed probes
+#                               (bun_types.ts) check with no error, from the
+#                               shipped dist/*.d.ts, never the package's src/
 #
 # usage: bash spec/install/install_test.sh   (from anywhere; `make all` first)
 # Build and install steps run as the invoking user (root in CI: they write
@@ -58,21 +63,22 @@ DEST="$BASE/dest"          # make install DESTDIR
 ROCKS="$BASE/rocks"        # luarocks make --tree
 PACK="$BASE/pack"          # bun pm pack --destination
 PROJ="$BASE/project"       # the Bun user's project
+TYPED="$BASE/typed"        # the TypeScript user's project (bun init -y)
 FIX="$BASE/fixtures"       # the fixtures, readable by the service account
 R="$BASE/r"                # the engine's roots and TMPDIR (the service account's, 0700)
-mkdir -p "$PACK" "$FIX" "$PROJ" "$R"
-cp "$HERE"/turn.c "$HERE"/turn.conf.lua "$HERE"/rock_turn.lua "$HERE"/bun_turn.ts "$FIX/"
+mkdir -p "$PACK" "$FIX" "$PROJ" "$TYPED" "$R"
+cp "$HERE"/turn.c "$HERE"/turn.conf.lua "$HERE"/rock_turn.lua "$HERE"/bun_turn.ts "$HERE"/bun_types.ts "$FIX/"
 chmod -R a+rX "$FIX" "$PACK"
 chmod 0700 "$R"
 RUN=()
 if is_root; then
-  chown "$SBX_USER:" "$R" "$PROJ"
+  chown "$SBX_USER:" "$R" "$PROJ" "$TYPED"
   RUN=(runuser -u "$SBX_USER" -- env "HOME=$(getent passwd "$SBX_USER" | cut -d: -f6)")
 fi
 cleanup() {
   [ "$DOCKER" = 1 ] && docker image rm "$TEST_TAG" "$CHECKOUT_TAG" >/dev/null 2>&1
   rm -rf "$BASE"
-  (cd "$SBX_ROOT/bun" && rm -rf native lua worker) 2>/dev/null  # a pack that died before postpack
+  (cd "$SBX_ROOT/bun" && rm -rf native lua worker dist LICENSE) 2>/dev/null  # a pack that died before postpack
 }
 trap cleanup EXIT
 # as_user CMD...: CMD as the service account (as root) or as this user, from /,
@@ -292,7 +298,7 @@ if ! have bun; then
   fail "bun pm pack" "bun is not installed (make deps)"
 else
   pack() { (cd bun && bun pm pack --destination "$PACK") && chmod -R a+rX "$PACK"; }
-  check "bun pm pack (prepack fills native/, lua/, worker/; postpack removes them again)" pack
+  check "bun pm pack (prepack fills native/, lua/, worker/, dist/, LICENSE; postpack removes them again)" pack
   TGZ="$PACK/pi-roundtable-sandbox-$VERSION.tgz"
   contents() {
     local list f missing=""
@@ -300,14 +306,18 @@ else
     for f in package.json src/index.ts src/ffi.ts src/options.conf.lua native/libsbx.so lua/sandbox/init.lua \
       lua/sandbox/embed/init.lua lua/sandbox/runtime/layout.lua worker/Dockerfile worker/sbx-worker worker/build-image \
       worker/image_lib.sh worker/seccomp.json \
-      worker/lua/agent.lua scripts/build.ts; do
+      worker/lua/agent.lua scripts/build.ts dist/index.d.ts dist/types.d.ts LICENSE; do
       grep -qx "package/$f" <<<"$list" || missing="$missing $f"
     done
     [ -z "$missing" ] || { echo "the tarball lacks:$missing"; return 1; }
     [ "$(grep -c '^package/lua/.*\.lua$' <<<"$list")" = "$(find lua -name '*.lua' | wc -l)" ] || { echo "not every Lua module"; return 1; }
-    [ ! -e bun/native ] && [ ! -e bun/lua ] && [ ! -e bun/worker ] || { echo "postpack left copies in bun/"; return 1; }
+    [ "$(grep -c '^package/src/.*\.ts$' <<<"$list")" = "$(grep -c '^package/dist/.*\.d\.ts$' <<<"$list")" ] ||
+      { echo "not one dist/*.d.ts per src/*.ts"; return 1; }
+    tar xzOf "$TGZ" package/LICENSE | cmp -s - LICENSE || { echo "package/LICENSE is not the repository's LICENSE"; return 1; }
+    [ ! -e bun/native ] && [ ! -e bun/lua ] && [ ! -e bun/worker ] && [ ! -e bun/dist ] && [ ! -e bun/LICENSE ] ||
+      { echo "postpack left copies in bun/"; return 1; }
   }
-  check "the packed tarball holds the TypeScript, native/libsbx.so, the Lua tree and the worker build context" contents
+  check "the packed tarball holds the TypeScript, its declarations (dist/), LICENSE, native/libsbx.so, the Lua tree and the worker build context" contents
   add() {
     local out
     cp "$FIX/bun_turn.ts" "$PROJ/bun_turn.ts" && chmod a+r "$PROJ/bun_turn.ts"
@@ -323,6 +333,29 @@ else
     [ "$out" = "$PROJ/node_modules/pi-roundtable-sandbox/native/libsbx.so true false" ] || { echo "$out"; return 1; }
   }
   check "bun add <tarball> in a project outside the checkout: import by name loads the package's native/libsbx.so" add
+  # The TypeScript user's project: bun init's own tsconfig and TypeScript (the
+  # npm registry is the only network this needs, as for `make deps`).
+  typed() {
+    local out entries
+    tsc_in() { (cd "$TYPED" && ${RUN[@]+"${RUN[@]}"} env "TMPDIR=$R" "BUN_INSTALL_CACHE_DIR=$R/bun-cache" "$@" 2>&1); }
+    out="$(tsc_in timeout 300 bun init -y)" || { echo "bun init -y: $out" | tail -n 5; return 1; }
+    [ -f "$TYPED/tsconfig.json" ] || { echo "bun init -y wrote no tsconfig.json"; return 1; }
+    out="$(tsc_in timeout 300 bun add "$TGZ")" || { echo "bun add: $out"; return 1; }
+    cp "$FIX/bun_types.ts" "$TYPED/bun_types.ts"
+    # One import per "exports" entry of the package as installed.
+    entries="$(tsc_in timeout 60 bun -e '
+      const p = require("./node_modules/pi-roundtable-sandbox/package.json");
+      Object.keys(p.exports).forEach((k, i) => console.log(`import * as entry${i} from "${p.name}${k.slice(1)}";`));')" ||
+      { echo "reading the exports: $entries"; return 1; }
+    [ "$(grep -c '^import \* as entry' <<<"$entries")" -ge 2 ] || { echo "exports read as: $entries"; return 1; }
+    printf '%s\n' "$entries" >"$TYPED/entries.ts"
+    is_root && chown "$SBX_USER:" "$TYPED/bun_types.ts" "$TYPED/entries.ts"
+    # bun init's tsconfig as it is, never less strict than today's template.
+    out="$(tsc_in timeout 300 bunx tsc --noEmit --strict --noUncheckedIndexedAccess --listFiles)" || { echo "bunx tsc --noEmit:"; grep -v '^/' <<<"$out" | head -n 20; return 1; }
+    grep -q '/node_modules/pi-roundtable-sandbox/dist/index\.d\.ts$' <<<"$out" || { echo "tsc did not read dist/index.d.ts"; return 1; }
+    ! grep '/node_modules/pi-roundtable-sandbox/src/' <<<"$out" || { echo "tsc read the package's sources, not its declarations"; return 1; }
+  }
+  check "bun init -y; bun add <tarball>; bunx tsc --noEmit: every exports entry type-checks from the shipped dist/*.d.ts" typed
   bun_turn() {
     local root; root="$(root_dir)"
     (cd "$PROJ" && ${RUN[@]+"${RUN[@]}"} env "TMPDIR=$R" bun bun_turn.ts "$root" "$IMAGE")
