@@ -278,6 +278,12 @@ end
 local FIELDS = { "model", "max_tokens", "messages", "system", "tools", "tool_choice", "thinking",
                  "output_config", "stream", "temperature", "top_p", "top_k", "stop_sequences" }
 
+-- The body's shape for json.decode_body (issue 21): every member build()
+-- reads; any other (metadata, service_tier, the guest's model, ...) is
+-- dropped unread, as 11.1 drops it from the rebuilt request.
+M.SHAPE = { unknown = "drop", members = {} }
+for _, k in ipairs(FIELDS) do if k ~= "model" then M.SHAPE.members[k] = true end end
+
 local function build(body, o)
   local ceiling = M.CEILINGS[o.level] or M.CEILINGS.low
   local out = { model = o.model }
