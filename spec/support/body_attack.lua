@@ -1,0 +1,118 @@
+-- body_attack.lua: hostile request bodies against a measured host process of
+-- rich brokers (spec/support/body_host.lua), for spec/rich/hostile_bodies_spec.lua
+-- and bench/body_memory_bench.lua (issue 21 item 2). The attacker is curl, a
+-- separate process, so the host's peak memory holds only what the host built.
+--
+--   local A = require "body_attack"
+--   A.body(route, fill, size) -> the JSON text (route: result_unknown, result_known,
+--        model_metadata, model_messages, compact_kept, compact_unknown; fill: A.FILLS key)
+--   A.run{ tree = dir|nil, kinds = {...}, attacks = {{i=, route=, file=}, ...}, dir = tmp }
+--     -> report {rss0_kb, hwm_kb, bystander, results}, answers {[n] = {status, body}}
+local M = {}
+
+M.MiB = 1024 * 1024
+-- Each route's body limit (spec/rich-mode.md 9 step 12, 10.5, 15.3's default).
+M.LIMITS = { result = 72 * M.MiB, model = 96 * M.MiB, compact = 32 * M.MiB }
+
+-- One element of a filler array, each a worst shape for Lua tables.
+M.FILLS = {
+  objects = "{}",
+  arrays = "[]",
+  deep = ("["):rep(60) .. ("]"):rep(60),
+  strings = '"a"',
+  names = '{"' .. ("n"):rep(200) .. '":0}',
+  members = '{"a":{},"b":[]}',
+}
+
+local HEADS = {
+  result_unknown = { '{"turnId":"T","result":{"ok":true,"text":"done","files":[]},"junk":[', "]}" },
+  result_known = { '{"turnId":"T","result":{"ok":true,"files":[],"text":[', "]}}" },
+  model_metadata = { '{"messages":[{"role":"user","content":"hi"}],"max_tokens":5,"metadata":[', "]}" },
+  model_messages = { '{"max_tokens":5,"messages":[', "]}" },
+  compact_kept = { '{"reason":"manual","tokensBefore":1,"firstKeptEntryId":"e1","isSplitTurn":false,'
+    .. '"messagesToSummarize":[],"turnPrefixMessages":[],"readFiles":[],"modifiedFiles":[],"keptMessages":[', "]}" },
+  compact_unknown = { '{"reason":"manual","tokensBefore":1,"firstKeptEntryId":"e1","isSplitTurn":false,'
+    .. '"messagesToSummarize":[],"turnPrefixMessages":[],"keptMessages":[],"readFiles":[],"modifiedFiles":[],"junk":[', "]}" },
+}
+
+function M.limit_of(route) return M.LIMITS[route:match("^(%a+)_")] end
+
+-- The body of `route` filled with `fill` up to at most `size` bytes; the
+-- result packet's turnId is `turn_id`.
+function M.body(route, fill, size, turn_id)
+  local h = HEADS[route]
+  local head = h[1]:gsub('"T"', '"' .. (turn_id or "t1") .. '"')
+  local el = M.FILLS[fill]
+  local n = (size - #head - #h[2] + 1) // (#el + 1)
+  return head .. (el .. ","):rep(n - 1) .. el .. h[2]
+end
+
+local function sh(cmd)
+  local p = assert(io.popen(cmd))
+  local out = p:read("a")
+  p:close()
+  return out
+end
+
+local function read(path)
+  local f = io.open(path, "r")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+function M.write(path, s)
+  local f = assert(io.open(path, "w"))
+  f:write(s)
+  f:close()
+end
+
+local PATHS = { result = "/worker/result", model = "/anthropic/v1/messages", compact = "/compaction/compact" }
+
+-- Starts the host on `tree` (nil: this checkout), runs every attack at once,
+-- and returns the host's report and each attack's answer.
+function M.run(o)
+  local json = require "sandbox.json"
+  local tree = o.tree or "."
+  local dir = o.dir
+  local env = ("LUA_PATH='%s/lua/?.lua;%s/lua/?/init.lua;;' LUA_CPATH='%s/build/lua/?.so;;' BODY_HOST_SUPPORT='%s'"):format(
+    tree, tree, tree, (o.support or "spec/support"))
+  if o.compact_max then env = env .. " BODY_HOST_COMPACT_MAX=" .. o.compact_max end
+  os.execute(("%s lua5.4 %s/body_host.lua %s %s >%s/host.log 2>&1 &"):format(env, o.support or "spec/support", dir,
+    table.concat(o.kinds, " "), dir))
+  for _ = 1, 600 do
+    if read(dir .. "/ready") then break end
+    os.execute("sleep 0.05")
+  end
+  assert(read(dir .. "/ready"), "the host did not start: " .. (read(dir .. "/host.log") or ""))
+  local cmds = {}
+  for n, a in ipairs(o.attacks) do
+    local kind = a.route:match("^(%a+)_")
+    local sock = ("%s/%d.sock"):format(dir, a.i)
+    local curl = ("curl -s -m 300 -H 'Expect:' --unix-socket %s -o %s/a%d.body -w '%%{http_code}'"):format(sock, dir, n)
+    local post = ("%s -H 'Content-Type: application/json' --data-binary @%s http://h%s >%s/a%d.status"):format(
+      curl, a.file, PATHS[kind], dir, n)
+    if kind == "result" then
+      post = ("curl -s -m 60 --unix-socket %s -o /dev/null http://h/worker/next; %s"):format(sock, post)
+    end
+    cmds[#cmds + 1] = "( " .. post .. " ) &"
+  end
+  sh(table.concat(cmds, "\n") .. "\nwait")
+  if o.settle_ms then os.execute(("sleep %.2f"):format(o.settle_ms / 1000)) end
+  M.write(dir .. "/done", "")
+  local report
+  for _ = 1, 600 do
+    report = read(dir .. "/report")
+    if report then break end
+    os.execute("sleep 0.05")
+  end
+  assert(report, "the host did not report: " .. (read(dir .. "/host.log") or ""))
+  local answers = {}
+  for n = 1, #o.attacks do
+    answers[n] = { status = tonumber(read(("%s/a%d.status"):format(dir, n)) or ""), body = read(("%s/a%d.body"):format(dir, n)) }
+  end
+  return json.decode(report), answers
+end
+
+return M
