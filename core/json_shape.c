@@ -389,8 +389,8 @@ static int scan_array(scan_t *s, int shape, int counted) {
   }
   for (;;) {
     skip_ws(s);
-    if (max >= 0 && n >= max) return fail(s, "too many items");
     size_t was = path_push_index(s, n);
+    if (max >= 0 && n >= max) return fail(s, "too many items");
     n++;
     if (counted && charge(s, COST_ELEMENT) != 0) return -1;
     if (scan_value(s, items, counted) != 0) return -1;

@@ -5,7 +5,8 @@
 --
 --   local A = require "body_attack"
 --   A.body(route, fill, size) -> the JSON text (route: result_unknown, result_known,
---        model_metadata, model_messages, compact_kept, compact_unknown; fill: A.FILLS key)
+--        model_metadata, model_messages, compact_kept, compact_unknown; fill: an A.FILLS
+--        key, or "mixed": the worst body the decode budget still accepts)
 --   A.run{ tree = dir|nil, kinds = {...}, attacks = {{i=, route=, file=}, ...}, dir = tmp }
 --     -> report {rss0_kb, hwm_kb, bystander, results}, answers {[n] = {status, body}}
 local M = {}
@@ -40,11 +41,24 @@ function M.limit_of(route) return M.LIMITS[route:match("^(%a+)_")] end
 -- The body of `route` filled with `fill` up to at most `size` bytes; the
 -- result packet's turnId is `turn_id`.
 function M.body(route, fill, size, turn_id)
+  if fill == "mixed" then return M.body_mixed(route, size, 3.05, turn_id) end
   local h = HEADS[route]
   local head = h[1]:gsub('"T"', '"' .. (turn_id or "t1") .. '"')
   local el = M.FILLS[fill]
   local n = (size - #head - #h[2] + 1) // (#el + 1)
   return head .. (el .. ","):rep(n - 1) .. el .. h[2]
+end
+
+-- The worst body the budget still lets through: one long string and enough
+-- empty objects that the scan's estimate comes to about `factor` x the body
+-- (a string costs about its bytes; "{}," about 80 per byte).
+function M.body_mixed(route, size, factor, turn_id)
+  local h = HEADS[route]
+  local head = h[1]:gsub('"T"', '"' .. (turn_id or "t1") .. '"')
+  local room = size - #head - #h[2] - 4
+  local q = math.floor(room * (factor - 1) / (80 - 1 + factor - 1))
+  local n = q // 3
+  return head .. '"' .. ("x"):rep(room - 3 * n) .. '",' .. ("{},"):rep(n - 1) .. "{}" .. h[2]
 end
 
 local function sh(cmd)
