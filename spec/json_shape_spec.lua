@@ -171,12 +171,12 @@ describe("core.json_decode_bounded", function()
 end)
 
 describe("json.decode_body", function()
-  it("takes at most 3x the body (16 MiB floor) of estimated memory, the last repeated member winning", function()
-    assert.equal(16 * 1024 * 1024, json.body_budget(10))
+  it("takes at most 3x the body (32 MiB floor) of estimated memory, the last repeated member winning", function()
+    assert.equal(32 * 1024 * 1024, json.body_budget(10))
     assert.equal(300 * 1024 * 1024, json.body_budget(100 * 1024 * 1024))
     local v = json.decode_body('{"a":1,"a":2}')
     assert.equal(2, v.a)
-    local s = "[" .. ("{},"):rep(3000000) .. "{}]"
+    local s = "[" .. ("{},"):rep(6000000) .. "{}]"
     local r, why = json.decode_body(s)
     assert.is_nil(r)
     assert.equal("too large", why)

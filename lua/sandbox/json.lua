@@ -10,7 +10,7 @@
 --   json.decode_body(s[, shape])   an untrusted request body, shape first and
 --                     bounded (core/json_shape.c): the text is scanned against
 --                     the shape and the budget (json.body_budget(#s): at most
---                     3x the body, 16 MiB floor, of estimated Lua memory)
+--                     3x the body, 32 MiB floor, of estimated Lua memory)
 --                     before anything is built; a repeated member's last
 --                     value wins. -> value | nil, why[, path]
 --   json.cost(s[, shape])  the scan's estimate of what decoding s would take
@@ -39,7 +39,7 @@ function M.decode_last(s) return core.json_decode(s, nil, LAST_WINS) end
 -- BODY_FACTOR times the body (so the host holds at most about 4x a body at
 -- its limit: the bytes and their values), or BODY_FLOOR for small bodies.
 M.BODY_FACTOR = 3
-M.BODY_FLOOR = 16 * 1024 * 1024
+M.BODY_FLOOR = 32 * 1024 * 1024
 function M.body_budget(n) return math.max(M.BODY_FLOOR, M.BODY_FACTOR * n) end
 
 function M.decode_body(s, shape)
