@@ -10,6 +10,9 @@
 -- Without bounded, shape-first decoding the host takes about 64x each body
 -- (bench/results.md): several GB here.
 local A = require "body_attack"
+local async = require "sandbox.async"
+local harness = require "rich_harness"
+local json = require "sandbox.json"
 local spec_fs = require "spec_fs"
 
 local MiB = A.MiB
@@ -93,5 +96,122 @@ describe("rich broker: hostile bodies at their limits from several channels (iss
     local peak = (report.hwm_kb - report.rss0_kb) * 1024
     assert.is_true(peak <= FACTOR * total + SLACK,
       ("host peak %.0f MiB for %.0f MiB of bodies (%.2fx)"):format(peak / MiB, total / MiB, peak / total))
+  end)
+end)
+
+-- The same rules, route by route, in this process (fast; not #slow).
+describe("rich broker: bodies are judged by their shape before anything is built (issue 21)", function()
+  local TURN = { turnId = "t1", author = { id = "1", name = "A", principalId = "a" }, text = "hi", memory = "",
+    memoryVisibility = "private", images = {}, thinking = "high" }
+  local GOOD = '{"turnId":"t1","result":{"ok":true,"text":"done","files":[]}}'
+  local h
+  after_each(function() if h then h:stop() h = nil end end)
+
+  local function audit_reasons()
+    local out = {}
+    for _, l in ipairs(h.logs) do
+      if l.msg == "broker refused" or l.msg == "broker call" then out[#out + 1] = l.fields.reason or "-" end
+    end
+    return out
+  end
+
+  it("a result packet with an unknown member anywhere gets 400 Invalid result and resolves nothing; the good packet then does", function()
+    h = harness.new {}
+    async.run(function()
+      local res
+      local exec = async.spawn(function() res = h.b:execute(TURN) end)
+      assert.equal(200, h:get("/worker/next").status)
+      for _, bad in ipairs {
+        '{"turnId":"t1","result":{"ok":true,"text":"done","files":[]},"junk":[{},{}]}',
+        '{"turnId":"t1","result":{"ok":true,"text":"done","files":[],"usage":{}}}',
+        '{"turnId":"t1","result":{"ok":true,"text":"done","files":[{"name":"a.txt","data":"aGk=","mode":"755"}]}}',
+        '{"junk":' .. ("["):rep(64) .. ("]"):rep(64) .. ',"turnId":"t1","result":{"ok":true,"text":"done","files":[]}}',
+      } do
+        local r = h:post("/worker/result", bad)
+        assert.equal(400, r.status, bad)
+        assert.equal("Invalid result", r.body)
+      end
+      local r = h:post("/worker/result", GOOD)
+      assert.equal(200, r.status)
+      async.wait(exec)
+      assert.equal("done", res.text)
+    end)
+  end)
+
+  it("a ready handshake with an unknown member gets 400 Invalid ready handshake and the broker stays unready", function()
+    h = harness.new {}
+    async.run(function()
+      local r = h:post("/worker/ready", '{"capabilities":{"privateTo":true},"privateHistory":false,"extra":[{}]}')
+      assert.equal(400, r.status)
+      assert.equal("Invalid ready handshake", r.body)
+      r = h:post("/worker/ready", '{"capabilities":{"privateTo":true,"sandbox":true}}')
+      assert.equal(400, r.status)
+      assert.is_false(h.b.ready)
+      r = h:post("/worker/ready", '{"capabilities":{"privateTo":true,"readerRecords":true},"privateHistory":false}')
+      assert.equal(200, r.status)
+      assert.is_true(h.b.ready)
+    end)
+  end)
+
+  it("a model body's unknown members are dropped unread; one whose decode would pass the budget gets 400 Invalid input (body_too_large)", function()
+    local up = require("anthropic_upstream").start()
+    h = harness.new { up = up }
+    local ok, err = pcall(async.run, function()
+      up:reset()
+      up:push { require("anthropic_upstream").sse_text("hi") }
+      h:bind()
+      local junk = "[" .. ("{},"):rep(100000) .. "{}]"
+      local r = h:post("/anthropic/v1/messages", '{"metadata":' .. junk .. ',"messages":[{"role":"user","content":"hi"}],'
+        .. '"service_tier":{"x":' .. junk .. '},"max_tokens":5}')
+      assert.equal(200, r.status)
+      local sent = json.decode(h.fetched[1].body)
+      assert.is_nil(sent.metadata)
+      assert.is_nil(sent.service_tier)
+      assert.equal("hi", sent.messages[1].content)
+      local body = '{"messages":[' .. ("{},"):rep(12 * 1024 * 1024 // 3) .. '{}]}'
+      r = h:post("/anthropic/v1/messages", body)
+      assert.equal(400, r.status)
+      assert.equal("Invalid input", r.body)
+      assert.equal(1, #h.fetched)
+      assert.equal("body_too_large", audit_reasons()[2])
+    end)
+    up:stop()
+    assert(ok, err)
+  end)
+
+  it("a tool or MCP body's other members are dropped unread", function()
+    local seen
+    h = harness.new { over = { tools = { names = { "lookup" }, call = function(_, input) seen = input return { ok = true, text = "ok" } end } } }
+    async.run(function()
+      h:bind()
+      local r = h:post("/tools/lookup", '{"channel":' .. "[" .. ("{},"):rep(50000) .. '{}],"input":{"q":"x"}}')
+      assert.equal(200, r.status)
+      assert.equal("x", seen.q)
+    end)
+  end)
+
+  it("a compaction request with an unknown member falls back as invalid before the compactor runs; a report with one gets 400", function()
+    local calls = 0
+    h = harness.new { over = { compaction = { engine = "my-compaction", compact = function(req)
+      calls = calls + 1
+      return { summary = "s", firstKeptEntryId = req.firstKeptEntryId, tokensBefore = 1 }
+    end }, turnTimeoutMs = 600000 } }
+    async.run(function()
+      h:bind()
+      local base = '{"reason":"manual","tokensBefore":1,"firstKeptEntryId":"e1","isSplitTurn":false,'
+        .. '"messagesToSummarize":[],"turnPrefixMessages":[],"keptMessages":[{"role":"user","content":"hi"}],'
+        .. '"readFiles":[],"modifiedFiles":[]'
+      local r = h:post("/compaction/compact", base .. ',"junk":[{}]}')
+      assert.equal('{"ok":false,"fallback":"the request is invalid"}', r.body)
+      assert.equal(0, calls)
+      r = h:post("/compaction/compact", base .. "}")
+      assert.equal(200, r.status)
+      assert.equal(1, calls)
+      r = h:post("/compaction/report", '{"type":"bypass","reason":"r","tokensBefore":1,"junk":{}}')
+      assert.equal(400, r.status)
+      assert.equal("Invalid report", r.body)
+      r = h:post("/compaction/report", '{"type":"bypass","reason":"r","tokensBefore":1}')
+      assert.equal(200, r.status)
+    end)
   end)
 end)
