@@ -301,10 +301,25 @@ static int member_lookup(lua_State *L, int members, const char *name, size_t n) 
   return 0;
 }
 
+/* After a member or an element: 1 at ',' (another follows), 0 at the
+ * closing byte, -1 otherwise. */
+static int after_value(scan_t *s, unsigned char close) {
+  skip_ws(s);
+  if (s->p < s->end && *s->p == ',') {
+    s->p++;
+    return 1;
+  }
+  if (s->p < s->end && *s->p == close) {
+    s->p++;
+    return 0;
+  }
+  return fail(s, "invalid json");
+}
+
 /* Object, s->p just after '{'. unknown: 0 refuse, 1 drop, 2 keep. */
 static int scan_object(scan_t *s, int shape, int counted) {
   lua_State *L = s->L;
-  int members = 0, unknown = 2, top = lua_gettop(L);
+  int members = 0, unknown = 2, top = lua_gettop(L), more;
   char name[NAME_MAX_BYTES];
   if (shape != 0) {
     if (shape_field(L, shape, "members") == LUA_TTABLE) {
@@ -326,7 +341,7 @@ static int scan_object(scan_t *s, int shape, int counted) {
     lua_settop(L, top);
     return 0;
   }
-  for (;;) {
+  do {
     size_t nlen, raw;
     int escaped, sub = 0, keep = counted;
     skip_ws(s);
@@ -354,25 +369,15 @@ static int scan_object(scan_t *s, int shape, int counted) {
     if (scan_value(s, sub, keep) != 0) return -1;
     lua_settop(L, members != 0 ? members : top);
     path_pop(s, was);
-    skip_ws(s);
-    if (s->p >= s->end) return fail(s, "invalid json");
-    if (*s->p == ',') {
-      s->p++;
-      continue;
-    }
-    if (*s->p == '}') {
-      s->p++;
-      break;
-    }
-    return fail(s, "invalid json");
-  }
+    if ((more = after_value(s, '}')) < 0) return -1;
+  } while (more);
   lua_settop(L, top);
   return 0;
 }
 
 static int scan_array(scan_t *s, int shape, int counted) {
   lua_State *L = s->L;
-  int items = 0, top = lua_gettop(L);
+  int items = 0, top = lua_gettop(L), more;
   lua_Integer max = -1, n = 0;
   if (shape != 0) {
     if (shape_field(L, shape, "items") == LUA_TTABLE) items = lua_gettop(L);
@@ -387,7 +392,7 @@ static int scan_array(scan_t *s, int shape, int counted) {
     lua_settop(L, top);
     return 0;
   }
-  for (;;) {
+  do {
     skip_ws(s);
     size_t was = path_push_index(s, n);
     if (max >= 0 && n >= max) return fail(s, "too many items");
@@ -395,18 +400,8 @@ static int scan_array(scan_t *s, int shape, int counted) {
     if (counted && charge(s, COST_ELEMENT) != 0) return -1;
     if (scan_value(s, items, counted) != 0) return -1;
     path_pop(s, was);
-    skip_ws(s);
-    if (s->p >= s->end) return fail(s, "invalid json");
-    if (*s->p == ',') {
-      s->p++;
-      continue;
-    }
-    if (*s->p == ']') {
-      s->p++;
-      break;
-    }
-    return fail(s, "invalid json");
-  }
+    if ((more = after_value(s, ']')) < 0) return -1;
+  } while (more);
   lua_settop(L, top);
   return 0;
 }

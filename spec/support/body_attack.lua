@@ -9,6 +9,8 @@
 --        key, or "mixed": the worst body the decode budget still accepts)
 --   A.run{ tree = dir|nil, kinds = {...}, attacks = {{i=, route=, file=}, ...}, dir = tmp }
 --     -> report {rss0_kb, hwm_kb, bystander, results}, answers {[n] = {status, body}}
+local spec_fs = require "spec_fs"
+
 local M = {}
 
 M.MiB = 1024 * 1024
@@ -68,19 +70,8 @@ local function sh(cmd)
   return out
 end
 
-local function read(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-function M.write(path, s)
-  local f = assert(io.open(path, "w"))
-  f:write(s)
-  f:close()
-end
+local read = spec_fs.read
+M.write = spec_fs.write
 
 local PATHS = { result = "/worker/result", model = "/anthropic/v1/messages", compact = "/compaction/compact" }
 
