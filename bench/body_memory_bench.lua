@@ -38,6 +38,8 @@ local CASES = {
   { "compact", "compact_kept", "objects", "keptMessages full of {}" },
   { "compact", "compact_unknown", "objects", "an unknown member full of {}" },
   { "compact", "compact_kept", "mixed", "the worst mix the budget accepts" },
+  { "sealed", "sealed_junk", "objects", "sealed /model, a member full of {}" },
+  { "precheck", "precheck_junk", "objects", "precheck call, a member full of {}" },
 }
 
 local function tmpdir()
@@ -60,13 +62,13 @@ end
 
 local function row(label, tree, c, size)
   local x, peak, n, status, by = measure(tree, c[1], c[2], c[3], size)
-  print(("%-7s %-16s %-8s %-34s %4d MiB  peak %6.0f MiB  %6.2fx  answer %s  bystander %d ok %d failed"):format(
-    label, c[2], c[3], c[4], n // MiB, peak / MiB, x, tostring(status), by.ok, by.failed))
+  print(("%-7s %-16s %-8s %-34s %6.2f MiB  peak %6.0f MiB  %6.2fx  answer %s  bystander %d ok %d failed"):format(
+    label, c[2], c[3], c[4], n / MiB, peak / MiB, x, tostring(status), by.ok, by.failed))
 end
 
 print("host peak memory per body (VmHWM over the listening RSS) / body bytes")
 for _, c in ipairs(CASES) do
-  if BEFORE then row("before", BEFORE, c, BEFORE_SIZE) end
+  if BEFORE then row("before", BEFORE, c, math.min(BEFORE_SIZE, A.limit_of(c[2]))) end
   row("after", here, c, A.limit_of(c[2]))
 end
 

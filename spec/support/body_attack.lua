@@ -15,7 +15,8 @@ local M = {}
 
 M.MiB = 1024 * 1024
 -- Each route's body limit (spec/rich-mode.md 9 step 12, 10.5, 15.3's default).
-M.LIMITS = { result = 72 * M.MiB, model = 96 * M.MiB, compact = 32 * M.MiB }
+M.LIMITS = { result = 72 * M.MiB, model = 96 * M.MiB, compact = 32 * M.MiB,
+  sealed = 256 * 1024, precheck = 64 * 1024 }
 
 -- One element of a filler array, each a worst shape for Lua tables.
 M.FILLS = {
@@ -34,6 +35,8 @@ local HEADS = {
   model_messages = { '{"max_tokens":5,"messages":[', "]}" },
   compact_kept = { '{"reason":"manual","tokensBefore":1,"firstKeptEntryId":"e1","isSplitTurn":false,'
     .. '"messagesToSummarize":[],"turnPrefixMessages":[],"readFiles":[],"modifiedFiles":[],"keptMessages":[', "]}" },
+  sealed_junk = { '{"messages":[{"role":"user","content":"hi"}],"junk":[', "]}" },
+  precheck_junk = { '{"jsonrpc":"2.0","id":1,"method":"tools/call","junk":[', "]}" },
   compact_unknown = { '{"reason":"manual","tokensBefore":1,"firstKeptEntryId":"e1","isSplitTurn":false,'
     .. '"messagesToSummarize":[],"turnPrefixMessages":[],"keptMessages":[],"readFiles":[],"modifiedFiles":[],"junk":[', "]}" },
 }
@@ -73,7 +76,8 @@ end
 local read = spec_fs.read
 M.write = spec_fs.write
 
-local PATHS = { result = "/worker/result", model = "/anthropic/v1/messages", compact = "/compaction/compact" }
+local PATHS = { result = "/worker/result", model = "/anthropic/v1/messages", compact = "/compaction/compact",
+  sealed = "/model", precheck = "/model" }
 
 -- Starts the host on `tree` (nil: this checkout), runs every attack at once,
 -- and returns the host's report and each attack's answer.
@@ -96,8 +100,9 @@ function M.run(o)
     local kind = a.route:match("^(%a+)_")
     local sock = ("%s/%d.sock"):format(dir, a.i)
     local curl = ("curl -s -m 300 -H 'Expect:' --unix-socket %s -o %s/a%d.body -w '%%{http_code}'"):format(sock, dir, n)
-    local post = ("%s -H 'Content-Type: application/json' --data-binary @%s http://h%s >%s/a%d.status"):format(
-      curl, a.file, PATHS[kind], dir, n)
+    local host = (kind == "sealed" or kind == "precheck") and "broker" or "h"     -- core/http_head.h
+    local post = ("%s -H 'Content-Type: application/json' --data-binary @%s http://%s%s >%s/a%d.status"):format(
+      curl, a.file, host, PATHS[kind], dir, n)
     if kind == "result" then
       post = ("curl -s -m 60 --unix-socket %s -o /dev/null http://h/worker/next; %s"):format(sock, post)
     end

@@ -13,6 +13,8 @@
 --   compact    a host compactor is configured (maxRequestBytes: BODY_HOST_COMPACT_MAX)
 --   bystander  a worker in this process serves turn after turn, each making
 --              one model call, until the end: every turn must succeed
+--   sealed, precheck   core.broker_listen (the sealed / precheck policy, its
+--              body limit) with one route, /model, answering 200 {}
 -- Once listening it collects garbage, resets the peak (/proc/self/clear_refs)
 -- and writes DIR/ready ({rss_kb}). When DIR/done appears it writes DIR/report
 -- ({rss0_kb, hwm_kb, bystander = {ok, failed}, results = {[i] = outcome}}) and
@@ -76,8 +78,16 @@ async.run(function()
       opts.compaction = { engine = "bench", compact = compactor,
         maxRequestBytes = tonumber(os.getenv("BODY_HOST_COMPACT_MAX") or "") }
     end
-    local b = rich.broker(opts)
     local sock = dir .. "/" .. i .. ".sock"
+    if kind == "sealed" or kind == "precheck" then
+      -- The C listener of the sealed and precheck brokers (it judges and
+      -- decodes the body itself, then hands the value to Lua).
+      local l = assert(core.broker_listen { path = sock, routes = { "/model" }, max_calls = 1000, policy = kind == "precheck" and "precheck" or "broker",
+        max_body = kind == "precheck" and 65536 or nil, on_call = function(call) call:reply(200, "{}") end })
+      brokers[i] = { stop = function() l:stop() end }
+      goto next
+    end
+    local b = rich.broker(opts)
     assert(b:listen(sock))
     brokers[i] = b
     if kind == "bystander" then
@@ -111,6 +121,7 @@ async.run(function()
         end)
       end
     end
+    ::next::
   end
   collectgarbage()
   collectgarbage()
@@ -125,6 +136,6 @@ async.run(function()
   local res = {}
   for i = 1, #kinds do res[i] = results[i] or json.null end
   write(dir .. "/report", json.encode(json.jsonable({ rss0_kb = rss0, hwm_kb = hwm, bystander = by, results = json.array(res) })))
-  for _, b in ipairs(brokers) do b:stop() end
+  for _, b in ipairs(brokers) do b.stop(b) end
 end)
 os.exit(0)
