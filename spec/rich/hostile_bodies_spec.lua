@@ -99,6 +99,25 @@ describe("rich broker: hostile bodies at their limits from several channels (iss
   end)
 end)
 
+describe("sealed and precheck listeners: hostile bodies at their limits from several listeners (issue 21)", function()
+  -- core/listener.c decodes these bodies whole (it is being rewritten into
+  -- the shared connection engine; sbx__json_decode_bounded is its bounded
+  -- entry): the bound is the body limit itself, 256 KiB / 64 KiB, one call in
+  -- flight per listener, about 64x each (bench/results.md). This pins it.
+  it("answers each, serves the bystander, and stays within 80x the bodies", function()
+    local kinds = { "sealed", "sealed", "precheck", "precheck", "bystander" }
+    local attacks = {
+      { i = 1, route = "sealed_junk", fill = "objects" }, { i = 2, route = "sealed_junk", fill = "deep" },
+      { i = 3, route = "precheck_junk", fill = "objects" }, { i = 4, route = "precheck_junk", fill = "arrays" },
+    }
+    local report, answers, total = run(attacks, kinds)
+    for n = 1, 4 do assert.equal(200, answers[n].status) end
+    assert.equal(0, report.bystander.failed)
+    local peak = (report.hwm_kb - report.rss0_kb) * 1024
+    assert.is_true(peak <= 80 * total + SLACK, ("host peak %.1f MiB for %.2f MiB of bodies"):format(peak / MiB, total / MiB))
+  end)
+end)
+
 -- The same rules, route by route, in this process (fast; not #slow).
 describe("rich broker: bodies are judged by their shape before anything is built (issue 21)", function()
   local TURN = { turnId = "t1", author = { id = "1", name = "A", principalId = "a" }, text = "hi", memory = "",

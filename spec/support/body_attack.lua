@@ -88,7 +88,8 @@ function M.run(o)
   local env = ("LUA_PATH='%s/lua/?.lua;%s/lua/?/init.lua;;' LUA_CPATH='%s/build/lua/?.so;;' BODY_HOST_SUPPORT='%s'"):format(
     tree, tree, tree, (o.support or "spec/support"))
   if o.compact_max then env = env .. " BODY_HOST_COMPACT_MAX=" .. o.compact_max end
-  os.execute(("%s lua5.4 %s/body_host.lua %s %s >%s/host.log 2>&1 &"):format(env, o.support or "spec/support", dir,
+  -- (an ASan pass preloads its runtime: the measured host and curl go without)
+  os.execute(("env -u LD_PRELOAD %s lua5.4 %s/body_host.lua %s %s >%s/host.log 2>&1 &"):format(env, o.support or "spec/support", dir,
     table.concat(o.kinds, " "), dir))
   for _ = 1, 600 do
     if read(dir .. "/ready") then break end
@@ -108,7 +109,7 @@ function M.run(o)
     end
     cmds[#cmds + 1] = "( " .. post .. " ) &"
   end
-  sh(table.concat(cmds, "\n") .. "\nwait")
+  sh("unset LD_PRELOAD\n" .. table.concat(cmds, "\n") .. "\nwait")
   if o.settle_ms then os.execute(("sleep %.2f"):format(o.settle_ms / 1000)) end
   M.write(dir .. "/done", "")
   local report
