@@ -136,6 +136,25 @@ describe("core.json_decode_bounded", function()
     end)
   end)
 
+  it("scans every kept string with a reflection filter; a dropped member is never read", function()
+    local f = core.reflect_filter("sk-secret-key")
+    local shape = { unknown = "drop", members = { a = true } }
+    local v, why = bounded('{"a":"x sk-secret-key y"}', { budget = BIG, shape = shape, filter = f })
+    assert.is_nil(v)
+    assert.equal("reflection", why)
+    v = bounded('{"a":"fine","junk":"sk-secret-key"}', { budget = BIG, shape = shape, filter = f })
+    assert.equal("fine", v.a)
+  end)
+
+  it("json_shape_check runs the scan alone and names where it stops", function()
+    assert.is_true(core.json_shape_check('{"a":[1]}', { members = { a = true } }))
+    local ok, why, path = core.json_shape_check('{"a":{"b":[{"c":1}]}}', { members = { a = { members = { b = { items = { members = {} } } } } } })
+    assert.is_nil(ok)
+    assert.equal("unknown member", why)
+    assert.equal("$.a.b[0].c", path)
+    assert.equal("too large", select(2, core.json_shape_check('[{},{}]', {}, 100)))
+  end)
+
   describe("the budget", function()
     it("refuses a body whose decode would pass it, for every worst shape, before building anything", function()
       for _, el in ipairs { "{}", "[]", '"a"', "0", '{"a":{}}', ("["):rep(30) .. ("]"):rep(30) } do
