@@ -18,8 +18,9 @@
  *     scan has read budget/cost_of("{}") bytes, having allocated nothing.
  *  2. build: only then is the value built, with json.c's decoder
  *     (sbx__json_decode_flags) for every kept subtree; an object whose shape
- *     drops unknown members is built here member by member, so a dropped
- *     member is never decoded.
+ *     drops unknown members, and an array with an items shape, are built
+ *     here member by member (element by element), so a dropped member is
+ *     never decoded.
  *
  * A shape is a Lua table (read in place, nothing compiled or cached):
  *   { members = { name = <shape> | true, ... }, unknown = "refuse" | "drop" | "keep",
@@ -28,8 +29,10 @@
  * array; a value of another kind is left to the route to judge (so its own
  * refusal texts stay), and `true` means any value. `unknown` defaults to
  * "refuse" when `members` is given. "drop" is honoured on the root object
- * and on objects reached from it through dropping objects only (deeper, a
- * kept subtree is decoded whole; give such objects "refuse" or "keep").
+ * and on objects reached from it through dropping objects and arrays with
+ * an items shape only (below a refusing or keeping object a subtree is
+ * decoded whole, and counted whole). A shape may refer to itself (a content
+ * block holding content blocks): it is only walked as deep as the text.
  *
  * The cost model (COST_* below) is measured on Lua 5.4 x86-64 with glibc
  * (bench/body_memory_bench.lua prints the measured figures); it counts
@@ -52,6 +55,7 @@
 /* json.c's registry keys (the metatable of objects and the order table). */
 #define SHAPE_OBJECT_MT_KEY "sbx.json.object_mt"
 #define SHAPE_ORDER_KEY     "sbx.json.order"
+#define SHAPE_ARRAY_MT_KEY  "sbx.json.array_mt"
 
 /* Upper bounds, in bytes, of what json.c's decoder allocates. */
 #define COST_TABLE      72     /* a Table (56) in its malloc chunk */
@@ -272,7 +276,7 @@ static int scan_number(scan_t *s, int counted) {
 
 /* ---- values --------------------------------------------------------------- */
 
-static int scan_value(scan_t *s, int shape, int counted);
+static int scan_value(scan_t *s, int shape, int counted, int honoured);
 
 /* The field `key` of the shape table at idx pushed (nil when idx is 0). */
 static int shape_field(lua_State *L, int idx, const char *key) {
@@ -317,7 +321,10 @@ static int after_value(scan_t *s, unsigned char close) {
 }
 
 /* Object, s->p just after '{'. unknown: 0 refuse, 1 drop, 2 keep. */
-static int scan_object(scan_t *s, int shape, int counted) {
+/* honoured: the build will make this value member by member (its parents
+ * are all dropping objects or arrays with an items shape), so a member its
+ * shape drops is never built and need not be counted. */
+static int scan_object(scan_t *s, int shape, int counted, int honoured) {
   lua_State *L = s->L;
   int members = 0, unknown = 2, top = lua_gettop(L), more;
   char name[NAME_MAX_BYTES];
@@ -357,7 +364,7 @@ static int scan_object(scan_t *s, int shape, int counted) {
         s->why = NULL;
         return fail(s, "unknown member");
       } else if (unknown == 1) {
-        keep = 0;
+        if (honoured) keep = 0;              /* never built (else built whole: counted) */
       }
     }
     if (keep && charge(s, COST_MEMBER + COST_STRING + raw + (escaped && raw > JSON_STR_STACK ? raw + COST_BOX : 0)) != 0)
@@ -366,7 +373,7 @@ static int scan_object(scan_t *s, int shape, int counted) {
     if (s->p >= s->end || *s->p != ':') return fail(s, "invalid json");
     s->p++;
     skip_ws(s);
-    if (scan_value(s, sub, keep) != 0) return -1;
+    if (scan_value(s, sub, keep, honoured && unknown == 1 && members != 0) != 0) return -1;
     lua_settop(L, members != 0 ? members : top);
     path_pop(s, was);
     if ((more = after_value(s, '}')) < 0) return -1;
@@ -375,7 +382,7 @@ static int scan_object(scan_t *s, int shape, int counted) {
   return 0;
 }
 
-static int scan_array(scan_t *s, int shape, int counted) {
+static int scan_array(scan_t *s, int shape, int counted, int honoured) {
   lua_State *L = s->L;
   int items = 0, top = lua_gettop(L), more;
   lua_Integer max = -1, n = 0;
@@ -398,7 +405,7 @@ static int scan_array(scan_t *s, int shape, int counted) {
     if (max >= 0 && n >= max) return fail(s, "too many items");
     n++;
     if (counted && charge(s, COST_ELEMENT) != 0) return -1;
-    if (scan_value(s, items, counted) != 0) return -1;
+    if (scan_value(s, items, counted, honoured && items != 0) != 0) return -1;
     path_pop(s, was);
     if ((more = after_value(s, ']')) < 0) return -1;
   } while (more);
@@ -412,7 +419,7 @@ static int literal(scan_t *s, const char *lit, size_t n) {
   return 0;
 }
 
-static int scan_value(scan_t *s, int shape, int counted) {
+static int scan_value(scan_t *s, int shape, int counted, int honoured) {
   int rc, escaped;
   if (s->p >= s->end) return fail(s, "invalid json");
   switch (*s->p) {
@@ -421,7 +428,7 @@ static int scan_value(scan_t *s, int shape, int counted) {
     if (s->depth >= SBX_MAX_JSON_DEPTH) return fail(s, "too deep");
     s->depth++;
     luaL_checkstack(s->L, SLOTS_PER_LEVEL, "json nesting");
-    rc = *s->p++ == '{' ? scan_object(s, shape, counted) : scan_array(s, shape, counted);
+    rc = *s->p++ == '{' ? scan_object(s, shape, counted, honoured) : scan_array(s, shape, counted, honoured);
     s->depth--;
     return rc;
   case '"': {
@@ -451,7 +458,7 @@ static int scan_all(scan_t *s, lua_State *L, const char *buf, size_t len, int sh
   s->path[1] = '\0';
   s->plen = 1;
   skip_ws(s);
-  if (scan_value(s, shape, 1) != 0) return -1;
+  if (scan_value(s, shape, 1, 1) != 0) return -1;
   skip_ws(s);
   if (s->p != s->end) return fail(s, "invalid json");
   return 0;
@@ -497,6 +504,7 @@ typedef struct {
 } build_t;
 
 static int build_value(build_t *b, const unsigned char *p, const unsigned char *end, int shape);
+static int build_object(build_t *b, const unsigned char *p, const unsigned char *end, int shape);
 
 /* An object whose shape drops unknown members, at p ('{'), into a new
  * table with json.c's metatable and order list. Pushes it; 0 or SBX_E*. */
@@ -522,6 +530,7 @@ static int build_object(build_t *b, const unsigned char *p, const unsigned char 
     while (p < end && (is_ws(*p) || *p == ':')) p++;
     const unsigned char *vs = p;
     p = skip_value(p, end);
+    if ((size_t)(ne - ns) - 2 > 6 * NAME_MAX_BYTES) continue;  /* matches no member: dropped, never made */
     if (b->filter == NULL && memchr(ns, '\\', (size_t)(ne - ns)) == NULL) {
       /* A plain name: looked up as it stands, made a string only when kept. */
       if (!member_lookup(L, members, (const char *)ns + 1, (size_t)(ne - ns) - 2)) continue;
@@ -560,6 +569,37 @@ static int build_object(build_t *b, const unsigned char *p, const unsigned char 
   return 0;
 }
 
+/* An array whose shape has an items shape, at p ('['): each element built
+ * by build_value with it, into a table with json.c's array metatable. */
+static int build_array(build_t *b, const unsigned char *p, const unsigned char *end, int items) {
+  lua_State *L = b->L;
+  lua_Integer n = 0;
+  int arr, rc;
+  luaL_checkstack(L, SLOTS_PER_LEVEL, "json nesting");
+  lua_newtable(L);
+  arr = lua_gettop(L);
+  lua_getfield(L, LUA_REGISTRYINDEX, SHAPE_ARRAY_MT_KEY);
+  lua_setmetatable(L, arr);
+  p++;                                                      /* '[' */
+  for (;;) {
+    while (p < end && (is_ws(*p) || *p == ',')) p++;
+    if (p >= end || *p == ']') break;
+    const unsigned char *vs = p;
+    p = skip_value(p, end);
+    if ((rc = build_value(b, vs, p, items)) != 0) return rc;
+    lua_rawseti(L, arr, ++n);
+  }
+  return 0;
+}
+
+/* The items shape of the array shape at idx, pushed, or 0 (nothing pushed). */
+static int items_of(lua_State *L, int shape) {
+  if (shape == 0) return 0;
+  if (lua_getfield(L, shape, "items") == LUA_TTABLE) return lua_gettop(L);
+  lua_pop(L, 1);
+  return 0;
+}
+
 static int dropping(lua_State *L, int shape) {
   int yes;
   if (shape == 0) return 0;
@@ -574,7 +614,13 @@ static int dropping(lua_State *L, int shape) {
 }
 
 static int build_value(build_t *b, const unsigned char *p, const unsigned char *end, int shape) {
+  int items, rc;
   if (p < end && *p == '{' && dropping(b->L, shape)) return build_object(b, p, end, shape);
+  if (p < end && *p == '[' && (items = items_of(b->L, shape)) != 0) {
+    rc = build_array(b, p, end, items);
+    if (rc == 0) lua_remove(b->L, items);                /* the array stays */
+    return rc;
+  }
   return sbx__json_decode_flags(b->L, (const char *)p, (size_t)(end - p), b->filter, b->flags);
 }
 

@@ -187,12 +187,21 @@ describe("rich broker: bodies are judged by their shape before anything is built
       assert.is_nil(sent.metadata)
       assert.is_nil(sent.service_tier)
       assert.equal("hi", sent.messages[1].content)
+      -- nested too: a message's and a block's unknown members are never
+      -- decoded, nor counted (alone they would pass the budget many times)
+      up:push { require("anthropic_upstream").sse_text("hi") }
+      local big = "[" .. ("{},"):rep(4 * 1024 * 1024) .. "{}]"
+      r = h:post("/anthropic/v1/messages", '{"messages":[{"role":"user","junk":' .. big .. ',"content":[{"type":"text",'
+        .. '"citations":' .. big .. ',"text":"hi"}]}]}')
+      assert.equal(200, r.status)
+      sent = json.decode(h.fetched[2].body)
+      assert.equal('[{"role":"user","content":[{"type":"text","text":"hi"}]}]', json.encode(sent.messages))
       local body = '{"messages":[' .. ("{},"):rep(12 * 1024 * 1024 // 3) .. '{}]}'
       r = h:post("/anthropic/v1/messages", body)
       assert.equal(400, r.status)
       assert.equal("Invalid input", r.body)
-      assert.equal(1, #h.fetched)
-      assert.equal("body_too_large", audit_reasons()[2])
+      assert.equal(2, #h.fetched)
+      assert.equal("body_too_large", audit_reasons()[3])
     end)
     up:stop()
     assert(ok, err)
