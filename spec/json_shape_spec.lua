@@ -122,6 +122,26 @@ describe("core.json_decode_bounded", function()
       assert.equal('{"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}', json.encode(v))
     end)
 
+    it("drops down arrays with an items shape, through a shape that refers to itself, and counts none of it", function()
+      local BLOCK = { unknown = "drop", members = { type = true, text = true } }
+      BLOCK.members.content = { items = BLOCK }
+      local shape = { unknown = "drop", members = { messages = { items = { unknown = "drop", members = { content = { items = BLOCK } } } } } }
+      local junk = "[" .. ("{},"):rep(100000) .. "{}]"
+      local s = '{"messages":[{"junk":' .. junk .. ',"content":[{"type":"text","cite":' .. junk .. ',"text":"a"},'
+        .. '{"type":"x","content":[{"text":"b","more":' .. junk .. '}]},"plain"]}]}'
+      local v, why = dec(s, shape, 8192)
+      assert.is_nil(why)
+      assert.equal('{"messages":[{"content":[{"type":"text","text":"a"},{"type":"x","content":[{"text":"b"}]},"plain"]}]}', json.encode(v))
+      assert.is_true(json.is_array(v.messages[1].content))
+    end)
+
+    it("below a refusing or keeping object a dropping shape is not honoured: the subtree is decoded and counted whole", function()
+      local shape = { members = { k = { unknown = "drop", members = { a = true } } }, unknown = "keep" }
+      local s = '{"k":{"a":1,"b":[{},{}]},"z":1}'
+      same_as_full(s, shape)
+      assert.equal(cost(s), cost(s, shape))
+    end)
+
     it("still validates a dropped member strictly", function()
       local shape = { unknown = "drop", members = { a = true } }
       for _, bad in ipairs { '"\255"', '1e999', '[1,]', '"\\ud800"' } do
