@@ -7,7 +7,7 @@
 --
 -- Each figure is one fresh host process (spec/support/body_host.lua: the
 -- route's broker and a bystander channel served throughout) receiving one
--- body from curl; the figure is (VmHWM - VmRSS once listening) / body bytes.
+-- body from spec/support/body_send.lua; the figure is (VmHWM - VmRSS once listening) / body bytes.
 -- A tree given as BENCH_BODY_BEFORE (its lua/ and build/lua/) is measured
 -- too, at BENCH_BODY_BEFORE_MIB (default 8) MiB: a tree that decodes whole
 -- bodies takes about 64x, so at the limits it would need several GB.

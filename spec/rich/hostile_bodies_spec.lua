@@ -1,8 +1,9 @@
 -- rich/hostile_bodies_spec.lua: hostile bodies against real rich brokers over
 -- real Unix sockets (issue 21 item 2). The brokers run in a host process of
 -- their own (spec/support/body_host.lua) whose peak memory (VmHWM, reset once
--- it listens) is what is bounded; curl, a separate process, is the attacker,
--- sending every body at once from several channels while a bystander
+-- it listens) is what is bounded; the attacker (spec/support/body_send.lua,
+-- a process per request) sends every body at once from several channels
+-- while a bystander
 -- channel runs turn after turn (each with a model call) in the same host.
 -- Each body is at its route's limit and made of the worst shapes for Lua
 -- tables: empty objects and arrays, deep nesting, long member names, many

@@ -1,7 +1,8 @@
 -- body_attack.lua: hostile request bodies against a measured host process of
 -- rich brokers (spec/support/body_host.lua), for spec/rich/hostile_bodies_spec.lua
--- and bench/body_memory_bench.lua (issue 21 item 2). The attacker is curl, a
--- separate process, so the host's peak memory holds only what the host built.
+-- and bench/body_memory_bench.lua (issue 21 item 2). The attacker is
+-- spec/support/body_send.lua, one process per request, so the host's peak
+-- memory holds only what the host built.
 --
 --   local A = require "body_attack"
 --   A.body(route, fill, size) -> the JSON text (route: result_unknown, result_known,
@@ -85,31 +86,30 @@ function M.run(o)
   local json = require "sandbox.json"
   local tree = o.tree or "."
   local dir = o.dir
+  local support = o.support or "spec/support"
   local env = ("LUA_PATH='%s/lua/?.lua;%s/lua/?/init.lua;;' LUA_CPATH='%s/build/lua/?.so;;' BODY_HOST_SUPPORT='%s'"):format(
-    tree, tree, tree, (o.support or "spec/support"))
+    tree, tree, tree, support)
   if o.compact_max then env = env .. " BODY_HOST_COMPACT_MAX=" .. o.compact_max end
-  -- (an ASan pass preloads its runtime: the measured host and curl go without)
-  os.execute(("env -u LD_PRELOAD %s lua5.4 %s/body_host.lua %s %s >%s/host.log 2>&1 &"):format(env, o.support or "spec/support", dir,
+  -- (an ASan pass preloads its runtime: the measured host and the attacker go without)
+  os.execute(("env -u LD_PRELOAD %s lua5.4 %s/body_host.lua %s %s >%s/host.log 2>&1 &"):format(env, support, dir,
     table.concat(o.kinds, " "), dir))
   for _ = 1, 600 do
     if read(dir .. "/ready") then break end
     os.execute("sleep 0.05")
   end
   assert(read(dir .. "/ready"), "the host did not start: " .. (read(dir .. "/host.log") or ""))
+  -- The attacker: spec/support/body_send.lua in processes of their own, on
+  -- this checkout's tree (whatever tree the host runs).
+  local send = ("env -u LD_PRELOAD LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='build/lua/?.so;;' "
+    .. "BODY_HOST_SUPPORT='%s' lua5.4 %s/body_send.lua"):format(support, support)
   local cmds = {}
   for n, a in ipairs(o.attacks) do
     local kind = a.route:match("^(%a+)_")
-    local sock = ("%s/%d.sock"):format(dir, a.i)
-    local curl = ("curl -s -m 300 -H 'Expect:' --unix-socket %s -o %s/a%d.body -w '%%{http_code}'"):format(sock, dir, n)
-    local host = (kind == "sealed" or kind == "precheck") and "broker" or "h"     -- core/http_head.h
-    local post = ("%s -H 'Content-Type: application/json' --data-binary @%s http://%s%s >%s/a%d.status"):format(
-      curl, a.file, host, PATHS[kind], dir, n)
-    if kind == "result" then
-      post = ("curl -s -m 60 --unix-socket %s -o /dev/null http://h/worker/next; %s"):format(sock, post)
-    end
-    cmds[#cmds + 1] = "( " .. post .. " ) &"
+    local host = (kind == "sealed" or kind == "precheck") and "broker" or "localhost"     -- core/http_head.h
+    cmds[#cmds + 1] = ("%s %s/%d.sock %s %s %s %s/a%d %s &"):format(send, dir, a.i, host, PATHS[kind], a.file, dir, n,
+      kind == "result" and "/worker/next" or "")
   end
-  sh("unset LD_PRELOAD\n" .. table.concat(cmds, "\n") .. "\nwait")
+  sh(table.concat(cmds, "\n") .. "\nwait")
   if o.settle_ms then os.execute(("sleep %.2f"):format(o.settle_ms / 1000)) end
   M.write(dir .. "/done", "")
   local report
