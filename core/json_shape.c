@@ -474,8 +474,13 @@ static int is_ws(unsigned char c) { return c == ' ' || c == '\n' || c == '\r' ||
 /* Past the validated string at p (its opening quote). */
 static const unsigned char *skip_string(const unsigned char *p, const unsigned char *end) {
   p++;
-  while (p < end && *p != '"') p += *p == '\\' ? 2 : 1;
-  return p < end ? p + 1 : end;
+  for (;;) {
+    const unsigned char *q = memchr(p, '"', (size_t)(end - p)), *b;
+    if (q == NULL) return end;
+    for (b = q; b > p && b[-1] == '\\'; b--) {}
+    if (((q - b) & 1) == 0) return q + 1;      /* an even run of backslashes: the closing quote */
+    p = q + 1;
+  }
 }
 
 /* Past the validated value at p (no whitespace before it). */
@@ -506,12 +511,16 @@ typedef struct {
   int flags;
 } build_t;
 
-static int build_value(build_t *b, const unsigned char *p, const unsigned char *end, int shape);
-static int build_object(build_t *b, const unsigned char *p, const unsigned char *end, int shape);
+static int build_value(build_t *b, const unsigned char *p, const unsigned char *end, int shape,
+                       const unsigned char **next);
+static int build_object(build_t *b, const unsigned char *p, const unsigned char *end, int shape,
+                        const unsigned char **next);
 
 /* An object whose shape drops unknown members, at p ('{'), into a new
- * table with json.c's metatable and order list. Pushes it; 0 or SBX_E*. */
-static int build_object(build_t *b, const unsigned char *p, const unsigned char *end, int shape) {
+ * table with json.c's metatable and order list, read in one pass (*next:
+ * past its '}'). Pushes it; 0 or SBX_E*. */
+static int build_object(build_t *b, const unsigned char *p, const unsigned char *end, int shape,
+                        const unsigned char **next) {
   lua_State *L = b->L;
   int members, obj, names, rc;
   lua_Integer n = 0;
@@ -528,29 +537,34 @@ static int build_object(build_t *b, const unsigned char *p, const unsigned char 
   for (;;) {
     while (p < end && (is_ws(*p) || *p == ',')) p++;
     if (p >= end || *p == '}') break;
-    const unsigned char *ns = p, *ne = skip_value(p, end);
+    const unsigned char *ns = p, *ne = skip_string(p, end);
     p = ne;
     while (p < end && (is_ws(*p) || *p == ':')) p++;
     const unsigned char *vs = p;
-    p = skip_value(p, end);
-    if ((size_t)(ne - ns) - 2 > 6 * NAME_MAX_BYTES) continue;  /* matches no member: dropped, never made */
-    if (b->filter == NULL && memchr(ns, '\\', (size_t)(ne - ns)) == NULL) {
+    int found;
+    if ((size_t)(ne - ns) - 2 > 6 * NAME_MAX_BYTES) {
+      found = 0;                                            /* matches no member: never made */
+    } else if (b->filter == NULL && memchr(ns, '\\', (size_t)(ne - ns)) == NULL) {
       /* A plain name: looked up as it stands, made a string only when kept. */
-      if (!member_lookup(L, members, (const char *)ns + 1, (size_t)(ne - ns) - 2)) continue;
-      lua_pushlstring(L, (const char *)ns + 1, (size_t)(ne - ns) - 2);
-      lua_insert(L, -2);
+      found = member_lookup(L, members, (const char *)ns + 1, (size_t)(ne - ns) - 2);
+      if (found) {
+        lua_pushlstring(L, (const char *)ns + 1, (size_t)(ne - ns) - 2);
+        lua_insert(L, -2);
+      }
     } else {
       size_t nl;
       const char *nm;
       if ((rc = sbx__json_decode_flags(L, (const char *)ns, (size_t)(ne - ns), b->filter, b->flags)) != 0) return rc;
       nm = lua_tolstring(L, -1, &nl);
-      if (!member_lookup(L, members, nm, nl)) {
-        lua_pop(L, 1);                                      /* dropped */
-        continue;
-      }
+      found = member_lookup(L, members, nm, nl);
+      if (!found) lua_pop(L, 1);
+    }
+    if (!found) {                                           /* dropped: skipped, never decoded */
+      p = skip_value(vs, end);
+      continue;
     }
     /* stack: ... name, its shape (or true) */
-    if ((rc = build_value(b, vs, p, lua_type(L, -1) == LUA_TTABLE ? lua_gettop(L) : 0)) != 0) return rc;
+    if ((rc = build_value(b, vs, end, lua_type(L, -1) == LUA_TTABLE ? lua_gettop(L) : 0, &p)) != 0) return rc;
     lua_remove(L, -2);                                      /* the shape: name, value */
     lua_pushvalue(L, -2);
     if (lua_rawget(L, obj) != LUA_TNIL) {
@@ -569,12 +583,15 @@ static int build_object(build_t *b, const unsigned char *p, const unsigned char 
   lua_rawset(L, -3);
   lua_settop(L, obj);
   lua_remove(L, members);
+  *next = p < end ? p + 1 : end;
   return 0;
 }
 
 /* An array whose shape has an items shape, at p ('['): each element built
- * by build_value with it, into a table with json.c's array metatable. */
-static int build_array(build_t *b, const unsigned char *p, const unsigned char *end, int items) {
+ * by build_value with it, into a table with json.c's array metatable, in one
+ * pass (*next: past its ']'). */
+static int build_array(build_t *b, const unsigned char *p, const unsigned char *end, int items,
+                       const unsigned char **next) {
   lua_State *L = b->L;
   lua_Integer n = 0;
   int arr, rc;
@@ -587,11 +604,10 @@ static int build_array(build_t *b, const unsigned char *p, const unsigned char *
   for (;;) {
     while (p < end && (is_ws(*p) || *p == ',')) p++;
     if (p >= end || *p == ']') break;
-    const unsigned char *vs = p;
-    p = skip_value(p, end);
-    if ((rc = build_value(b, vs, p, items)) != 0) return rc;
+    if ((rc = build_value(b, p, end, items, &p)) != 0) return rc;
     lua_rawseti(L, arr, ++n);
   }
+  *next = p < end ? p + 1 : end;
   return 0;
 }
 
@@ -616,15 +632,20 @@ static int dropping(lua_State *L, int shape) {
   return yes;
 }
 
-static int build_value(build_t *b, const unsigned char *p, const unsigned char *end, int shape) {
+/* The value at p (validated; no whitespace before it), pushed; *next is
+ * set past it. Made member by member where its shape drops or has items,
+ * else decoded whole by json.c. */
+static int build_value(build_t *b, const unsigned char *p, const unsigned char *end, int shape,
+                       const unsigned char **next) {
   int items, rc;
-  if (p < end && *p == '{' && dropping(b->L, shape)) return build_object(b, p, end, shape);
+  if (p < end && *p == '{' && dropping(b->L, shape)) return build_object(b, p, end, shape, next);
   if (p < end && *p == '[' && (items = items_of(b->L, shape)) != 0) {
-    rc = build_array(b, p, end, items);
+    rc = build_array(b, p, end, items, next);
     if (rc == 0) lua_remove(b->L, items);                /* the array stays */
     return rc;
   }
-  return sbx__json_decode_flags(b->L, (const char *)p, (size_t)(end - p), b->filter, b->flags);
+  *next = skip_value(p, end);
+  return sbx__json_decode_flags(b->L, (const char *)p, (size_t)(*next - p), b->filter, b->flags);
 }
 
 int sbx__json_decode_bounded(lua_State *L, const char *buf, size_t len, const struct sbx_reflect *filter,
@@ -643,7 +664,7 @@ int sbx__json_decode_bounded(lua_State *L, const char *buf, size_t len, const st
   }
   while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
   while (end > p && (end[-1] == ' ' || end[-1] == '\n' || end[-1] == '\r' || end[-1] == '\t')) end--;
-  rc = build_value(&b, p, end, shape);
+  rc = build_value(&b, p, end, shape, &p);
   if (rc != 0) {
     lua_settop(L, top);
     *why = rc == SBX_EREFLECT ? "reflection" : rc == SBX_EDEPTH ? "too deep" : "invalid json";
