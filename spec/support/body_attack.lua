@@ -106,10 +106,13 @@ function M.run(o)
   for n, a in ipairs(o.attacks) do
     local kind = a.route:match("^(%a+)_")
     local host = (kind == "sealed" or kind == "precheck") and "broker" or "localhost"     -- core/http_head.h
-    cmds[#cmds + 1] = ("%s %s/%d.sock %s %s %s %s/a%d %s &"):format(send, dir, a.i, host, PATHS[kind], a.file, dir, n,
-      kind == "result" and "/worker/next" or "")
+    cmds[#cmds + 1] = ("%s %s/%d.sock %s %s %s %s/a%d %s %s/go &"):format(send, dir, a.i, host, PATHS[kind], a.file, dir, n,
+      kind == "result" and "/worker/next" or "-", dir)
   end
-  sh(table.concat(cmds, "\n") .. "\nwait")
+  -- every head sent before any body (body_send.lua), then all bodies at once
+  local waiter = ("for n in $(seq %d); do for t in $(seq 2400); do [ -e %s/a$n.head ] && break; sleep 0.05; done; done; : >%s/go")
+    :format(#o.attacks, dir, dir)
+  sh(table.concat(cmds, "\n") .. "\n" .. waiter .. "\nwait")
   if o.settle_ms then os.execute(("sleep %.2f"):format(o.settle_ms / 1000)) end
   M.write(dir .. "/done", "")
   local report
