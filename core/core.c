@@ -15,6 +15,7 @@ static const struct {
   {"constants", sbx__open_constants},
   {"crypto", sbx__open_crypto},
   {"json", sbx__open_json},
+  {"json_shape", sbx__open_json_shape},
   {"reflect", sbx__open_reflect},
   {"reflect_stream", sbx__open_reflect_stream},
   {"sse_watch", sbx__open_sse_watch},

@@ -27,6 +27,19 @@ int sbx__json_decode(lua_State *L, const char *buf, size_t len,
 int sbx__json_decode_flags(lua_State *L, const char *buf, size_t len,
                            const struct sbx_reflect *filter, int flags);
 
+/*
+ * Bounded, shape-first decode (json_shape.c): buf is scanned first, building
+ * nothing, against the shape table at stack index shape (0: none) and the
+ * budget (bytes of Lua memory the decode may take, estimated upper bound);
+ * only an acceptable body is then decoded. Returns 0 with the value pushed,
+ * or a negative SBX_E* code with *why (a static string) and, when path is
+ * given, where the scan stopped ("$.a[2].b").
+ */
+int sbx__json_decode_bounded(lua_State *L, const char *buf, size_t len,
+                             const struct sbx_reflect *filter, int flags,
+                             size_t budget, int shape, const char **why,
+                             char *path, size_t path_cap);
+
 /* 1 when the value at idx is a decoded JSON object (core.json_object_mt). */
 int sbx__json_is_object(lua_State *L, int idx);
 

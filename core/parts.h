@@ -17,6 +17,7 @@ void sbx__open_loop(lua_State *L);          /* core.run, timer, on_signal, now, 
 void sbx__open_constants(lua_State *L);     /* core.limits (bounds.h), core.version */
 void sbx__open_crypto(lua_State *L);        /* core.sha256_hex, base64, hex, random_hex */
 void sbx__open_json(lua_State *L);          /* core.json_decode, json_encode, utf8_valid */
+void sbx__open_json_shape(lua_State *L);    /* core.json_decode_bounded, json_cost, json_shape_check */
 void sbx__open_reflect(lua_State *L);       /* core.reflect_filter */
 void sbx__open_reflect_stream(lua_State *L); /* core.reflect_stream */
 void sbx__open_sse_watch(lua_State *L);     /* core.sse_watch */

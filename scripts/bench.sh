@@ -23,6 +23,8 @@ build/sbx lua bench/scrub_bench.lua "${BENCH_SCRUB_ROUNDS:-10}"
 echo "== embedding ABI round trips from C and from Bun (bench/ffi_bench.c, bench/ffi_bench.ts)"
 as_sbx build/bench/ffi_bench "${BENCH_FFI_CALLS:-20000}"
 as_sbx bun bench/ffi_bench.ts "${BENCH_FFI_CALLS:-20000}"
+echo "== host peak memory per hostile request body, each route at its limit (bench/body_memory_bench.lua)"
+as_sbx lua5.4 bench/body_memory_bench.lua
 echo "== rich turn: host overhead vs model time, Lua peer worker (bench/rich_bench.lua)"
 as_sbx build/sbx lua bench/rich_bench.lua "${BENCH_RICH_TURNS:-50}"
 echo "== a turn with vs without the metrics reader, and one render (bench/metrics_bench.lua)"

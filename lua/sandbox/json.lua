@@ -7,6 +7,13 @@
 --                        wins (rich mode's bodies, rich-mode.md 19)
 --   json.decode_shape(s, shape[, max_values])   one flat object of known
 --                     scalar members, refused before building anything else
+--   json.decode_body(s[, shape])   an untrusted request body, shape first and
+--                     bounded (core/json_shape.c): the text is scanned against
+--                     the shape and the budget (json.body_budget(#s): at most
+--                     3x the body, 32 MiB floor, of estimated Lua memory)
+--                     before anything is built; a repeated member's last
+--                     value wins. -> value | nil, why[, path]
+--   json.cost(s[, shape])  the scan's estimate of what decoding s would take
 --   json.object(names, values) / json.array(list)   values that encode in order
 --   json.kind(v) / json.is_object(v) / json.is_array(v) / json.keys(o) / json.count(v)
 --   json.plain(v)     decoded JSON -> plain Lua tables (null members left out)
@@ -27,6 +34,18 @@ M.MAX_DEPTH = 64
 
 local LAST_WINS = { duplicates = "last" }
 function M.decode_last(s) return core.json_decode(s, nil, LAST_WINS) end
+
+-- Request bodies: the estimated Lua memory a decode may take is at most
+-- BODY_FACTOR times the body (so the host holds at most about 4x a body at
+-- its limit: the bytes and their values), or BODY_FLOOR for small bodies.
+M.BODY_FACTOR = 3
+M.BODY_FLOOR = 32 * 1024 * 1024
+function M.body_budget(n) return math.max(M.BODY_FLOOR, M.BODY_FACTOR * n) end
+
+function M.decode_body(s, shape)
+  return core.json_decode_bounded(s, { budget = M.body_budget(#s), duplicates = "last", shape = shape })
+end
+M.cost = core.json_cost
 
 local object_mt, array_mt, order = core.json_object_mt, core.json_array_mt, core.json_order
 local null = M.null

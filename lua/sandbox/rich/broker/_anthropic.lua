@@ -278,6 +278,27 @@ end
 local FIELDS = { "model", "max_tokens", "messages", "system", "tools", "tool_choice", "thinking",
                  "output_config", "stream", "temperature", "top_p", "top_k", "stop_sequences" }
 
+-- The body's shape for json.decode_body (issue 21): every member build()
+-- reads, at every level it rebuilds field by field (the body, a message, a
+-- content block, a tool); any other (metadata, service_tier, the guest's
+-- model, a block's citations, ...) is dropped unread, as 11.1 drops it from
+-- the rebuilt request. What is forwarded or judged whole (an image source:
+-- "exactly" three members; a tool input or schema; cache_control) is kept
+-- whole, within the decode budget.
+local BLOCK = { unknown = "drop", members = {
+  type = true, text = true, cache_control = true, source = true, id = true, name = true, input = true,
+  tool_use_id = true, is_error = true, thinking = true, signature = true, data = true,
+} }
+local CONTENT = { items = BLOCK }
+BLOCK.members.content = CONTENT                   -- a tool_result's blocks (nested)
+local MESSAGE = { unknown = "drop", members = { role = true, content = CONTENT, clear_at = true, output_config = true } }
+local TOOL = { unknown = "drop", members = { type = true, name = true, description = true, input_schema = true, cache_control = true } }
+M.SHAPE = { unknown = "drop", members = {} }
+for _, k in ipairs(FIELDS) do if k ~= "model" then M.SHAPE.members[k] = true end end
+M.SHAPE.members.messages = { items = MESSAGE }
+M.SHAPE.members.system = CONTENT
+M.SHAPE.members.tools = { items = TOOL }
+
 local function build(body, o)
   local ceiling = M.CEILINGS[o.level] or M.CEILINGS.low
   local out = { model = o.model }

@@ -46,6 +46,21 @@ M.ABORTED = "the compaction was aborted"
 
 local kind = json.kind
 
+-- The bodies' shapes (issue 21, 15.2-15.4): a member outside them is
+-- refused while the text is scanned, before any value is built (the
+-- request's fallback "the request is invalid", the report's 400). The
+-- message lists are Pi's messages, handed to the compactor whole: kept as
+-- they are, within the decode budget.
+M.REQUEST_SHAPE = { members = {
+  reason = true, tokensBefore = true, firstKeptEntryId = true, isSplitTurn = true,
+  messagesToSummarize = true, turnPrefixMessages = true, keptMessages = true,
+  previousSummary = true, customInstructions = true, readFiles = true, modifiedFiles = true,
+} }
+M.REPORT_SHAPE = { members = {
+  type = true, reason = true, aborted = true, willRetry = true, engine = true, error = true,
+  tokensBefore = true, tokensAfter = true, contextAfter = true, nextCompactionAt = true,
+} }
+
 local function is_int(v, lo) return math.type(v) == "integer" and v >= (lo or 0) end
 local function chars_within(s, lo, hi) return type(s) == "string" and text.within(s, lo, hi) end
 
@@ -122,7 +137,8 @@ local function compact(b, conn, s, rec)
     if why ~= "aborted" and why ~= "closed" then return fallback(b, conn, s, over) end
     return fallback(b, conn, s, timed_out and ("the compactor took over %d ms"):format(timeout) or M.ABORTED)
   end
-  local req = json.decode_last(bytes)
+  local req = json.decode_body(bytes, M.REQUEST_SHAPE)
+  bytes = nil
   if not M.request_ok(req) then done() return fallback(b, conn, s, M.INVALID) end           -- 7
   b.compacting = true
   local task = async.spawn(c.compact, req, { channel = s.channel, signal = sig })
@@ -170,7 +186,7 @@ local function report(b, conn, s, rec)
   if s.reports > M.MAX_REPORTS then rec.reason = "budget" return conn:reply(429, M.REPORTS) end
   local bytes, why = conn:body(M.REPORT_MAX)
   if bytes then rec.bytes_in = #bytes end
-  local r = bytes and json.decode_last(bytes)
+  local r = bytes and json.decode_body(bytes, M.REPORT_SHAPE)
   if not M.report_ok(r) then
     if not bytes then rec.reason = tostring(why):find("^EFBIG") and "body_too_large" or "client_closed"
     else rec.reason = kind(r) == "object" and "payload" or "malformed_json" end

@@ -19,6 +19,10 @@ M.METADATA = { initialize = true, ["notifications/initialized"] = true, ping = t
 M.MAX_SESSION_HEADER = 256
 M.COPY = { "mcp-session-id", "mcp-protocol-version" }
 
+-- The body's shape (issue 21): what is judged and forwarded (13.1); any
+-- other member, jsonrpc included (it is forced), is dropped unread.
+M.SHAPE = { unknown = "drop", members = { id = true, method = true, params = true } }
+
 function M.allowed(body, server, startup)
   local m = body.method
   if type(m) ~= "string" then return false end

@@ -38,6 +38,10 @@ function M.answer(r)
   })
 end
 
+-- The body's shape (issue 21): only `input` is read; every other member is
+-- dropped unread (12: "every other body field is ignored").
+M.SHAPE = { unknown = "drop", members = { input = true } }
+
 function M.handle(b, conn, call)
   local s, name = call.scope, call.name
   local label = "tool:" .. name

@@ -57,6 +57,15 @@ function M.enforce(b, s)
   return problem
 end
 
+-- The bodies' shapes (issue 21, 10.1): a member outside them is refused
+-- while the text is scanned, before any value is built, with the route's
+-- own 400; reply files past 10 likewise (16.2).
+M.READY_SHAPE = { members = { privateHistory = true, capabilities = { members = { privateTo = true, readerRecords = true } } } }
+M.RESULT_SHAPE = { members = { turnId = true, result = { members = {
+  ok = true, text = true, error = true,
+  files = { max = 10, items = { members = { name = true, data = true } } },
+} } } }
+
 local function is_blank(s) return s:find("^[ \t\r\n]*$") ~= nil end
 
 -- 10.2
@@ -67,7 +76,7 @@ local function ready(b, conn)
   if is_blank(bytes) then
     v = json.object({}, {})
   else
-    v = json.decode_last(bytes)
+    v = json.decode_body(bytes, M.READY_SHAPE)
     if kind(v) ~= "object" then return conn:reply(400, M.BAD_READY) end
   end
   if v.privateHistory ~= nil and type(v.privateHistory) ~= "boolean" then return conn:reply(400, M.BAD_READY) end
@@ -149,7 +158,8 @@ local function result(b, conn)
     local bytes = conn:body(M.RESULT_MAX, sig)
     u1()
     if not bytes then return 400, M.BAD_RESULT end
-    local v = json.decode_last(bytes)
+    local v = json.decode_body(bytes, M.RESULT_SHAPE)
+    bytes = nil
     if v == nil then return 400, M.BAD_RESULT end
     if kind(v) ~= "object" or b.pending ~= p or v.turnId ~= p.request.turnId or not p.delivered          -- 4
         or kind(v.result) ~= "object" or type(v.result.ok) ~= "boolean" then

@@ -13,6 +13,7 @@
 --   b:stop()                              force: every socket destroyed, the server closed
 --
 -- Section 15's two routes are rich/broker/_compaction.lua.
+local anthropic = require "sandbox.rich.broker._anthropic"
 local audit = require "sandbox.rich.broker._audit"
 local compaction = require "sandbox.rich.broker._compaction"
 local core = require "sandbox.core"
@@ -147,9 +148,12 @@ local function classify(path)
   return nil
 end
 
+-- Step 12's shapes: what each handler reads; the rest is dropped unread.
+local SHAPES = { model = anthropic.SHAPE, tool = tools.SHAPE, mcp = mcp.SHAPE }
+
 -- Step 12: the body, at most 96 MiB, strict UTF-8 JSON, 64 levels, an
 -- object; or nil and the audit reason.
-local function read_object(conn, sig, rec)
+local function read_object(conn, sig, rec, shape)
   local bytes, why = conn:body(M.MAX_BODY, sig)
   if not bytes then
     why = tostring(why)
@@ -159,7 +163,9 @@ local function read_object(conn, sig, rec)
     return nil, "client_closed"
   end
   rec.bytes_in = #bytes
-  local v = json.decode_last(bytes)
+  local v, err = json.decode_body(bytes, shape)       -- shape first, bounded (issue 21)
+  bytes = nil
+  if v == nil and err == "too large" then return nil, "body_too_large" end
   if json.kind(v) ~= "object" then return nil, "malformed_json" end
   return v
 end
@@ -178,7 +184,7 @@ function Broker:_call(conn, s, route, path, beta)
   local timer = self.clock.timer(math.max(0, math.ceil(deadline - started)), function() sig:abort("deadline") end)
   call.signal, call.deadline = sig, deadline
   local ok, err = pcall(function()
-    local body, why = read_object(conn, sig, rec)
+    local body, why = read_object(conn, sig, rec, SHAPES[route.kind])
     if not body then
       rec.reason = why
       return conn:reply(400, M.BAD_INPUT)
