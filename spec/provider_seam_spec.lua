@@ -94,4 +94,39 @@ describe("the provider seam", function()
     end
     assert.same({}, outside)
   end)
+
+  it("keeps the Anthropic Messages headers and rebuild inside lua/sandbox/providers/", function()
+    local outside = {}
+    for _, path in ipairs(lua_files("lua/sandbox")) do
+      if not path:find("^lua/sandbox/providers/") then
+        for _, word in ipairs({ '"anthropic-version"', "anthropic%-ratelimit", '"x-should-retry"', "thinking.budget_tokens" }) do
+          for _, line in ipairs(code_mentions(path, word)) do outside[#outside + 1] = path .. ": " .. line end
+        end
+      end
+    end
+    assert.same({}, outside)
+  end)
 end)
+
+describe("anthropic_messages", function()
+  local anthropic = require "sandbox.providers.anthropic_messages"
+  it("rebuilds the request headers: fixed ones, the bearer, the copy list without control characters", function()
+    local h = anthropic.request_headers({ ["anthropic-version"] = "2023-06-01", ["x-api-key"] = "sk-guest",
+      ["anthropic-beta"] = "a\r\nb: c", cookie = "x" }, "tok")
+    assert.equal("Bearer tok", h.authorization)
+    assert.equal("2023-06-01", h["anthropic-version"])
+    assert.is_nil(h["x-api-key"])
+    assert.is_nil(h["anthropic-beta"])
+    assert.is_nil(h.cookie)
+  end)
+
+  it("keeps only the response headers 11.5 lists", function()
+    for _, n in ipairs { "content-type", "request-id", "retry-after", "x-should-retry", "anthropic-ratelimit-requests-limit" } do
+      assert.is_true(anthropic.response_header_kept(n), n)
+    end
+    for _, n in ipairs { "set-cookie", "x-api-key", "mcp-session-id", "cf-ray" } do
+      assert.is_false(anthropic.response_header_kept(n), n)
+    end
+  end)
+end)
+

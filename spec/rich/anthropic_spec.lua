@@ -1,7 +1,7 @@
 -- rich/anthropic_spec.lua: the Anthropic request rebuild and the host caps
 -- (spec/rich-mode.md 11.1-11.2) as a pure function; the broker specs send
 -- the same bodies through the socket to a real upstream.
-local anthropic = require "sandbox.rich.broker._anthropic"
+local anthropic = require "sandbox.providers.anthropic_messages"
 local json = require "sandbox.json"
 
 local function rebuild(body, level, count)

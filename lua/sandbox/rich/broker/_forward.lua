@@ -18,6 +18,7 @@
 --     record's reason and upstream status (rich/broker/_audit.lua).
 -- A failure before the head is written is 502 Broker call failed; after it,
 -- the worker's connection is destroyed (a truncated response).
+local anthropic = require "sandbox.providers.anthropic_messages"
 local audit = require "sandbox.rich.broker._audit"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
@@ -31,11 +32,10 @@ M.MAX_RESPONSE = 50 * 1024 * 1024
 M.LOG_BODY = 65536
 M.MAX_HEADER_VALUE = 256
 
-local KEEP = { ["content-type"] = true, ["request-id"] = true, ["x-should-retry"] = true, ["retry-after"] = true }
 
 local function kept_header(name, value, mcp, filter)
   if type(value) ~= "string" or #value > M.MAX_HEADER_VALUE or value:find("[%c]") then return false end
-  if not (KEEP[name] or name:find("^anthropic%-ratelimit%-") or (mcp and name == "mcp-session-id")) then return false end
+  if not (anthropic.response_header_kept(name) or (mcp and name == "mcp-session-id")) then return false end
   return not filter:hit(value)
 end
 

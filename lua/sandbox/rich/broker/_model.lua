@@ -1,11 +1,11 @@
 -- rich/broker/_model.lua: POST /anthropic/v1/messages and
 -- /anthropic/v1/messages/count_tokens, optionally ?beta=true (spec/rich-mode.md
--- 11): the rebuild and its refusals (11.1-11.2, _anthropic.lua), the
+-- 11): the rebuild and its refusals (11.1-11.2, providers/anthropic_messages.lua), the
 -- credential of the admitting scope read fresh on every call (11.3), the
 -- target URL, the rebuilt headers (11.4), then _forward.lua streams the
 -- answer (11.5). A refusal is a 400 with the API's error shape and one
 -- failure log line; nothing is sent upstream.
-local anthropic = require "sandbox.rich.broker._anthropic"
+local anthropic = require "sandbox.providers.anthropic_messages"
 local audit = require "sandbox.rich.broker._audit"
 local credential = require "sandbox.broker._credential"
 local errors = require "sandbox.errors"
@@ -17,24 +17,6 @@ local scope = require "sandbox.rich.broker._scope"
 local M = {}
 
 M.PATHS = { ["/anthropic/v1/messages"] = "messages", ["/anthropic/v1/messages/count_tokens"] = "count_tokens" }
-M.COPY = { "anthropic-version", "anthropic-beta", "content-type", "accept", "user-agent", "x-app" }
-M.MAX_COPY = 4096
-
--- The fixed headers and the 11.4 copy list (a copied value replaces the
--- fixed one of that name). Values with control characters are not copied.
-function M.headers(guest, token)
-  local h = {
-    ["content-type"] = "application/json",
-    accept = "application/json, text/event-stream",
-    ["accept-encoding"] = "identity",
-    authorization = "Bearer " .. token,
-  }
-  for _, name in ipairs(M.COPY) do
-    local v = guest[name]
-    if type(v) == "string" and #v <= M.MAX_COPY and not v:find("[%c]") then h[name] = v end
-  end
-  return h
-end
 
 -- The scope's token, or nil and the audit reason: a getter that raises
 -- (credential_error), answers nil, "" or something unusable as a header
@@ -76,7 +58,7 @@ function M.handle(b, conn, call)
   end
   local url = b.upstream .. path:sub(#"/anthropic" + 1) .. (call.beta and "?beta=true" or "")
   return forward.run(b, conn, {
-    scope = s, label = "model", url = url, headers = M.headers(conn.headers, token), body = encoded,
+    scope = s, label = "model", url = url, headers = anthropic.request_headers(conn.headers, token), body = encoded,
     token = token, signal = call.signal, started = started, call = call,
   })
 end

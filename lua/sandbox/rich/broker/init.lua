@@ -13,7 +13,7 @@
 --   b:stop()                              force: every socket destroyed, the server closed
 --
 -- Section 15's two routes are rich/broker/_compaction.lua.
-local anthropic = require "sandbox.rich.broker._anthropic"
+local anthropic = require "sandbox.providers.anthropic_messages"
 local audit = require "sandbox.rich.broker._audit"
 local compaction = require "sandbox.rich.broker._compaction"
 local core = require "sandbox.core"

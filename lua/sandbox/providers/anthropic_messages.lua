@@ -1,13 +1,26 @@
--- rich/broker/_anthropic.lua: rebuilding an Anthropic Messages API request
--- field by field (spec/rich-mode.md 11.1) under the host-judged thinking and
--- effort caps (11.2). Pure: decoded JSON in, an ordered object (or a refusal
--- message) out. Anything not listed is dropped; `model` is always the
--- profile's. The refusal messages are the API-shaped texts the worker sees in
--- a 400 {"type":"error","error":{"type":"invalid_request_error","message":...}}.
+-- providers/anthropic_messages.lua: the Anthropic Messages wire format
+-- (spec/rich-mode.md 11), the one place that knows its fields. The rich
+-- broker (rich/broker/_model.lua, _forward.lua) reads what this module
+-- returns, never the wire members themselves.
 --
+--   anthropic.SHAPE        the request body's shape for json.decode_body
+--                          (unknown members dropped unread, 11.1)
 --   anthropic.rebuild(body, {model, maxOutputTokens, level, count_tokens})
 --     -> forced | nil, message
+--       field by field (11.1) under the host-judged thinking and effort
+--       caps (11.2). Pure: decoded JSON in, an ordered object (or a refusal
+--       message) out. Anything not listed is dropped; `model` is always the
+--       profile's. The refusal messages are the API-shaped texts the worker
+--       sees in a 400 {"type":"error","error":{"type":"invalid_request_error",
+--       "message":...}} (anthropic.refusal_body).
 --   anthropic.CEILINGS[level] = {effort, budget}
+--   anthropic.request_headers(guest, token) -> {name = value}   (11.4: the
+--       fixed headers, the OAuth bearer, and the copy list from the worker)
+--   anthropic.response_header_kept(name) -> bool   (11.5: content-type,
+--       request-id, x-should-retry, retry-after, anthropic-ratelimit-*)
+--   anthropic.error_tokens(body, filter) -> {type=, ...}   (the operator's
+--       tokens of an error body, providers/_error_body.lua)
+local error_body = require "sandbox.providers._error_body"
 local json = require "sandbox.json"
 local media = require "sandbox.rich._media"
 local schema = require "sandbox.broker._schema"
@@ -342,5 +355,34 @@ function M.refusal_body(message)
     error = obj({ "type", "message" }, { type = "invalid_request_error", message = message }),
   }))
 end
+
+-- 11.4: the fixed headers and the copy list (a copied value replaces the
+-- fixed one of that name). Values with control characters are not copied.
+M.COPY = { "anthropic-version", "anthropic-beta", "content-type", "accept", "user-agent", "x-app" }
+M.MAX_COPY = 4096
+
+function M.request_headers(guest, token)
+  local h = {
+    ["content-type"] = "application/json",
+    accept = "application/json, text/event-stream",
+    ["accept-encoding"] = "identity",
+    authorization = "Bearer " .. token,
+  }
+  for _, name in ipairs(M.COPY) do
+    local v = guest[name]
+    if type(v) == "string" and #v <= M.MAX_COPY and not v:find("[%c]") then h[name] = v end
+  end
+  return h
+end
+
+-- 11.5: the response headers that reach the worker (the caller still bounds
+-- their values and checks them for the credential).
+local KEEP = { ["content-type"] = true, ["request-id"] = true, ["x-should-retry"] = true, ["retry-after"] = true }
+
+function M.response_header_kept(name)
+  return KEEP[name] == true or name:find("^anthropic%-ratelimit%-") ~= nil
+end
+
+M.error_tokens = error_body.tokens
 
 return M
