@@ -4,7 +4,8 @@
 -- driver sends. Pure: no daemon call.
 --
 --   container.check(spec, log) -> the checked log config {Type, Config}   (raises 5.2's errors)
---   container.create_body(spec, logcfg) -> JSON text of POST /containers/create
+--   container.create_body(spec, logcfg, seccomp_opt) -> JSON text of POST /containers/create
+--     (seccomp_opt: "seccomp=<profile JSON>", SecurityOpt's second entry)
 --   container.log_tag(channel) -> "sandbox/<channel>" with [^A-Za-z0-9_.:/-] as "_"
 local errors = require "sandbox.errors"
 local json = require "sandbox.json"
@@ -97,7 +98,7 @@ function M.env(spec)
   }
 end
 
-function M.create_body(spec, logcfg)
+function M.create_body(spec, logcfg, seccomp_opt)
   local o = json.object
   local labels = o({ spec.labelChannel, spec.labelProfile },
     { [spec.labelChannel] = spec.channel, [spec.labelProfile] = spec.profile })
@@ -122,7 +123,7 @@ function M.create_body(spec, logcfg)
       PidsLimit = M.PIDS,
       Ulimits = json.array { o({ "Name", "Soft", "Hard" }, { Name = "nofile", Soft = M.NOFILE, Hard = M.NOFILE }) },
       CapDrop = json.array { "ALL" },
-      SecurityOpt = json.array { "no-new-privileges" },
+      SecurityOpt = json.array { "no-new-privileges", seccomp_opt },
       Binds = json.array { spec.runDir .. ":/run/sandbox:ro", spec.workspaceDir .. ":/workspace" },
       RestartPolicy = o({ "Name" }, { Name = "unless-stopped" }),
       LogConfig = o({ "Type", "Config" }, { Type = logcfg.Type, Config = o(names, config) }),

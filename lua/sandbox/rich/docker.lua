@@ -4,7 +4,11 @@
 -- per-call HTTP/1.1 transport as the sealed Engine API driver
 -- (drivers/engine.lua's http), every call bounded by 15 s. The container is
 -- long-lived: ensureRunning keeps a running container of the same image and
--- profile, and replaces any other.
+-- profile, and replaces any other. Every container it creates runs under
+-- the rich image's own seccomp allow-list (worker/pi/seccomp.json, or
+-- opts.seccompProfile, an absolute path), read once here: a missing,
+-- unreadable or malformed profile raises `seccomp profile missing: <path>`
+-- (`... invalid: <path>`) at construction, never a fallback to Docker's default.
 --
 --   local d = rich.dockerDriver { socket = "/var/run/docker.sock" }
 --   d.ensureRunning(spec)   d.status(name) -> {state, image?, profile?}
@@ -16,6 +20,7 @@ local core = require "sandbox.core"
 local engine = require "sandbox.drivers.engine"
 local errors = require "sandbox.errors"
 local json = require "sandbox.json"
+local seccomp = require "sandbox.runtime._seccomp"
 
 local M = {}
 
@@ -47,7 +52,8 @@ function M.new(opts)
   local label_profile = opts.labelProfile or "roundtable.sandbox.profile"
   local log_option = opts.log
   local timeout = opts.callTimeoutMs or M.CALL_TIMEOUT_MS
-  local d = { socket = http.socket }
+  local profile = seccomp.load(opts.seccompProfile or seccomp.default_path("rich"))
+  local d = { socket = http.socket, seccomp = { path = profile.path, count = profile.count } }
 
   -- One call: the status and body when the status is accepted, else raises.
   local function call(method, target, accepted, o)
@@ -82,7 +88,7 @@ function M.new(opts)
 
   function d.ensureRunning(spec)
     local logcfg = container.check(spec, log_option)
-    local body = container.create_body(spec, logcfg)
+    local body = container.create_body(spec, logcfg, seccomp.security_opt(profile))
     local st = d.status(spec.name)
     if st.state == "running" and st.image == spec.image and st.profile == spec.profile then return end
     if st.state ~= "missing" then d.remove(spec.name) end
