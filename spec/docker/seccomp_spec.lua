@@ -110,14 +110,14 @@ describe("seccomp allow-lists of the rich and precheck images (hardening.md 1)",
     assert.equal(0, rc, out)
     local line
     for _ = 1, 600 do   -- the report, at most 120 s
-      line = sh("docker logs " .. q(name)):match("({.-})%s*\n")
+      line = sh("docker logs " .. q(name)):match("^({[^\n]*})")
       if line then break end
       os.execute("sleep 0.2")
     end
     assert.truthy(line, "no report: " .. sh("docker logs " .. q(name)))
     local running = sh("docker inspect -f '{{.State.Running}}' " .. q(name))
     local host = host_inotify()   -- while the container lives, holding what it took
-    local info = json.decode(sh("docker inspect " .. q(name)))[1]
+    local info = json.decode((sh("docker inspect " .. q(name))))[1]
     sh("docker rm -f " .. q(name))
     assert.equal("true", running, "the attack container ended before the host's check")
     return json.decode(line), host, info.HostConfig.SecurityOpt
@@ -170,7 +170,7 @@ describe("seccomp allow-lists of the rich and precheck images (hardening.md 1)",
         runDir = dir .. "/run", workspaceDir = dir .. "/ws", uid = UID, gid = GID,
       }
     end)
-    local info = json.decode(sh("docker inspect " .. q(name)))[1]
+    local info = json.decode((sh("docker inspect " .. q(name))))[1]
     async.run(function() d.remove(name) end)
     assert.equal("no-new-privileges", info.HostConfig.SecurityOpt[1])
     same_profile(seccomp.default_path("rich"), info.HostConfig.SecurityOpt[2])
@@ -216,7 +216,7 @@ describe("seccomp allow-lists of the rich and precheck images (hardening.md 1)",
       if report then
         host = host_inotify()
         local id = sh("docker ps -q --filter name=roundtable-precheck-" .. ctx.schedule.id .. "-"):match("^(%x+)")
-        if id then opts = json.decode(sh("docker inspect " .. id))[1].HostConfig.SecurityOpt end
+        if id then opts = json.decode((sh("docker inspect " .. id)))[1].HostConfig.SecurityOpt end
       end
       res = { async.wait(t) }
     end)
