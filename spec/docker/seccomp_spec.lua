@@ -123,21 +123,33 @@ describe("seccomp allow-lists of the rich and precheck images (hardening.md 1)",
     return json.decode(line), host, info.HostConfig.SecurityOpt
   end
 
-  it("a rich container (Bun FFI) cannot take the account's inotify instances nor reach io_uring, fanotify, keyrings, userfaultfd, perf, bpf", function()
-    local profile = seccomp.default_path("rich")
-    local r, host, opts = attack(PI, profile)
-    all_refused(r)
-    assert.equal("ok", host)
-    same_profile(profile, opts[2])
-  end)
+  if D.name == "runsc" then
+    -- measured under gVisor (runsc 0.0~20221219.0, Debian 12): bun
+    -- 1.4.5 aborts (panic: abort() called) running this attack and the
+    -- precheck entry script even under Docker's default profile, so the
+    -- attack cannot run there; under the allow-lists a plain `bun -e` runs
+    -- (clock_gettime is allowed for it: gVisor serves it as a system call,
+    -- not the vDSO). gVisor serves inotify, io_uring and the keyrings in its
+    -- own kernel, so a guest's never reach the host's per-uid objects.
+    pending("SBX_RUNTIME=runsc: bun 1.4.5 aborts under gVisor running the attack (and the precheck entry script) even "
+      .. "under Docker's default profile (docs/threat-model.md 7); the first docker pass covers the attack")
+  else
+    it("a rich container (Bun FFI) cannot take the account's inotify instances nor reach io_uring, fanotify, keyrings, userfaultfd, perf, bpf", function()
+      local profile = seccomp.default_path("rich")
+      local r, host, opts = attack(PI, profile)
+      all_refused(r)
+      assert.equal("ok", host)
+      same_profile(profile, opts[2])
+    end)
 
-  it("a precheck-image container the same, under the precheck profile", function()
-    local profile = seccomp.default_path("precheck")
-    local r, host, opts = attack(PRECHECK, profile)
-    all_refused(r)
-    assert.equal("ok", host)
-    same_profile(profile, opts[2])
-  end)
+    it("a precheck-image container the same, under the precheck profile", function()
+      local profile = seccomp.default_path("precheck")
+      local r, host, opts = attack(PRECHECK, profile)
+      all_refused(r)
+      assert.equal("ok", host)
+      same_profile(profile, opts[2])
+    end)
+  end
 
   it("a missing profile stops the rich driver and the precheck runner at construction, never a fallback", function()
     local missing = spec_fs.tmpdir("sc", dirs, "/tmp") .. "/none.json"

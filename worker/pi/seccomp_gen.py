@@ -20,7 +20,11 @@
 #             the npm bun, 13 cases with MCP calls through the real broker),
 #             then spec/docker/precheck_spec.lua under the profile.
 #   both      runc init's calls between loading the filter and exec'ing the
-#             entrypoint (the sealed profile's measurement, worker/seccomp.json).
+#             entrypoint (the sealed profile's measurement, worker/seccomp.json);
+#             bun's pwritev2/preadv2/poll on its stdio, which only the container
+#             runs showed (a logging copy: defaultAction SCMP_ACT_LOG, kernel
+#             audit type=1326 lines, lossy without auditd; then the profile
+#             itself); clock_gettime, which gVisor serves as a system call.
 # Measured but refused: inotify_init1/add_watch/rm_watch (Claude Code's file
 # watcher: it runs on without it; a turn needs no file watching), keyctl
 # (pi-mcp-adapter's OAuth keyring lookup: rich mode's MCP goes through the
@@ -52,9 +56,11 @@ ALLOW = [
     (["nanosleep", "clock_nanosleep", "getppid", "epoll_pwait", "fstatfs"], BOTH,
      "runc init's Go runtime between the filter load and its exec (the sealed profile's strace of runc: threads "
      "parked in futex/nanosleep/epoll_pwait, the close-range walk of /proc/self/fd); clock_nanosleep: Claude Code"),
-    (["rt_sigsuspend", "sched_setscheduler", "timerfd_create", "timerfd_settime", "clock_gettime"], (R,),
-     "Claude Code: waiting for signals, lowering its helper threads' priority, its loop's timers, clocks "
-     "(normally the vDSO)"),
+    (["clock_gettime", "gettimeofday", "time"], BOTH,
+     "clocks: normally the vDSO (so strace on the host sees them from Claude Code only); under gVisor (runsc) "
+     "the call itself, without which bun aborts at start (measured: the one call a bun -e needed there)"),
+    (["rt_sigsuspend", "sched_setscheduler", "timerfd_create", "timerfd_settime"], (R,),
+     "Claude Code: waiting for signals, lowering its helper threads' priority, its loop's timers"),
     (["getuid", "getgid", "geteuid", "getegid", "getrusage"], (R,),
      "reading its own ids and usage (os.userInfo, process.resourceUsage; Claude Code's start-up)"),
     (["epoll_create1", "epoll_ctl", "epoll_pwait2", "eventfd2"], BOTH,
