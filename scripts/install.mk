@@ -15,7 +15,9 @@
 #                                         Dockerfile, seccomp.json, sbx-worker,
 #                                         lua/**, image_lib.sh, and build-image
 #                                         (worker/image.sh), which
-#                                         builds pi-roundtable-sandbox:local
+#                                         builds pi-roundtable-sandbox:local;
+#                                         pi/seccomp.json, precheck/seccomp.json:
+#                                         the rich and precheck images' profiles
 #     DOCDIR/                             README.md, LICENSE, docs/*.md, the systemd example
 # Nothing records the prefix inside a binary: the installed sbx finds
 # PREFIX/share/lua/5.4 from its own path, libsbx.so.0 the same tree from its
@@ -27,8 +29,9 @@
 #     make rock B=build/rock              sandbox.core against the system's
 #                                         libraries (LUA_INCDIR from luarocks)
 #     make install-rock ROCK_LUADIR=… ROCK_LIBDIR=…   the modules into the rock
-#                                         (and the seccomp profile beside them:
-#                                         sandbox/seccomp.json, no image context)
+#                                         (and the seccomp profiles beside them:
+#                                         sandbox/seccomp.json, seccomp-pi.json,
+#                                         seccomp-precheck.json; no image context)
 
 PREFIX     ?= /usr/local
 DESTDIR    ?=
@@ -83,6 +86,8 @@ install: all $(B)/sbx.pc
 	install -D -m 0755 $(B)/lua/sandbox/core.so "$(DESTDIR)$(LUACDIR)/sandbox/core.so"
 	install -D -m 0644 worker/Dockerfile "$(DESTDIR)$(IMAGEDIR)/Dockerfile"
 	install -D -m 0644 worker/seccomp.json "$(DESTDIR)$(IMAGEDIR)/seccomp.json"
+	install -D -m 0644 worker/pi/seccomp.json "$(DESTDIR)$(IMAGEDIR)/pi/seccomp.json"
+	install -D -m 0644 worker/precheck/seccomp.json "$(DESTDIR)$(IMAGEDIR)/precheck/seccomp.json"
 	install -D -m 0755 $(B)/worker/sbx-worker "$(DESTDIR)$(IMAGEDIR)/sbx-worker"
 	install -D -m 0755 worker/image.sh "$(DESTDIR)$(IMAGEDIR)/build-image"
 	install -D -m 0644 scripts/image_lib.sh "$(DESTDIR)$(IMAGEDIR)/image_lib.sh"
@@ -112,4 +117,6 @@ install-rock: rock
 	  echo "make install-rock: ROCK_LUADIR and ROCK_LIBDIR are luarocks' (luarocks make)" >&2; exit 1; fi
 	$(call copy_tree,lua,$(ROCK_LUADIR),$(HOST_LUA:lua/%=%))
 	install -D -m 0644 worker/seccomp.json "$(ROCK_LUADIR)/sandbox/seccomp.json"
+	install -D -m 0644 worker/pi/seccomp.json "$(ROCK_LUADIR)/sandbox/seccomp-pi.json"
+	install -D -m 0644 worker/precheck/seccomp.json "$(ROCK_LUADIR)/sandbox/seccomp-precheck.json"
 	install -D -m 0755 $(B)/lua/sandbox/core.so "$(ROCK_LIBDIR)/sandbox/core.so"

@@ -483,6 +483,8 @@ describe("the CLI driver's long-lived lifecycle (rich mode)", function()
     missing()
     async.run(function() rd().ensureRunning(rspec()) end)
     local spec = rspec()
+    local seccomp = require "sandbox.runtime._seccomp"
+    spec.seccomp = seccomp.load(seccomp.default_path("rich"))   -- the rich image's own allow-list
     local a = argvs()
     local env_path = a[2][9]
     assert.equal("--env-file", a[2][8])
@@ -491,6 +493,7 @@ describe("the CLI driver's long-lived lifecycle (rich mode)", function()
       rich_render.argv(spec, rich_container.check(spec, nil), env_path),
       { "start", "--", NAME },
     }, a)
+    assert.truthy(table.concat(a[2], " "):find("--security-opt seccomp=" .. spec.seccomp.path, 1, true))
     -- the environment in its file, in the page's order; the file is gone after
     assert.equal(rich_render.env_file(spec), spec_fs.read(fake.dir .. "/calls/2.envfile"))
     assert.is_false(spec_fs.exists(env_path))

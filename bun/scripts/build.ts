@@ -104,6 +104,9 @@ function buildFromCheckout(): void {
   const workerLua = copyTree(join(CHECKOUT, "worker", "lua"), join(worker, "lua"));
   copy(join(CHECKOUT, "worker", "Dockerfile"), join(worker, "Dockerfile"));
   copy(join(CHECKOUT, "worker", "seccomp.json"), join(worker, "seccomp.json"));
+  // the rich and precheck images' profiles (rich/docker.lua, precheck/_docker.lua read them at startup)
+  copy(join(CHECKOUT, "worker", "pi", "seccomp.json"), join(worker, "pi", "seccomp.json"));
+  copy(join(CHECKOUT, "worker", "precheck", "seccomp.json"), join(worker, "precheck", "seccomp.json"));
   copy(join(CHECKOUT, "build", "worker", "sbx-worker"), join(worker, "sbx-worker"), 0o755);
   copy(join(CHECKOUT, "worker", "image.sh"), join(worker, "build-image"), 0o755);
   copy(join(CHECKOUT, "scripts", "image_lib.sh"), join(worker, "image_lib.sh"));

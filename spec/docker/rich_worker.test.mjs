@@ -3,13 +3,13 @@
 // SANDBOX_DOCKER_TEST=1, run as a non-root docker-group account (sbx), after
 // `make image-pi`. The container gets the section 5.3 settings (network none,
 // read-only root, 512 MiB /tmp tmpfs, 1,536 MiB memory = swap, one CPU, 256
-// PIDs, nofile 256, CapDrop ALL, no-new-privileges, exactly the run/ and
+// PIDs, nofile 256, CapDrop ALL, no-new-privileges, the seccomp profile worker/pi/seccomp.json, exactly the run/ and
 // workspace/ binds, the 5.3 environment), the scripted broker peer listens on
 // the bind-mounted socket and the Anthropic-shaped upstream serves the model.
 // Containers are named roundtable-rich-test-<pid>-<n> and removed afterwards.
 import { describe, test, expect, afterAll } from "bun:test";
 import { mkdtempSync, mkdirSync, rmSync, readdirSync, readFileSync, statSync } from "node:fs";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
 import { tmpdir } from "node:os";
 import { startPeer } from "../fixtures/rich_broker_peer.mjs";
 import { startAnthropicUpstream, textReply } from "../fixtures/anthropic_sse_upstream.mjs";
@@ -18,6 +18,8 @@ const ON = process.env.SANDBOX_DOCKER_TEST === "1";
 const IMAGE = process.env.PI_IMAGE || "pi-roundtable-sandbox:pi";
 const DEPS = process.env.PI_DEPS_IMAGE || "pi-roundtable-sandbox:pi-deps";
 const SECRET = "sk-ant-oat01-host-only-secret-value";
+// The rich image's own seccomp allow-list (hardening.md 1; rich/docker.lua passes it to every container).
+const SECCOMP = resolve(import.meta.dir, "..", "..", "worker", "pi", "seccomp.json");
 const names = [];
 let seq = 0;
 
@@ -33,7 +35,7 @@ function runArgs(name, dir, profile = "spec") {
     "--network", "none", "--read-only", "--tmpfs", "/tmp:rw,nosuid,nodev,size=512m,mode=1777",
     "--memory", "1536m", "--memory-swap", "1536m", "--cpus", "1", "--pids-limit", "256",
     "--ulimit", "nofile=256:256", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-    "--restart", "unless-stopped", "--pull", "never", "--log-driver", "local",
+    "--security-opt", `seccomp=${SECCOMP}`, "--restart", "unless-stopped", "--pull", "never", "--log-driver", "local",
     "-v", `${dir}/run:/run/sandbox:ro`, "-v", `${dir}/workspace:/workspace`,
     "-e", `SANDBOX_PROFILE=${profile}`, "-e", "TZ=UTC", "-e", "ANTHROPIC_BASE_URL=http://127.0.0.1:8080/anthropic",
     "-e", "CLAUDE_CODE_OAUTH_TOKEN=sandbox-dummy-token", "-e", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",

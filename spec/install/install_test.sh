@@ -103,6 +103,7 @@ layout() {
     share/pi-roundtable-sandbox/Dockerfile share/pi-roundtable-sandbox/sbx-worker \
     share/pi-roundtable-sandbox/build-image share/pi-roundtable-sandbox/image_lib.sh \
     share/pi-roundtable-sandbox/seccomp.json share/pi-roundtable-sandbox/lua/agent.lua \
+    share/pi-roundtable-sandbox/pi/seccomp.json share/pi-roundtable-sandbox/precheck/seccomp.json \
     share/doc/pi-roundtable-sandbox/README.md share/doc/pi-roundtable-sandbox/LICENSE share/doc/pi-roundtable-sandbox/operations.md \
     share/doc/pi-roundtable-sandbox/threat-model.md share/doc/pi-roundtable-sandbox/operator-notes.md \
     share/doc/pi-roundtable-sandbox/roundtable-bot.service; do
@@ -122,6 +123,9 @@ layout() {
   [ "$want" = "$have" ] || { echo "the image context's Lua differs from worker/lua/"; return 1; }
   cmp -s worker/Dockerfile "$P/share/pi-roundtable-sandbox/Dockerfile" || { echo "Dockerfile differs"; return 1; }
   cmp -s worker/seccomp.json "$P/share/pi-roundtable-sandbox/seccomp.json" || { echo "seccomp.json differs"; return 1; }
+  cmp -s worker/pi/seccomp.json "$P/share/pi-roundtable-sandbox/pi/seccomp.json" || { echo "pi/seccomp.json differs"; return 1; }
+  cmp -s worker/precheck/seccomp.json "$P/share/pi-roundtable-sandbox/precheck/seccomp.json" ||
+    { echo "precheck/seccomp.json differs"; return 1; }
 }
 check "the installed layout: bin, lib (SONAME link), include/sbx (public headers only), pkgconfig, Lua modules, core.so, image context, docs" layout
 
@@ -305,7 +309,7 @@ else
     list="$(tar tzf "$TGZ")" || return 1
     for f in package.json src/index.ts src/ffi.ts src/options.conf.lua native/libsbx.so lua/sandbox/init.lua \
       lua/sandbox/embed/init.lua lua/sandbox/runtime/layout.lua worker/Dockerfile worker/sbx-worker worker/build-image \
-      worker/image_lib.sh worker/seccomp.json \
+      worker/image_lib.sh worker/seccomp.json worker/pi/seccomp.json worker/precheck/seccomp.json \
       worker/lua/agent.lua scripts/build.ts dist/index.d.ts dist/types.d.ts LICENSE; do
       grep -qx "package/$f" <<<"$list" || missing="$missing $f"
     done

@@ -7,6 +7,7 @@ local async = require "sandbox.async"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 local rich = require "sandbox.rich"
+local seccomp = require "sandbox.runtime._seccomp"
 local spec_fs = require "spec_fs"
 
 local write = spec_fs.write
@@ -93,7 +94,11 @@ describe("rich Docker driver (fake Engine API)", function()
     assert.equal("none", h.NetworkMode)
     assert.is_true(h.ReadonlyRootfs)
     assert.same({ "ALL" }, h.CapDrop)
-    assert.same({ "no-new-privileges" }, h.SecurityOpt)
+    -- no-new-privileges, then the rich image's own seccomp allow-list, inline (hardening.md 1)
+    assert.equal(2, #h.SecurityOpt)
+    assert.equal("no-new-privileges", h.SecurityOpt[1])
+    assert.same(json.plain(json.decode(assert(spec_fs.read(seccomp.default_path("rich"))))),
+      json.plain(json.decode(assert(h.SecurityOpt[2]:match("^seccomp=(.*)$")))))
     assert.same({ dir .. "/run:/run/sandbox:ro", dir .. "/ws:/workspace" }, h.Binds)
     assert.is_nil(h.Mounts)
     assert.equal(1536 * 1024 * 1024, h.Memory)

@@ -28,6 +28,7 @@ local json = require "sandbox.json"
 local modes = require "sandbox.cli._doctor_modes"
 local openai_chat = require "sandbox.providers.openai_chat"
 local options = require "sandbox.runtime._options"
+local seccomp = require "sandbox.runtime._seccomp"
 local signal = require "sandbox.signal"
 
 local M = {}
@@ -245,6 +246,26 @@ end
 -- The configured runtime is one the daemon has registered
 -- (shared/spec/warm-turns.md 4); nothing to ask for the daemon's default or
 -- for a name the "runtime" step already refused.
+-- The rich (Pi) and precheck images' own seccomp profiles (hardening.md 1,
+-- issue 21 item 3), which their built-in drivers read at startup: each one's
+-- path and how many system calls it allows.
+M.IMAGE_PROFILES = {
+  { kind = "rich", file = "worker/pi/seccomp.json" },
+  { kind = "precheck", file = "worker/precheck/seccomp.json" },
+}
+local function image_profiles(r)
+  for _, p in ipairs(M.IMAGE_PROFILES) do
+    local ok, got = pcall(seccomp.load, seccomp.default_path(p.kind))
+    if ok then
+      r.ok("seccomp " .. p.kind, string.format("%s (allows %d system calls; everything else fails with EPERM)",
+        got.path, got.count))
+    else
+      r.fail("seccomp " .. p.kind, tostring(got), nil, "restore " .. p.file
+        .. " from the project (python3 worker/pi/seccomp_gen.py writes it; make install ships it)")
+    end
+  end
+end
+
 local function runtime_check(r, docker, name)
   if name == nil or not container.runtime_ok(name) then return end
   local set = docker:runtimes()
@@ -483,6 +504,7 @@ function M.check(cfg, opts, out, mode)
   local state = construction(r, cfg, path)
   state_file(r, cfg, state, path)
   hardening_checks(r, cfg, state, opts)
+  image_profiles(r)
   if opts.no_docker then
     r.skip("docker", "--no-docker")
   else

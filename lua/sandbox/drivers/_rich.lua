@@ -79,7 +79,8 @@ function M.body(spec, logcfg)
       PidsLimit = M.PIDS,
       Ulimits = json.array { o({ "Name", "Soft", "Hard" }, { Name = "nofile", Soft = M.NOFILE, Hard = M.NOFILE }) },
       CapDrop = json.array { "ALL" },
-      SecurityOpt = json.array { "no-new-privileges" },
+      -- the rich image's seccomp allow-list (rich/docker.lua loads it)
+      SecurityOpt = json.array { "no-new-privileges", spec.seccomp and ("seccomp=" .. spec.seccomp.json) or nil },
       Binds = json.array(binds(spec)),
       RestartPolicy = o({ "Name" }, { Name = M.RESTART }),
       LogConfig = o({ "Type", "Config" }, { Type = logcfg.Type, Config = o(names, config) }),
@@ -114,6 +115,7 @@ function M.argv(spec, logcfg, env_path)
     "--ulimit", string.format("nofile=%d:%d", M.NOFILE, M.NOFILE),
     "--cap-drop", "ALL",
     "--security-opt", "no-new-privileges")
+  if spec.seccomp then add("--security-opt", "seccomp=" .. spec.seccomp.path) end
   for _, b in ipairs(binds(spec)) do add("--volume", b) end
   add("--restart", M.RESTART, "--log-driver", logcfg.Type)
   for _, k in ipairs(log_names(logcfg)) do add("--log-opt", k .. "=" .. logcfg.Config[k]) end

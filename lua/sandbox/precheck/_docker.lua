@@ -12,16 +12,24 @@
 -- (lua/sandbox/drivers/contract.lua, over the CLI driver's primitives), so a
 -- precheck container dies and is removed exactly like a sealed turn's.
 -- Raises the abort reason, `body too large`, `sandbox worker failed` or the
--- cleanup error.
+-- cleanup error. Every precheck container runs under the precheck image's own
+-- seccomp allow-list (worker/precheck/seccomp.json, or the path given to new),
+-- read once at construction (startup): `--security-opt seccomp=<path>`; a
+-- missing one raises `seccomp profile missing: <path>`, never a fallback.
 local container = require "sandbox.drivers._sealed"
 local contract = require "sandbox.drivers.contract"
+local seccomp = require "sandbox.runtime._seccomp"
 
 local M = {}
 
-function M.new(cli)
-  local d = { builtin = true }
+function M.new(cli, seccomp_profile)
+  local profile = seccomp.load(seccomp_profile or seccomp.default_path("precheck"))
+  local d = { builtin = true, seccomp = { path = profile.path, count = profile.count } }
   function d.exec(spec, input, signal, o)
-    local c = container.check(spec)
+    local s = {}
+    if type(spec) == "table" then for k, v in pairs(spec) do s[k] = v end end
+    s.seccompProfile = profile.path
+    local c = container.check(type(spec) == "table" and s or spec)
     return contract.attached(cli, c, input, signal, { max_stdout = o and o.stdoutBytes or nil })
   end
   -- `docker rm --force <name>` with the removal algorithm (for stale

@@ -8,6 +8,12 @@
 -- `container inspect`, `rm --force`, `logs`; drivers/cli.lua). Every call is
 -- bounded by 15 s. The container is long-lived: ensureRunning keeps a
 -- running container of the same image and profile, and replaces any other.
+-- Every container it creates runs under the rich image's own seccomp
+-- allow-list (worker/pi/seccomp.json, or opts.seccompProfile, an absolute
+-- path), read once here: a missing, unreadable or malformed profile raises
+-- `seccomp profile missing: <path>` (`... invalid: <path>`) at construction,
+-- never a fallback to Docker's default. The Engine API body carries it in
+-- SecurityOpt, the CLI argv as `--security-opt seccomp=<path>`.
 --
 --   local d = rich.dockerDriver { socket = "/var/run/docker.sock" }
 --   d.ensureRunning(spec)   d.status(name) -> {state, image?, profile?}
@@ -23,6 +29,7 @@ local container = require "sandbox.rich._container"
 local contract = require "sandbox.drivers.contract"
 local engine = require "sandbox.drivers.engine"
 local errors = require "sandbox.errors"
+local seccomp = require "sandbox.runtime._seccomp"
 
 local M = {}
 
@@ -57,7 +64,8 @@ function M.new(opts)
   end
   local label_profile = opts.labelProfile or M.DEFAULT_LABEL_PROFILE
   local log_option = opts.log
-  local r = { socket = d.socket, driver = d }
+  local profile = seccomp.load(opts.seccompProfile or seccomp.default_path("rich"))
+  local r = { socket = d.socket, driver = d, seccomp = { path = profile.path, count = profile.count } }
 
   function r.status(name)
     check_name(name)
@@ -71,7 +79,10 @@ function M.new(opts)
 
   function r.ensureRunning(spec)
     local logcfg = container.check(spec, log_option)
-    contract.ensure_running(d, spec, logcfg, label_profile)
+    local s = { seccomp = profile }
+    for k, v in pairs(spec) do s[k] = v end
+    s.seccomp = profile
+    contract.ensure_running(d, s, logcfg, label_profile)
   end
 
   function r.logs(name, lines)
