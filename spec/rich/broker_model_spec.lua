@@ -114,7 +114,7 @@ describe("rich broker: the Anthropic route (11)", function()
       h:stop()
       h = harness.new { up = up, over = { oauthToken = function() if v then return v end return nil end } }
       run(function()
-        h:bind()
+        h:bind { turnId = "t-b55" }
         local r = h:model()
         assert.equal(502, r.status)
         assert.equal("Broker call failed", r.body)
@@ -122,6 +122,7 @@ describe("rich broker: the Anthropic route (11)", function()
       end)
       local w = h:warns("sandbox upstream call failed")
       assert.equal("Credential unavailable", w[1].error)
+      assert.equal("t-b55", w[1].turn)      -- one turn field in every mode's lines
     end
   end)
 

@@ -106,7 +106,7 @@ local function turn_scope(b)
 end
 
 local function fallback(b, conn, s, reason)
-  b.log.warn("compaction falls back to Pi's summary", { channel = s.channel, engine = b.compaction and b.compaction.engine or nil, fallback = reason })
+  b.log.warn("compaction falls back to Pi's summary", { channel = s.channel, turn = s.turnId, engine = b.compaction and b.compaction.engine or nil, fallback = reason })
   return conn:reply(200, json.encode(json.object({ "ok", "fallback" }, { ok = false, fallback = reason })), "application/json")
 end
 
@@ -141,7 +141,7 @@ local function compact(b, conn, s, rec)
   bytes = nil
   if not M.request_ok(req) then done() return fallback(b, conn, s, M.INVALID) end           -- 7
   b.compacting = true
-  local task = async.spawn(c.compact, req, { channel = s.channel, signal = sig })
+  local task = async.spawn(c.compact, req, { channel = s.channel, turn = s.turnId, signal = sig })
   async.on_done(task, function() b.compacting = false end)
   local finished = async.wait_or_abort(task, sig)
   done()
@@ -155,7 +155,7 @@ local function compact(b, conn, s, rec)
     local details = {}
     for k, v in pairs(res.details or {}) do details[k] = v end
     details.engine = c.engine
-    b.log.info("host compactor answered", { channel = s.channel, engine = c.engine, tokensBefore = res.tokensBefore,
+    b.log.info("host compactor answered", { channel = s.channel, turn = s.turnId, engine = c.engine, tokensBefore = res.tokensBefore,
       tokensAfter = res.estimatedTokensAfter, latencyMs = b.clock.now() - started })
     local out = json.object({ "summary", "firstKeptEntryId", "tokensBefore", "estimatedTokensAfter", "details" }, {
       summary = res.summary, firstKeptEntryId = res.firstKeptEntryId, tokensBefore = res.tokensBefore,
@@ -193,14 +193,14 @@ local function report(b, conn, s, rec)
     return conn:reply(400, M.BAD_REPORT)
   end
   if r.type == "bypass" then
-    b.log.info("compaction skips the extension for Pi's summary", { channel = s.channel, reason = r.reason,
+    b.log.info("compaction skips the extension for Pi's summary", { channel = s.channel, turn = s.turnId, reason = r.reason,
       tokensBefore = r.tokensBefore, ceiling = M.CEILING })
   else
     local trigger = r.reason == "manual" and "self" or r.reason
     if r.engine == nil then
-      b.log.warn("compaction failed", { channel = s.channel, trigger = trigger, aborted = r.aborted, error = r.error })
+      b.log.warn("compaction failed", { channel = s.channel, turn = s.turnId, trigger = trigger, aborted = r.aborted, error = r.error })
     else
-      b.log.info("conversation compacted", { channel = s.channel, trigger = trigger, engine = r.engine,
+      b.log.info("conversation compacted", { channel = s.channel, turn = s.turnId, trigger = trigger, engine = r.engine,
         tokensBefore = r.tokensBefore, tokensAfter = r.tokensAfter, contextAfter = r.contextAfter,
         nextCompactionAt = r.nextCompactionAt })
     end
@@ -222,7 +222,7 @@ function M.route(b, conn, path)
   local rec = audit.begin(b, s, route, {})
   local ok, err = pcall(path == "/compaction/compact" and compact or report, b, conn, s, rec)
   if not ok then
-    b.log.error("sandbox broker handler failed", { channel = s.channel, route = "compaction", error = tostring(err):sub(1, 300) })
+    b.log.error("sandbox broker handler failed", { channel = s.channel, turn = s.turnId, route = "compaction", error = tostring(err):sub(1, 300) })
     conn:fail()
   end
   if rec.reason then rec.accepted = false end                -- a refusal line carries no sizes

@@ -78,7 +78,7 @@ end
 function M.run(b, conn, o)
   local call = o.call or { scope = o.scope, signal = o.signal }
   local function failure(f)
-    f.channel, f.upstream, f.latencyMs = o.scope.channel, o.label, b.clock.now() - o.started
+    f.channel, f.turn, f.upstream, f.latencyMs = o.scope.channel, o.scope.turnId, o.label, b.clock.now() - o.started
     log.upstream_failure(b.log, f, o.token)
   end
   local function why(reason) audit.why(call, reason) end

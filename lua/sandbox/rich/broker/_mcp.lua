@@ -52,7 +52,7 @@ function M.handle(b, conn, call)
     token, why = model.token(b.mcpToken, s, call.signal)
     if not token then
       audit.why(call, why or audit.aborted(call))
-      log.upstream_failure(b.log, { channel = s.channel, upstream = "mcp:" .. server.name,
+      log.upstream_failure(b.log, { channel = s.channel, turn = s.turnId, upstream = "mcp:" .. server.name,
         latencyMs = b.clock.now() - call.started, error = errors.RICH_CREDENTIAL })
       return conn:reply(502, forward.FAILED)
     end

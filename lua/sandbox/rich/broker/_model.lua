@@ -32,7 +32,7 @@ function M.handle(b, conn, call)
   local s, path = call.scope, call.path
   local started = call.started
   local function failure(f)
-    f.channel, f.upstream, f.latencyMs = s.channel, "model", b.clock.now() - started
+    f.channel, f.turn, f.upstream, f.latencyMs = s.channel, s.turnId, "model", b.clock.now() - started
     log.upstream_failure(b.log, f)
   end
   local forced, refusal = anthropic.rebuild(call.body, {

@@ -47,7 +47,7 @@ function M.handle(b, conn, call)
   local label = "tool:" .. name
   local function failure(err, why)
     audit.why(call, why or "tool_failed")
-    log.upstream_failure(b.log, { channel = s.channel, upstream = label, latencyMs = b.clock.now() - call.started, error = err })
+    log.upstream_failure(b.log, { channel = s.channel, turn = s.turnId, upstream = label, latencyMs = b.clock.now() - call.started, error = err })
     return conn:reply(502, forward.FAILED)
   end
   local input = call.body.input
