@@ -152,17 +152,32 @@ void sbx__srv_stop(sbx__srv_t *srv, lua_State *L, int force) {
   for (i = 0; i < n; i++) srv->ops->closing(list[i], L, SBX_CONN_STOPPED);
   for (i = 0; i < n; i++) conn_unpin(list[i]);
   if (L != NULL) {
+    sbx__unref(L, &srv->handler_ref);
     sbx__unref(L, &srv->on_refused_ref);
     sbx__unref(L, &srv->self_ref);
   }
   sbx__srv_release(srv);
 }
 
-void sbx__srv_gc(sbx__srv_t *srv) {
+int sbx__srv_gc_box(lua_State *L, const char *mt) {
+  sbx__srv_t *srv = sbx__box_detach(luaL_checkudata(L, 1, mt));
+  if (srv == NULL) return 0;
   /* Only reached after stop() or at state close: never call Lua from here. */
   srv->lua_gone = 1;
   sbx__srv_stop(srv, NULL, 1);
   sbx__srv_release(srv);
+  return 0;
+}
+
+void sbx__conn_call_uservalue(lua_State *L, int ref, int uv, const char *arg) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  if (lua_getiuservalue(L, -1, uv) == LUA_TFUNCTION) {
+    lua_remove(L, -2);             /* the registry ref keeps the userdata alive */
+    if (arg != NULL) lua_pushstring(L, arg);
+    sbx__pcall(L, arg != NULL);
+  } else {
+    lua_pop(L, 2);
+  }
 }
 
 int sbx__srv_reclaim(int want) {
@@ -478,6 +493,7 @@ int sbx__srv_listen(sbx__srv_t *srv, sbx__loop_t *lp, const sbx__conn_ops_t *ops
   srv->lp = lp;
   srv->ops = ops;
   srv->on_refused_ref = LUA_NOREF;
+  srv->handler_ref = LUA_NOREF;
   srv->self_ref = LUA_NOREF;
   uv_pipe_init(&lp->uv, &srv->server, 0);
   srv->server.data = srv;
@@ -496,4 +512,17 @@ int sbx__srv_push_listen_failure(lua_State *L, int rc) {
   char msg[128];
   snprintf(msg, sizeof msg, "cannot listen on the broker socket: %s", uv_strerror(rc));
   return sbx__push_failure(L, -rc, msg);
+}
+
+void sbx__srv_adopt(lua_State *L, sbx__srv_t *srv, sbx__box_t *box, int refused_idx) {
+  if (lua_type(L, refused_idx) == LUA_TFUNCTION) srv->on_refused_ref = sbx__ref(L, refused_idx);
+  sbx__box_bind(box, srv, NULL);                /* the listener outlives its box */
+  srv->refs++;                                  /* the userdata's */
+  srv->self_ref = sbx__ref(L, -1);
+}
+
+void sbx__srv_push_stats(lua_State *L, const sbx__srv_t *srv, int extra) {
+  lua_createtable(L, 0, 1 + extra);
+  lua_pushinteger(L, srv ? srv->nconns : 0);
+  lua_setfield(L, -2, "connections");
 }

@@ -53,6 +53,7 @@
 
 #include <uv.h>
 
+#include "aux.h"
 #include "loop.h"
 
 #define SBX_CONN_GONE     "gone"
@@ -109,6 +110,7 @@ struct sbx__srv {
   int max_conns;           /* <= SBX_MAX_CONNECTIONS */
   uint64_t head_ms;
   int on_refused_ref;      /* opts.on_refused, or LUA_NOREF */
+  int handler_ref;         /* the policy's handler (on_call, on_request), or LUA_NOREF */
   int self_ref;            /* the userdata, anchored until stop() */
   sbx__conn_t *conns;
   int nconns;
@@ -141,16 +143,27 @@ struct sbx__conn {
  * callback). */
 int sbx__srv_listen(sbx__srv_t *srv, sbx__loop_t *lp, const sbx__conn_ops_t *ops,
                     const char *path);
+/* The listener is up and its box (aux.h) at the top of L's stack is its
+ * Lua face: the box holds one reference and is anchored until stop();
+ * opts.on_refused is the value at refused_idx (a function, or none). */
+void sbx__srv_adopt(lua_State *L, sbx__srv_t *srv, sbx__box_t *box, int refused_idx);
+/* Pushes a stats table holding `connections` (0 for a NULL srv), with
+ * room for `extra` more fields. */
+void sbx__srv_push_stats(lua_State *L, const sbx__srv_t *srv, int extra);
 /* Pushes nil, "cannot listen on the broker socket: ...", ENAME. */
 int sbx__srv_push_listen_failure(lua_State *L, int rc);
 void sbx__srv_release(sbx__srv_t *srv);
 /* Closes the server (libuv unlinks its socket) and closes every connection
  * (force) or only the ones still reading their head, with why
- * SBX_CONN_STOPPED and Lua on L (NULL: none). Unrefs on_refused and the
- * self anchor. Idempotent. */
+ * SBX_CONN_STOPPED and Lua on L (NULL: none). Unrefs the handler,
+ * on_refused and the self anchor. Idempotent. */
 void sbx__srv_stop(sbx__srv_t *srv, lua_State *L, int force);
-/* The userdata was collected: stop without Lua and drop its reference. */
-void sbx__srv_gc(sbx__srv_t *srv);
+/* The __gc of a listener's box (metatable mt): stop without Lua, drop the
+ * userdata's reference. */
+int sbx__srv_gc_box(lua_State *L, const char *mt);
+/* Calls the function in user value uv of the userdata anchored by ref with
+ * arg (no argument when NULL), protected; nothing when it holds none. */
+void sbx__conn_call_uservalue(lua_State *L, int ref, int uv, const char *arg);
 /* Hands a refusal to opts.on_refused (last on a path: the handler may stop
  * the listener; srv stays valid meanwhile). */
 void sbx__srv_report(sbx__srv_t *srv, const sbx__refusal_t *r);

@@ -92,7 +92,6 @@ struct lst {
                               the head, and any JSON value reaches on_call */
   size_t max_body;         /* Content-Length above this is refused unread */
   uint64_t request_ms;
-  int on_call_ref;
   sbx__route_t *routes;
   size_t nroutes;
   char *route_bytes;
@@ -195,14 +194,7 @@ static void on_closing(sbx__conn_t *base, lua_State *L, const char *why) {
   if (strcmp(why, SBX_CONN_GONE) == 0 || strcmp(why, SBX_CONN_FINISHED) == 0) why = "client_closed";
   if (!call->replied && !call->close_fired) {
     call->close_fired = 1;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
-    if (lua_getiuservalue(L, -1, UV_ON_CLOSE) == LUA_TFUNCTION) {
-      lua_remove(L, -2);             /* the registry ref keeps the call alive */
-      lua_pushstring(L, why);
-      sbx__pcall(L, 1);
-    } else {
-      lua_pop(L, 2);
-    }
+    sbx__conn_call_uservalue(L, ref, UV_ON_CLOSE, why);
   }
   sbx__unref(L, &ref);
 }
@@ -357,7 +349,7 @@ static void body_complete(bconn_t *c) {
   c->body = NULL;
   c->discarded = 0;
 
-  lua_rawgeti(L, LUA_REGISTRYINDEX, lst->on_call_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lst->srv.handler_ref);
   lua_rawgeti(L, LUA_REGISTRYINDEX, pin);
   lua_pushinteger(L, (lua_Integer)c->route + 1);   /* the route matched in step 2 */
   lua_pushinteger(L, (lua_Integer)c->body_len);    /* bytes_in of the audit line */
@@ -519,12 +511,6 @@ static const sbx__conn_ops_t broker_ops = {
 
 /* ---- listener lifecycle ----------------------------------------------- */
 
-static void lst_stop(lst_t *lst, lua_State *L) {
-  int gone = lst->srv.lua_gone;
-  sbx__srv_stop(&lst->srv, L, 1);
-  if (L != NULL && !gone) sbx__unref(L, &lst->on_call_ref);
-}
-
 static lst_t *check_lst(lua_State *L, int idx) {
   return sbx__box_check(L, idx, LISTENER_MT);
 }
@@ -595,7 +581,6 @@ static int l_broker_listen(lua_State *L) {
   lst = calloc(1, sizeof *lst);
   if (lst == NULL) return luaL_error(L, "out of memory");
   *guard = lst;
-  lst->on_call_ref = LUA_NOREF;
   lst->srv.max_conns = SBX_MAX_CONNECTIONS;
 
   if (lua_getfield(L, 1, "path") != LUA_TSTRING)
@@ -627,12 +612,10 @@ static int l_broker_listen(lua_State *L) {
   *guard = NULL;
   rc = sbx__srv_listen(&lst->srv, lp, &broker_ops, path);
   if (rc != 0) return sbx__srv_push_listen_failure(L, rc);
-  if (lua_type(L, -2) == LUA_TFUNCTION) lst->on_call_ref = sbx__ref(L, -2);
-  if (lua_getfield(L, 1, "on_refused") == LUA_TFUNCTION) lst->srv.on_refused_ref = sbx__ref(L, -1);
-  lua_pop(L, 1);                                /* the box is the result again */
-  sbx__box_bind(box, lst, NULL);                /* the listener outlives its box */
-  lst->srv.refs++;                              /* the userdata's */
-  lst->srv.self_ref = sbx__ref(L, -1);
+  if (lua_type(L, -2) == LUA_TFUNCTION) lst->srv.handler_ref = sbx__ref(L, -2);
+  lua_getfield(L, 1, "on_refused");
+  lua_insert(L, -2);                            /* the box is the result again */
+  sbx__srv_adopt(L, &lst->srv, box, -2);
   return 1;
 }
 
@@ -665,15 +648,13 @@ static int l_lst_bind(lua_State *L) {
 
 static int l_lst_stop(lua_State *L) {
   lst_t *lst = check_lst(L, 1);
-  if (lst != NULL) lst_stop(lst, L);
+  if (lst != NULL) sbx__srv_stop(&lst->srv, L, 1);
   return 0;
 }
 
 static int l_lst_stats(lua_State *L) {
   lst_t *lst = check_lst(L, 1);
-  lua_createtable(L, 0, 4);
-  lua_pushinteger(L, lst ? lst->srv.nconns : 0);
-  lua_setfield(L, -2, "connections");
+  sbx__srv_push_stats(L, lst ? &lst->srv : NULL, 3);
   lua_pushinteger(L, lst ? lst->budget : 0);
   lua_setfield(L, -2, "budget");
   lua_pushboolean(L, lst ? lst->in_flight : 0);
@@ -684,10 +665,7 @@ static int l_lst_stats(lua_State *L) {
 }
 
 static int l_lst_gc(lua_State *L) {
-  lst_t *lst = sbx__box_detach(luaL_checkudata(L, 1, LISTENER_MT));
-  if (lst == NULL) return 0;
-  sbx__srv_gc(&lst->srv);
-  return 0;
+  return sbx__srv_gc_box(L, LISTENER_MT);
 }
 
 /* ---- call --------------------------------------------------------------- */

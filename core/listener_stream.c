@@ -87,7 +87,6 @@ struct slst {
   sbx__srv_t srv;          /* first: conn.c's listener */
   uint64_t idle_ms;
   size_t max_body;
-  int on_request_ref;
 };
 
 /* Body read: not started, reading, over (result delivered or pending). */
@@ -225,14 +224,7 @@ static void req_end(sconn_t *c, const char *reason) {
   }
   c->body = B_OVER;
   if (c->bres != RES_NONE) deliver_read(L, c, ref);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
-  if (lua_getiuservalue(L, -1, UV_ON_CLOSE) == LUA_TFUNCTION) {
-    lua_remove(L, -2);
-    lua_pushstring(L, reason);
-    sbx__pcall(L, 1);
-  } else {
-    lua_pop(L, 2);
-  }
+  sbx__conn_call_uservalue(L, ref, UV_ON_CLOSE, reason);
   sbx__unref(L, &ref);
 }
 
@@ -269,13 +261,7 @@ static void on_drain(sbx__conn_t *base) {
   sconn_t *c = (sconn_t *)base;
   lua_State *L = sbx__conn_L(base);
   if (L == NULL || c->req == NULL) return;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, c->req_ref);
-  if (lua_getiuservalue(L, -1, UV_ON_DRAIN) == LUA_TFUNCTION) {
-    lua_remove(L, -2);
-    sbx__pcall(L, 0);
-  } else {
-    lua_pop(L, 2);
-  }
+  sbx__conn_call_uservalue(L, c->req_ref, UV_ON_DRAIN, NULL);
 }
 
 /* The response is complete (queued): stop the silence timer; conn.c stops
@@ -516,7 +502,7 @@ static void head_complete(sconn_t *c) {
   /* The request stays on the stack below the call, so r cannot be
    * collected before it is read again (sbx__pcall clears the stack only
    * after an error, when nothing allocates any more). */
-  lua_rawgeti(L, LUA_REGISTRYINDEX, lst_of(c)->on_request_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lst_of(c)->srv.handler_ref);
   lua_pushvalue(L, -2);
   if (sbx__pcall(L, 1) == 0) {
     lua_pop(L, 1);
@@ -529,15 +515,6 @@ static void head_complete(sconn_t *c) {
 }
 
 /* ---- listener lifecycle ---------------------------------------------------------- */
-
-/* Closes the server (libuv unlinks the socket) and, when force is set,
- * destroys every connection (on_close("stopped")); an unforced stop closes
- * only the connections still reading their head. Idempotent. */
-static void lst_stop(slst_t *lst, lua_State *L, int force) {
-  int gone = lst->srv.lua_gone;
-  sbx__srv_stop(&lst->srv, L, force);
-  if (L != NULL && !gone) sbx__unref(L, &lst->on_request_ref);
-}
 
 static slst_t *check_lst(lua_State *L, int idx) {
   return sbx__box_check(L, idx, SLST_MT);
@@ -580,38 +557,30 @@ static int l_stream_listen(lua_State *L) {
   lst->srv.head_ms = (uint64_t)head_ms;
   lst->idle_ms = (uint64_t)idle_ms;
   lst->max_body = (size_t)max_body;
-  lst->on_request_ref = LUA_NOREF;
   rc = sbx__srv_listen(&lst->srv, lp, &stream_ops, path);
   if (rc != 0) return sbx__srv_push_listen_failure(L, rc);
-  lst->on_request_ref = sbx__ref(L, -3);
-  if (lua_isfunction(L, -2)) lst->srv.on_refused_ref = sbx__ref(L, -2);
-  sbx__box_bind(box, lst, NULL);                /* the listener outlives its box */
-  lst->srv.refs++;                              /* the userdata's */
-  lst->srv.self_ref = sbx__ref(L, -1);
+  lst->srv.handler_ref = sbx__ref(L, -3);
+  sbx__srv_adopt(L, &lst->srv, box, -2);
   return 1;
 }
 
 /* listener:stop([force]) */
 static int l_lst_stop(lua_State *L) {
   slst_t *lst = check_lst(L, 1);
-  if (lst != NULL) lst_stop(lst, L, lua_toboolean(L, 2));
+  if (lst != NULL) sbx__srv_stop(&lst->srv, L, lua_toboolean(L, 2));
   return 0;
 }
 
 static int l_lst_stats(lua_State *L) {
   slst_t *lst = check_lst(L, 1);
-  lua_createtable(L, 0, 2);
-  lua_pushinteger(L, lst ? lst->srv.nconns : 0);
-  lua_setfield(L, -2, "connections");
+  sbx__srv_push_stats(L, lst ? &lst->srv : NULL, 1);
   lua_pushboolean(L, lst ? lst->srv.stopped : 1);
   lua_setfield(L, -2, "stopped");
   return 1;
 }
 
 static int l_lst_gc(lua_State *L) {
-  slst_t *lst = sbx__box_detach(luaL_checkudata(L, 1, SLST_MT));
-  if (lst != NULL) sbx__srv_gc(&lst->srv);
-  return 0;
+  return sbx__srv_gc_box(L, SLST_MT);
 }
 
 /* ---- request methods ---------------------------------------------------------------- */
