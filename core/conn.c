@@ -46,6 +46,9 @@ typedef struct {
   char data[];
 } conn_write_t;
 
+_Static_assert(SBX_STREAM_MAX_CONNECTIONS <= SBX_MAX_CONNECTIONS,
+               "sbx__srv_stop gathers at most SBX_MAX_CONNECTIONS connections");
+
 static char scratch[65536];            /* linger and policy reads: consumed at once */
 static sbx__srv_t *all_listeners;      /* what core.broker_reclaim walks */
 

@@ -370,3 +370,34 @@ end)
     end)
   end)
 end
+
+describe("rich mode's broker listener in the descriptor budget (hardening.md 2)", function()
+  local http = require "sandbox.rich.broker._http"
+  local errors = require "sandbox.errors"
+
+  it("holds one turn's charge from listen to stop, so its 2 connections are guaranteed", function()
+    local dir = tmproot()
+    local before = core.fd_budget().turns
+    local server = assert(http.listen { path = dir .. "/broker.sock", on_request = function() end })
+    assert.are.equal(before + 1, core.fd_budget().turns)
+    assert.are.equal(0, server:stats().connections)
+    server:stop(true)
+    assert.are.equal(before, core.fd_budget().turns)
+    server:stop(true)                                   -- once only
+    assert.are.equal(before, core.fd_budget().turns)
+    for _ = 1, 5 do core.run("nowait") end
+    spec_fs.rmdirs(roots)
+  end)
+
+  it("refuses to listen with host_descriptors's message when the host cannot carry the charge", function()
+    if not spec_fs.service_account(pending) then return end
+    local d = tmproot()
+    local out = child(40, POLICIES[2], [[
+local http = require "sandbox.rich.broker._http"
+local s, err = http.listen { path = arg[1] .. "/b.sock", on_request = function() end }
+print("listen", s, err, core.fd_budget().turns)
+]], d)
+    assert.matches("listen\tnil\t" .. errors.HOST_DESCRIPTORS .. "\t0\nexit=0", out, 1, true)
+    spec_fs.rmdirs(roots)
+  end)
+end)
