@@ -82,15 +82,18 @@ local POLICIES = {
 local function wait_until(pred, ms)
   local t0 = core.now()
   while not pred() do
-    if core.now() - t0 > (ms or 5000) then return false end
+    if core.now() - t0 > (ms or 20000) then return false end
     async.sleep(5)
   end
   return true
 end
 
+-- Requests time out only after 20 s: a bound for a hung case, never a
+-- timing assertion (the loop's clock can be seconds stale after a blocking
+-- child process under load).
 local function start_request(path, bytes, opts)
   local box = { done = false }
-  box.handle = assert(unix_request(path, bytes, opts or { timeout_ms = 5000 }, function(res)
+  box.handle = assert(unix_request(path, bytes, opts or { timeout_ms = 20000 }, function(res)
     box.done, box.res = true, res
   end))
   return box
@@ -128,6 +131,7 @@ for _, policy in ipairs(POLICIES) do
       dir = tmproot()
       path = dir .. "/broker.sock"
       listener = nil
+      core.run("nowait")             -- the loop's clock, after tmproot's shell
     end)
 
     after_each(function()
@@ -152,7 +156,7 @@ for _, policy in ipairs(POLICIES) do
       listen()
       async.run(function()
         local held = {}
-        for i = 1, 16 do held[i] = start_request(path, "POST /mo", { keep_open = true, timeout_ms = 5000 }) end
+        for i = 1, 16 do held[i] = start_request(path, "POST /mo", { keep_open = true, timeout_ms = 20000 }) end
         assert.is_true(wait_until(function() return connections() == 16 end))
         local over = start_request(path, request())
         assert.is_true(wait_until(function() return over.done end))
@@ -167,7 +171,7 @@ for _, policy in ipairs(POLICIES) do
     it("closes a connection whose head is not complete by the head deadline, silently, and reports it", function()
       listen { header_timeout_ms = 150 }
       async.run(function()
-        local box = start_request(path, "POST /model HTTP/1.1\r\nHost: br", { keep_open = true, timeout_ms = 5000 })
+        local box = start_request(path, "POST /model HTTP/1.1\r\nHost: br", { keep_open = true, timeout_ms = 20000 })
         assert.is_true(wait_until(function() return box.done end))
         assert.is_true(box.res.ok)
         assert.are.equal("", box.res.data)
@@ -182,7 +186,7 @@ for _, policy in ipairs(POLICIES) do
       local sent = 0
       async.run(function()
         local bytes = request()
-        local box = start_request(path, "", { keep_open = true, timeout_ms = 10000 })
+        local box = start_request(path, "", { keep_open = true, timeout_ms = 20000 })
         -- one byte every 20 ms: the whole head would take far longer than 300 ms
         while not box.done and sent < 100 do
           box.handle:write(bytes:sub(sent + 1, sent + 1))
@@ -199,7 +203,7 @@ for _, policy in ipairs(POLICIES) do
     it("cuts a request whose body stalls once the policy's timer fires: nothing written, no body handed on", function()
       listen { timer_ms = 200 }
       async.run(function()
-        local box = start_request(path, REQUEST_HEAD:format(10) .. "{\"a\"", { keep_open = true, timeout_ms = 5000 })
+        local box = start_request(path, REQUEST_HEAD:format(10) .. "{\"a\"", { keep_open = true, timeout_ms = 20000 })
         assert.is_true(wait_until(function() return box.done end))
         assert.are.equal("", box.res.data)
         assert.is_true(wait_until(function() return connections() == 0 end))
@@ -241,7 +245,7 @@ for _, policy in ipairs(POLICIES) do
       local before = core.fd_budget().pool_used
       async.run(function()
         local held = {}
-        for i = 1, 6 do held[i] = start_request(path, "POST /mo", { keep_open = true, timeout_ms = 5000 }) end
+        for i = 1, 6 do held[i] = start_request(path, "POST /mo", { keep_open = true, timeout_ms = 20000 }) end
         assert.is_true(wait_until(function() return connections() == 6 end))
         assert.are.equal(before + 4, core.fd_budget().pool_used)
         -- an idle pooled connection (still in its head) can be reclaimed for a new turn
@@ -328,7 +332,7 @@ async.run(function()
   end
   local f = io.open(flag .. ".tried", "w") f:write(ended) f:close()
   while not io.open(flag .. ".freed") do async.sleep(10) end
-  local r = async.await(function(resume) unix_request(sock, ]] .. string.format("%q", request()) .. [[, { timeout_ms = 5000 }, resume) end)
+  local r = async.await(function(resume) unix_request(sock, ]] .. string.format("%q", request()) .. [[, { timeout_ms = 20000 }, resume) end)
   f = io.open(flag .. ".answer", "w") f:write(tostring(r.data and r.data:match("^HTTP/1%.1 (%d+)"))) f:close()
 end)
 ]])
@@ -374,6 +378,10 @@ end
 describe("rich mode's broker listener in the descriptor budget (hardening.md 2)", function()
   local http = require "sandbox.rich.broker._http"
   local errors = require "sandbox.errors"
+
+  after_each(function()
+    for _ = 1, 5 do core.run("nowait") end   -- the loop's clock, after a child process
+  end)
 
   it("holds one turn's charge from listen to stop, so its 2 connections are guaranteed", function()
     local dir = tmproot()
