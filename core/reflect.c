@@ -42,7 +42,7 @@
 
 #include "bounds.h"
 #include "needles.h"
-#include "sbx.h"
+#include "reflect.h"
 
 #define REFLECT_NEEDLES 6
 
