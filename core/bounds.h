@@ -48,7 +48,7 @@
 #define SBX_FD_GUARANTEED_CONNS    2
 #define SBX_FD_TURN_HEADROOM       1
 
-/* Listener internals (listener.c), not spec numbers. */
+/* Connection engine internals (conn.c, listener.c), not spec numbers. */
 #define SBX_LISTEN_BACKLOG         128     /* pending connects queued by the kernel */
 #define SBX_LINGER_MS              2000    /* after a reply: drain client bytes, then close */
 #define SBX_MAX_LINGER_BYTES       (SBX_MAX_HEAD_BYTES + SBX_MAX_BODY_BYTES)

@@ -22,7 +22,7 @@
  *   pool       what is left: broker connections beyond a turn's guaranteed
  *              two (up to the listener's 16) are taken from it, first come.
  * A connection over its turn's share while the pool is empty is accepted and
- * closed at once by the listener (listener.c). A turn is admitted only when
+ * closed at once by the listener (conn.c, under both listeners). A turn is admitted only when
  * its whole charge fits beside the pool's connections in use; when it does
  * not, the caller reclaims idle pooled connections (core.broker_reclaim) or
  * waits in its channel queue.

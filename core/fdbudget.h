@@ -1,5 +1,5 @@
 /*
- * fdbudget.h: what the listener uses of the descriptor budget (fdbudget.c,
+ * fdbudget.h: what the connection engine (conn.c) uses of the descriptor budget (fdbudget.c,
  * shared/spec/hardening.md 2). Single-threaded: only the loop thread calls
  * these.
  */

@@ -34,6 +34,7 @@
 #include "aux.h"
 #include "json.h"
 #include "parts.h"
+#include "reflect.h"
 #include "utf8_put.h"
 
 #define JSON_OBJECT_MT_KEY "sbx.json.object_mt"
@@ -1054,7 +1055,10 @@ static int l_json_decode(lua_State *L) {
   const struct sbx_reflect *f = NULL;
   int rc;
   int flags = 0;
-  if (!lua_isnoneornil(L, 2)) f = sbx__reflect_check(L, 2);
+  if (!lua_isnoneornil(L, 2)) {
+    f = sbx__box_check(L, 2, SBX_REFLECT_MT);
+    luaL_argcheck(L, f != NULL, 2, "reflection filter is closed");
+  }
   if (!lua_isnoneornil(L, 3)) {
     luaL_checktype(L, 3, LUA_TTABLE);
     lua_getfield(L, 3, "duplicates");

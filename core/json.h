@@ -43,7 +43,4 @@ int sbx__json_decode_bounded(lua_State *L, const char *buf, size_t len,
 /* 1 when the value at idx is a decoded JSON object (core.json_object_mt). */
 int sbx__json_is_object(lua_State *L, int idx);
 
-/* The filter inside a core.reflect_filter userdata at idx (reflect.c). */
-const struct sbx_reflect *sbx__reflect_check(lua_State *L, int idx);
-
 #endif

@@ -1,46 +1,35 @@
 /*
- * listener.c: the broker's Unix-socket HTTP/1.1 listener (spec/broker.md
- * sections 3, 5 steps 0-12, 6, 7.1) and the `call` object Lua's route
- * handlers (step 13) receive.
+ * listener.c: the broker's request policy over the connection engine
+ * (conn.c): the Unix-socket HTTP/1.1 listener of spec/broker.md sections 3,
+ * 5 steps 0-12, 6, 7.1, and the `call` object Lua's route handlers (step
+ * 13) receive. Accept, the connection cap, the descriptor pool and EMFILE
+ * drain (shared/spec/hardening.md 2), the head deadline, the write queue,
+ * shutdown and linger, close accounting and what C refuses before a head
+ * are conn.c's; this file keeps what a request is here: a head judged in C,
+ * a body buffered whole, one reply.
  *
  * Objects and who frees what (libuv's rule: memory a handle uses is freed in
  * its close callback and nowhere else):
  *
- *  - lst_t, the listener: one heap block holding the listening uv_pipe_t, the
- *    route table, budget and in-flight flag, and the list of connections. It
- *    is reference counted: the Lua listener userdata, the open server handle,
- *    every connection and every `call` userdata each hold one reference; the
- *    last release frees it. So a collected listener userdata never frees
- *    memory libuv or a surviving `call` still uses.
- *  - conn_t, one accepted connection: a uv_pipe_t and a uv_timer_t (head
- *    deadline, then request deadline, then linger); freed when both handles'
- *    close callbacks have run. Its head buffer, body buffer and reply buffer
- *    are its own.
+ *  - lst_t, the listener: conn.c's sbx__srv_t first, then the route table,
+ *    budget and in-flight flag. Reference counted (conn.h): the Lua listener
+ *    userdata, the open server handle, every connection and every `call`
+ *    userdata each hold one reference; the last release frees it.
+ *  - bconn_t, one accepted connection: conn.c's sbx__conn_t first, then its
+ *    body buffer and pending call; freed by conn.c's close callback.
  *  - call_t, the `call` userdata (Lua owns its memory): points at its
  *    connection until that closes or the reply is written, and at the
  *    listener (counted). Everything it does is harmless once the connection
  *    is gone; its reply always releases the in-flight slot (step 14).
  *
- * Flow per connection: read the head into a buffer of SBX_MAX_HEAD_BYTES + 1;
- * once it is complete, http_head.c decides steps 0-8; step 9 takes budget and
- * the in-flight slot; the body (exactly Content-Length bytes) is read into its
- * own buffer; steps 10-12 decode it with json.c; then opts.on_call(call, i),
- * where i is the index in opts.routes of the route step 2 matched, so Lua
- * dispatches on data it handed over and never parses a route again.
- * Every reply is built whole, written, our side is shut down, and bytes the
- * client still sends are drained for at most SBX_LINGER_MS before the close,
- * so a client still writing its refused body reads the reply instead of a
- * reset.
- *
- * Connections are budgeted (shared/spec/hardening.md 2, fdbudget.c): the
- * first SBX_FD_GUARANTEED_CONNS open connections of a listener are its
- * turn's own; each one beyond them (up to SBX_MAX_CONNECTIONS) is taken from
- * the process's shared pool, and one the pool cannot carry is accepted and
- * closed at once, like one over the cap. An accept that fails with EMFILE or
- * ENFILE never stops the listener: the reserved descriptor is given up to
- * accept and close what is pending, then taken again. Every listener is on
- * one list, so core.broker_reclaim can close idle pooled connections (ones
- * still waiting for their head, no call) when a new turn needs the room.
+ * Flow per connection: once the head is complete (conn.c), http_head.c
+ * decides steps 0-8 and the request deadline starts; step 9 takes budget
+ * and the in-flight slot; the body (exactly Content-Length bytes) is read
+ * into its own buffer; steps 10-12 decode it with json.c; then
+ * opts.on_call(call, i), where i is the index in opts.routes of the route
+ * step 2 matched, so Lua dispatches on data it handed over and never parses
+ * a route again. Every reply is built whole, written, and the connection
+ * ends (conn.c shuts our side down and lingers).
  *
  * A listener made with opts.policy "precheck" (lua/sandbox/precheck) decides
  * heads with precheck_head.c instead (the precheck broker's rows 0-7), caps
@@ -52,28 +41,26 @@
  * call) is reported to opts.on_refused once its reply is written, as data:
  * {reason, status, accepted (the budget was spent), route (the index step 2
  * matched, when one did), header (step 3/5's refused name, when it is a
- * token of at most 64 bytes)}; the
- * reason is the audit vocabulary of spec/operations.md 3. A call handed to
- * Lua learns why its connection closed from call:on_close(fn(why)).
+ * token of at most 64 bytes)}; the reason is the audit vocabulary of
+ * spec/operations.md 3. A call handed to Lua learns why its connection
+ * closed from call:on_close(fn(why)).
  *
  * Lua is only called from libuv callbacks through sbx__loop(L)->L (the thread
  * running core.run), or from the caller's own thread inside a method, and
- * never once the listener userdata has been collected (state closing).
- * Nothing here logs a payload, header value, credential or path.
+ * never once the listener userdata has been collected. Nothing here logs a
+ * payload, header value, credential or path.
  */
 #include <errno.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fdbudget.h"
+#include "conn.h"
 #include "http_head.h"
 #include "json.h"
 #include "loop.h"
 #include "parts.h"
-#include "pipe_server.h"
 #include "precheck_head.h"
 
 #define LISTENER_MT "sbx.listener"
@@ -89,100 +76,59 @@
 #define UV_ROUTE    3
 
 typedef struct lst lst_t;
-typedef struct conn conn_t;
+typedef struct bconn bconn_t;
 typedef struct call call_t;
 
 struct lst {
-  uv_pipe_t server;
-  sbx__loop_t *lp;
-  int refs;
-  int stopped;             /* stop() ran (or bind failed): no new work */
-  int lua_gone;            /* userdata collected: never call Lua again */
+  sbx__srv_t srv;          /* first: conn.c's listener */
   int turn_ended;
   int unbound;             /* opts.unbound: a warm turn's broker before its
                               bind (spec/warm-turns.md 1): every head gets 503
                               `broker not ready`, no budget, no on_call */
   int in_flight;
   lua_Integer budget;      /* calls left */
-  int test_echo;          /* the test seam opts.test_echo (see API.md) */
+  int test_echo;           /* the test seam opts.test_echo (see API.md) */
   int precheck;            /* opts.policy "precheck": precheck_head.c decides
                               the head, and any JSON value reaches on_call */
   size_t max_body;         /* Content-Length above this is refused unread */
-  uint64_t head_ms;
   uint64_t request_ms;
-  int on_call_ref;
-  int on_refused_ref;      /* opts.on_refused, or LUA_NOREF */
-  int self_ref;            /* the userdata, anchored until stop() */
   sbx__route_t *routes;
   size_t nroutes;
   char *route_bytes;
-  conn_t *conns;
-  int nconns;
-  lst_t *all_prev, *all_next;  /* every listener not yet stopped (reclaim) */
 };
 
-enum { C_HEAD, C_BODY, C_CALL, C_WRITING, C_SHUTDOWN, C_LINGER, C_CLOSING };
+/* What the connection does inside conn.c's SBX_CONN_REQUEST. */
+enum { P_DECIDE, P_BODY, P_CALL };
 
-struct conn {
-  uv_pipe_t pipe;
-  uv_timer_t timer;
-  uv_write_t wreq;
-  uv_shutdown_t sreq;
-  lst_t *lst;
-  conn_t *prev, *next;
-  int state;
-  int handles;             /* open handles; the struct is freed at 0 */
-  int reading;
+struct bconn {
+  sbx__conn_t base;        /* first: conn.c's connection */
+  int phase;
   int holds_slot;          /* accepted (step 9) and no call owns the slot yet */
-  int peer_eof;            /* read side ended (peer half-closed or left) */
-  int polling;             /* timer repeats to look for a hang-up */
-  int pooled;              /* counted in the shared descriptor pool */
-  uint64_t deadline;       /* loop time the current phase ends */
-  char *buf;               /* head (SBX_MAX_HEAD_BYTES + 1), then body */
-  size_t len;
+  char *body;              /* exactly body_len bytes once accepted */
+  size_t len;              /* of them, read so far */
   size_t body_len;         /* Content-Length once accepted */
   size_t route;
-  size_t drained;          /* bytes discarded after the request */
-  char *reply;
-  const char *why;         /* why it closes without a reply (on_close's argument) */
+  size_t discarded;        /* bytes read and dropped during the call */
   call_t *call;            /* the pending call, until reply or close */
   int call_ref;            /* registry ref keeping that userdata alive */
 };
 
 struct call {
   lst_t *lst;
-  conn_t *conn;            /* NULL once the connection closed or was replied to */
+  bconn_t *conn;           /* NULL once the connection closed or was replied to */
   int replied;
   int close_fired;
 };
 
-static char drain_buf[16384];   /* bytes we read only to throw away */
-static lst_t *all_listeners;    /* the list core.broker_reclaim walks */
+static lst_t *lst_of(bconn_t *c) { return (lst_t *)c->base.srv; }
 
-/* ---- helpers ----------------------------------------------------------- */
-
-static void lst_release(lst_t *lst) {
-  if (--lst->refs > 0) return;
-  free(lst->routes);
-  free(lst->route_bytes);
-  free(lst);
-}
-
+static void lst_release(lst_t *lst) { sbx__srv_release(&lst->srv); }
 
 /* ---- refusals as data (spec/operations.md 3) ----------------------------- */
 
-typedef struct {
-  const char *reason;
-  int status;              /* the status written, 0 when nothing was */
-  long route;              /* index into lst->routes, or -1 */
-  int accepted;            /* step 9 passed: the budget was spent */
-  const char *header;
-  size_t header_len;
-} refusal_t;
-
-/* Protected: (fn, refusal) -> fn({reason=, status=, route=, header=}). */
+/* Protected: (fn, refusal) -> fn({reason=, status=, accepted=, route=, header=}). */
 static int push_refusal(lua_State *L) {
-  const refusal_t *r = lua_touserdata(L, 2);
+  const sbx__refusal_t *r = lua_touserdata(L, 2);
   size_t i;
   lua_settop(L, 1);
   lua_createtable(L, 0, 4);
@@ -213,187 +159,84 @@ static int push_refusal(lua_State *L) {
 }
 
 /* Hands one refusal to opts.on_refused. Call it last on a path: the handler
-   may stop the listener (lst stays valid: a reference is held meanwhile). */
+   may stop the listener (lst stays valid: conn.c holds a reference). */
 static void report(lst_t *lst, const char *reason, int status, long route, int accepted,
                    const char *header, size_t header_len) {
-  lua_State *L;
-  refusal_t r;
-  if (lst->on_refused_ref == LUA_NOREF || lst->lua_gone || reason == NULL) return;
-  L = lst->lp->L;
+  sbx__refusal_t r;
   r.reason = reason;
   r.status = status;
   r.route = route;
   r.accepted = accepted;
   r.header = header;
   r.header_len = header_len;
-  lst->refs++;
-  lua_pushcfunction(L, push_refusal);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, lst->on_refused_ref);
-  lua_pushlightuserdata(L, &r);
-  sbx__pcall(L, 2);
-  lst_release(lst);
+  sbx__srv_report(&lst->srv, &r);
 }
 
-/* ---- connection teardown ------------------------------------------------ */
+/* ---- closing ------------------------------------------------------------ */
 
-static void conn_handle_closed(uv_handle_t *h) {
-  conn_t *c = h->data;
-  lst_t *lst;
-  if (--c->handles > 0) return;
-  lst = c->lst;
-  if (c->prev) c->prev->next = c->next; else lst->conns = c->next;
-  if (c->next) c->next->prev = c->prev;
-  lst->nconns--;
-  if (c->pooled) sbx__fd_pool_give();
-  free(c->buf);
-  free(c->reply);      /* normally freed by the write callback already */
-  free(c);
-  lst_release(lst);
-}
-
-/*
- * Closes both handles (no reply). A connection holding the in-flight slot
- * without a call (steps 9-12) gives it back. A pending call is detached and
- * returned with the registry ref that keeps it alive (the caller owns the
- * ref), or NULL. Lua is not touched. Safe to call more than once.
- */
-static call_t *conn_close(conn_t *c, int *ref) {
-  call_t *call;
-  *ref = LUA_NOREF;
-  if (c->state == C_CLOSING) return NULL;
-  c->state = C_CLOSING;
+/* conn.c's closing(): a connection holding the in-flight slot without a call
+ * (steps 9-12) gives it back; a pending call is detached and its on_close
+ * handler runs on L (when L is non-NULL and it was not replied to) with
+ * why: "client_closed", "request_deadline" or "stopped". */
+static void on_closing(sbx__conn_t *base, lua_State *L, const char *why) {
+  bconn_t *c = (bconn_t *)base;
+  call_t *call = c->call;
+  int ref = c->call_ref;
   if (c->holds_slot) {
     c->holds_slot = 0;
-    c->lst->in_flight = 0;
+    lst_of(c)->in_flight = 0;
   }
-  uv_close((uv_handle_t *)&c->pipe, conn_handle_closed);
-  uv_close((uv_handle_t *)&c->timer, conn_handle_closed);
-  call = c->call;
-  *ref = c->call_ref;
   c->call = NULL;
   c->call_ref = LUA_NOREF;
-  if (call != NULL) call->conn = NULL;
-  return call;
-}
-
-/*
- * Runs a detached call's on_close handler on L when fire is set and the call
- * was not replied to, then drops the ref. Touches no connection: the handler
- * may run the loop, and so free connections.
- */
-static void call_closed(lua_State *L, call_t *call, int ref, int fire, const char *why) {
   if (call == NULL) return;
+  call->conn = NULL;
   if (L == NULL) return;   /* state closing: one registry slot stays, harmless */
-  if (fire && !call->replied && !call->close_fired) {
+  if (strcmp(why, SBX_CONN_GONE) == 0 || strcmp(why, SBX_CONN_FINISHED) == 0) why = "client_closed";
+  if (!call->replied && !call->close_fired) {
     call->close_fired = 1;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
-    if (lua_getiuservalue(L, -1, UV_ON_CLOSE) == LUA_TFUNCTION) {
-      lua_remove(L, -2);             /* the registry ref keeps the call alive */
-      lua_pushstring(L, why != NULL ? why : "client_closed");
-      sbx__pcall(L, 1);
-    } else {
-      lua_pop(L, 2);
-    }
+    sbx__conn_call_uservalue(L, ref, UV_ON_CLOSE, why);
   }
   sbx__unref(L, &ref);
 }
 
-/* conn_close, then the on_close handler on L (if any). The caller must not
-   touch c afterwards. */
-static void conn_destroy(conn_t *c, lua_State *L, int fire) {
-  int ref;
-  const char *why = c->why;
-  call_t *call = conn_close(c, &ref);
-  if (c->lst->lua_gone) L = NULL;
-  call_closed(L, call, ref, fire, why);
-}
-
-static lua_State *loop_L(conn_t *c) {
-  return c->lst->lua_gone ? NULL : c->lst->lp->L;
+static void on_free(sbx__conn_t *base) {
+  free(((bconn_t *)base)->body);
 }
 
 /* ---- writing a reply ---------------------------------------------------- */
 
-static void start_read(conn_t *c);
-static void stop_read(conn_t *c);
-static void arm_timer(conn_t *c, uint64_t ms);
-static void on_timer(uv_timer_t *t);
-
-static void linger_start(conn_t *c) {
-  if (c->peer_eof) { conn_destroy(c, loop_L(c), 1); return; }
-  c->state = C_LINGER;
-  c->drained = 0;
-  arm_timer(c, SBX_LINGER_MS);
-  start_read(c);
-  if (!c->reading) conn_destroy(c, loop_L(c), 1);
-}
-
-static void on_shutdown(uv_shutdown_t *req, int status) {
-  conn_t *c = req->data;
-  if (c->state == C_CLOSING) return;
-  if (status < 0) { conn_destroy(c, loop_L(c), 1); return; }
-  linger_start(c);
-}
-
-static void on_written(uv_write_t *req, int status) {
-  conn_t *c = req->data;
-  free(c->reply);
-  c->reply = NULL;
-  if (c->state == C_CLOSING) return;
-  if (status < 0 || c->peer_eof) { conn_destroy(c, loop_L(c), 1); return; }
-  c->state = C_SHUTDOWN;
-  c->sreq.data = c;
-  if (uv_shutdown(&c->sreq, (uv_stream_t *)&c->pipe, on_shutdown) != 0)
-    conn_destroy(c, loop_L(c), 1);
-}
-
 /*
- * Builds the whole reply (status line, the three headers, body) and writes
- * it; the connection closes afterwards. Returns 0, or -1 when the connection
- * was destroyed instead (no memory, write refused).
+ * Builds the reply's head (status line and the three headers), queues it with
+ * the body and ends the connection. Returns 0, or -1 when the connection was
+ * closed instead (no memory, write refused) or had already ended.
  */
-static int conn_reply(conn_t *c, int status, const char *ctype,
+static int conn_reply(bconn_t *c, int status, const char *ctype,
                       const char *body, size_t blen) {
   char head[256 + SBX_MAX_CONTENT_TYPE_BYTES];
+  uv_buf_t parts[2];
   int n;
-  uv_buf_t b;
-  if (c->state == C_CLOSING) return -1;
+  if (c->base.state != SBX_CONN_REQUEST) return -1;
   n = snprintf(head, sizeof head,
                "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
                "Connection: close\r\n\r\n", status, sbx__http_reason(status), ctype, blen);
-  if (n < 0 || (size_t)n >= sizeof head) { conn_destroy(c, loop_L(c), 1); return -1; }
-  c->reply = malloc((size_t)n + blen);
-  if (c->reply == NULL) { conn_destroy(c, loop_L(c), 1); return -1; }
-  memcpy(c->reply, head, (size_t)n);
-  if (blen > 0) memcpy(c->reply + n, body, blen);
-  stop_read(c);
-  c->state = C_WRITING;
-  if (c->polling) {
-    /* Back from hang-up polling to one shot at the request deadline. */
-    uint64_t now = uv_now(c->timer.loop);
-    uv_timer_stop(&c->timer);
-    c->polling = 0;
-    uv_timer_start(&c->timer, on_timer, c->deadline > now ? c->deadline - now : 0, 0);
-  }
-  b = uv_buf_init(c->reply, (unsigned)((size_t)n + blen));
-  c->wreq.data = c;
-  if (uv_write(&c->wreq, (uv_stream_t *)&c->pipe, &b, 1, on_written) != 0) {
-    free(c->reply);
-    c->reply = NULL;
-    conn_destroy(c, loop_L(c), 1);
-    return -1;
-  }
+  if (n < 0 || (size_t)n >= sizeof head) { sbx__conn_close(&c->base, SBX_CONN_GONE); return -1; }
+  sbx__conn_read_stop(&c->base);
+  sbx__conn_probe(&c->base, 0);          /* the request deadline still runs */
+  parts[0] = uv_buf_init(head, (unsigned)n);
+  parts[1] = uv_buf_init((char *)body, (unsigned)blen);
+  if (sbx__conn_write(&c->base, parts, 2) != 0) return -1;
+  sbx__conn_end(&c->base);
   return 0;
 }
 
-static void reply_text(conn_t *c, int status, const char *body) {
+static void reply_text(bconn_t *c, int status, const char *body) {
   conn_reply(c, status, CT_TEXT, body, strlen(body));
 }
 
 /* A refusal from C after step 9: the slot goes back, the budget stays spent;
    reported last (with the route step 2 matched). */
-static void fail_accepted(conn_t *c, int status, const char *body, const char *reason) {
-  lst_t *lst = c->lst;
+static void fail_accepted(bconn_t *c, int status, const char *body, const char *reason) {
+  lst_t *lst = lst_of(c);
   long route = (long)c->route;
   if (c->holds_slot) {
     c->holds_slot = 0;
@@ -403,54 +246,17 @@ static void fail_accepted(conn_t *c, int status, const char *body, const char *r
   report(lst, reason, status, route, 1, NULL, 0);
 }
 
-/* ---- timers ------------------------------------------------------------- */
-
-static int peer_hung_up(conn_t *c) { return sbx__pipe_hung_up(&c->pipe); }
-
-static void on_timer(uv_timer_t *t) {
-  conn_t *c = t->data;
-  if (c->state == C_CLOSING) return;
-  if (c->polling) {
-    if (uv_now(t->loop) < c->deadline) {
-      if (!peer_hung_up(c)) return;
-      c->polling = 0;
-      uv_timer_stop(t);
-      c->why = "client_closed";
-      conn_destroy(c, loop_L(c), 1);
-      return;
-    }
-    c->polling = 0;
-    uv_timer_stop(t);
-  }
-  /* Head deadline, request deadline or end of linger: close, no reply. A
-     request that never reached Lua is reported; a call's on_close hears
-     why. */
-  {
-    lst_t *lst = c->lst;
-    int state = c->state;
-    long route = (long)c->route;
-    c->why = state == C_HEAD ? "header_deadline" : "request_deadline";
-    conn_destroy(c, loop_L(c), 1);
-    if (state == C_HEAD) report(lst, "header_deadline", 0, -1, 0, NULL, 0);
-    else if (state == C_BODY) report(lst, "request_deadline", 0, route, 1, NULL, 0);
-  }
-}
-
-static void arm_timer(conn_t *c, uint64_t ms) {
-  uv_timer_stop(&c->timer);
-  c->polling = 0;
-  c->deadline = uv_now(c->timer.loop) + ms;
-  uv_timer_start(&c->timer, on_timer, ms, 0);
-}
-
-/* Mid-call and no longer reading: look for a hang-up until the deadline. */
-static void start_polling(conn_t *c) {
-  uint64_t now = uv_now(c->timer.loop);
-  if (c->polling) return;
-  if (now >= c->deadline) { conn_destroy(c, loop_L(c), 1); return; }
-  uv_timer_stop(&c->timer);
-  c->polling = 1;
-  uv_timer_start(&c->timer, on_timer, SBX_HUP_POLL_MS, SBX_HUP_POLL_MS);
+/* conn.c's deadline(): the request deadline passed: closed, no reply. A
+   request that never reached Lua is reported; a call's on_close hears why. */
+static void on_deadline(sbx__conn_t *base) {
+  bconn_t *c = (bconn_t *)base;
+  lst_t *lst = lst_of(c);
+  int body = c->base.state == SBX_CONN_REQUEST && c->phase == P_BODY;
+  long route = (long)c->route;
+  lst->srv.refs++;
+  sbx__conn_close(base, "request_deadline");
+  if (body) report(lst, "request_deadline", 0, route, 1, NULL, 0);
+  lst_release(lst);
 }
 
 /* ---- the pipeline: steps 9-12 and the handoff to Lua ---------------------- */
@@ -468,10 +274,10 @@ static const char *const body_reasons[R_COUNT] = {
  * as the third value (released by the caller after on_call).
  */
 static int prep_call(lua_State *L) {
-  conn_t *c = lua_touserdata(L, 1);
-  lst_t *lst = c->lst;
+  bconn_t *c = lua_touserdata(L, 1);
+  lst_t *lst = lst_of(c);
   call_t *call;
-  if (sbx__json_decode(L, c->buf, c->body_len, NULL) != 0) {          /* 10 */
+  if (sbx__json_decode(L, c->body, c->body_len, NULL) != 0) {          /* 10 */
     lua_pushinteger(L, 502);
     lua_pushinteger(L, R_MALFORMED);
     return 2;
@@ -481,7 +287,7 @@ static int prep_call(lua_State *L) {
     lua_pushinteger(L, R_PAYLOAD);
     return 2;
   }
-  if (lst->turn_ended || c->peer_eof) {                               /* 12 */
+  if (lst->turn_ended || c->base.peer_eof) {                               /* 12 */
     lua_pushinteger(L, 502);
     lua_pushinteger(L, lst->turn_ended ? R_AFTER_TURN : R_CLIENT_CLOSED);
     return 2;
@@ -500,19 +306,19 @@ static int prep_call(lua_State *L) {
   lua_pushinteger(L, sbx__ref(L, -1));
   /* Only now, with nothing left that can raise, does the call own things. */
   call->lst = lst;
-  lst->refs++;
+  lst->srv.refs++;
   call->conn = c;
   c->call = call;
   return 3;
 }
 
-static void body_complete(conn_t *c) {
-  lst_t *lst = c->lst;
-  lua_State *L = loop_L(c);
+static void body_complete(bconn_t *c) {
+  lst_t *lst = lst_of(c);
+  lua_State *L = sbx__conn_L(&c->base);
   int status, pin;
   call_t *call;
 
-  if (L == NULL) { conn_destroy(c, NULL, 0); return; }
+  if (L == NULL) { sbx__conn_close(&c->base, SBX_CONN_GONE); return; }
   lua_pushcfunction(L, prep_call);
   lua_pushlightuserdata(L, c);
   if (lua_pcall(L, 1, 3, 0) != LUA_OK) {
@@ -528,7 +334,7 @@ static void body_complete(conn_t *c) {
     lua_pop(L, 3);
     if (status == 200) {
       if (c->holds_slot) { c->holds_slot = 0; lst->in_flight = 0; }
-      conn_reply(c, 200, CT_JSON, c->buf, c->body_len);
+      conn_reply(c, 200, CT_JSON, c->body, c->body_len);
     } else {
       fail_accepted(c, status, status == 400 ? SBX_BODY_INVALID_INPUT : SBX_BODY_CALL_FAILED, reason);
     }
@@ -538,12 +344,12 @@ static void body_complete(conn_t *c) {
   pin = (int)lua_tointeger(L, -1);
   lua_pop(L, 3);
   c->holds_slot = 0;                 /* the call owns the slot now */
-  c->state = C_CALL;
-  free(c->buf);                      /* the decoded value is all Lua needs */
-  c->buf = NULL;
-  c->drained = 0;
+  c->phase = P_CALL;
+  free(c->body);                     /* the decoded value is all Lua needs */
+  c->body = NULL;
+  c->discarded = 0;
 
-  lua_rawgeti(L, LUA_REGISTRYINDEX, lst->on_call_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lst->srv.handler_ref);
   lua_rawgeti(L, LUA_REGISTRYINDEX, pin);
   lua_pushinteger(L, (lua_Integer)c->route + 1);   /* the route matched in step 2 */
   lua_pushinteger(L, (lua_Integer)c->body_len);    /* bytes_in of the audit line */
@@ -552,7 +358,7 @@ static void body_complete(conn_t *c) {
     call->replied = 1;
     lst->in_flight = 0;
     if (call->conn != NULL) {
-      conn_t *cc = call->conn;
+      bconn_t *cc = call->conn;
       int ref = cc->call_ref;
       cc->call = NULL;
       cc->call_ref = LUA_NOREF;
@@ -565,10 +371,9 @@ static void body_complete(conn_t *c) {
 }
 
 /* Step 9 onwards, once the head is complete and steps 0-8 passed. */
-static void accept_call(conn_t *c, size_t head_len, const sbx__head_result_t *r) {
-  lst_t *lst = c->lst;
-  size_t have = c->len - head_len;
-  char *body;
+static void accept_call(bconn_t *c, size_t head_len, const sbx__head_result_t *r) {
+  lst_t *lst = lst_of(c);
+  size_t have = c->base.len - head_len;
 
   lst->in_flight = 1;                                            /* 9 */
   lst->budget--;
@@ -580,23 +385,23 @@ static void accept_call(conn_t *c, size_t head_len, const sbx__head_result_t *r)
     return;
   }
   c->body_len = (size_t)r->length;
-  body = malloc(c->body_len);
-  if (body == NULL) { fail_accepted(c, 502, SBX_BODY_CALL_FAILED, "malformed_json"); return; }
+  c->body = malloc(c->body_len);
+  if (c->body == NULL) { fail_accepted(c, 502, SBX_BODY_CALL_FAILED, "malformed_json"); return; }
   if (have > c->body_len) have = c->body_len;     /* bytes after it: ignored */
-  memcpy(body, c->buf + head_len, have);
-  free(c->buf);
-  c->buf = body;
+  memcpy(c->body, c->base.buf + head_len, have);
+  free(c->base.buf);                              /* the head is judged */
+  c->base.buf = NULL;
   c->len = have;
-  if (have == c->body_len) { body_complete(c); return; }
-  c->state = C_BODY;
+  c->phase = P_BODY;
+  if (have == c->body_len) body_complete(c);
 }
 
-static void head_complete(conn_t *c, size_t head_len) {
-  lst_t *lst = c->lst;
+static void head_complete(bconn_t *c, size_t head_len) {
+  lst_t *lst = lst_of(c);
   sbx__head_ctx_t ctx;
   sbx__head_result_t r;
 
-  arm_timer(c, lst->request_ms);               /* request deadline starts */
+  sbx__conn_arm(&c->base, lst->request_ms);               /* request deadline starts */
   if (lst->unbound) {                          /* warm-turns.md 1: before the bind */
     reply_text(c, 503, SBX_BODY_NOT_READY);
     report(lst, "not_bound", 503, -1, 0, NULL, 0);
@@ -609,14 +414,14 @@ static void head_complete(conn_t *c, size_t head_len) {
     pc.run_ended = lst->turn_ended;
     pc.in_flight = lst->in_flight;
     pc.exhausted = lst->budget <= 0;
-    sbx__precheck_head_decide(c->buf, head_len, &pc, &r);
+    sbx__precheck_head_decide(c->base.buf, head_len, &pc, &r);
   } else {
     ctx.routes = lst->routes;
     ctx.nroutes = lst->nroutes;
     ctx.turn_ended = lst->turn_ended;
     ctx.busy = lst->in_flight || lst->budget <= 0;
     ctx.no_budget = lst->budget <= 0;
-    sbx__head_decide(c->buf, head_len, &ctx, &r);
+    sbx__head_decide(c->base.buf, head_len, &ctx, &r);
   }
   if (r.status != 0) {
     reply_text(c, r.status, r.body);
@@ -628,183 +433,83 @@ static void head_complete(conn_t *c, size_t head_len) {
 
 /* ---- reading ------------------------------------------------------------ */
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
-  conn_t *c = h->data;
-  (void)suggested;
-  if (c->state == C_HEAD)
-    *b = uv_buf_init(c->buf + c->len, (unsigned)(SBX_MAX_HEAD_BYTES + 1 - c->len));
-  else if (c->state == C_BODY)
-    *b = uv_buf_init(c->buf + c->len, (unsigned)(c->body_len - c->len));
-  else
-    *b = uv_buf_init(drain_buf, sizeof drain_buf);
+/* conn.c's head(): steps 0-8 on a complete head (end == 0: too big). */
+static void on_head(sbx__conn_t *base, size_t end) {
+  bconn_t *c = (bconn_t *)base;
+  base->state = SBX_CONN_REQUEST;
+  c->phase = P_DECIDE;
+  if (end == 0) {                                         /* step 0: too big */
+    lst_t *lst = lst_of(c);
+    reply_text(c, 400, SBX_BODY_BAD_REQUEST);
+    report(lst, "header", 400, -1, 0, NULL, 0);
+    return;
+  }
+  head_complete(c, end);
 }
 
-static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b) {
-  conn_t *c = s->data;
-  size_t end, from;
-  (void)b;
-  if (nread == 0 || c->state == C_CLOSING) return;
-  if (nread < 0) {
-    c->reading = 0;
-    c->peer_eof = 1;
-    if (nread != UV_EOF) {                      /* reset: the peer is gone */
-      lst_t *lst = c->lst;
-      int state = c->state;
-      long route = (long)c->route;
-      conn_destroy(c, loop_L(c), 1);
-      if (state == C_BODY) report(lst, "malformed_json", 0, route, 1, NULL, 0);   /* 10 */
-      return;
-    }
-    switch (c->state) {
-    case C_BODY: fail_accepted(c, 502, SBX_BODY_CALL_FAILED, "malformed_json"); return;  /* 10 */
-    case C_CALL:
-      if (peer_hung_up(c)) conn_destroy(c, loop_L(c), 1);
-      else start_polling(c);
-      return;
-    default: conn_destroy(c, loop_L(c), 1); return;   /* head, linger */
-    }
-  }
-  switch (c->state) {
-  case C_HEAD:
-    from = c->len;
-    c->len += (size_t)nread;
-    end = sbx__head_end(c->buf, c->len, from);
-    if (end == 0 && c->len <= SBX_MAX_HEAD_BYTES) return;
-    if (end == 0 || end > SBX_MAX_HEAD_BYTES) {           /* step 0: too big */
-      lst_t *lst = c->lst;
-      reply_text(c, 400, SBX_BODY_BAD_REQUEST);
-      report(lst, "header", 400, -1, 0, NULL, 0);
-      return;
-    }
-    head_complete(c, end);
-    return;
-  case C_BODY:
-    c->len += (size_t)nread;
+static int on_alloc(sbx__conn_t *base, uv_buf_t *b) {
+  bconn_t *c = (bconn_t *)base;
+  if (c->phase != P_BODY) return 0;
+  *b = uv_buf_init(c->body + c->len, (unsigned)(c->body_len - c->len));
+  return 1;
+}
+
+static void on_data(sbx__conn_t *base, const char *p, size_t n) {
+  bconn_t *c = (bconn_t *)base;
+  (void)p;
+  if (c->phase == P_BODY) {
+    c->len += n;
     if (c->len == c->body_len) body_complete(c);
-    return;
-  case C_CALL:
-    c->drained += (size_t)nread;
-    if (c->drained > SBX_MAX_DISCARD_BYTES) { stop_read(c); start_polling(c); }
-    return;
-  case C_LINGER:
-    c->drained += (size_t)nread;
-    if (c->drained > SBX_MAX_LINGER_BYTES) conn_destroy(c, loop_L(c), 1);
-    return;
-  default:
-    return;
+  } else if (c->phase == P_CALL) {
+    c->discarded += n;
+    if (c->discarded > SBX_MAX_DISCARD_BYTES) {
+      sbx__conn_read_stop(base);
+      sbx__conn_probe(base, 1);
+    }
   }
 }
 
-static void start_read(conn_t *c) {
-  if (c->reading || c->peer_eof) return;
-  if (uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0) c->reading = 1;
-}
-
-static void stop_read(conn_t *c) {
-  if (!c->reading) return;
-  uv_read_stop((uv_stream_t *)&c->pipe);
-  c->reading = 0;
-}
-
-/* ---- accepting ---------------------------------------------------------- */
-
-static void on_connection(uv_stream_t *server, int status) {
-  lst_t *lst = server->data;
-  conn_t *c;
-  int pooled = 0;
-  if (status == UV_EMFILE || status == UV_ENFILE) {
-    /* libuv's own reserve was not enough: ours, then keep listening. */
-    uv_os_fd_t fd;
-    int n = 0;
-    if (!lst->stopped && uv_fileno((uv_handle_t *)server, &fd) == 0) n = sbx__fd_emfile_drain(fd);
-    while (n-- > 0) report(lst, "connections", 0, -1, 0, NULL, 0);
+/* conn.c's eof(): the client half-closed (UV_EOF) or is gone. */
+static void on_eof(sbx__conn_t *base, ssize_t nread) {
+  bconn_t *c = (bconn_t *)base;
+  if (nread != UV_EOF) {                       /* reset: the peer is gone */
+    lst_t *lst = lst_of(c);
+    int body = c->phase == P_BODY;
+    long route = (long)c->route;
+    lst->srv.refs++;
+    sbx__conn_close(base, SBX_CONN_GONE);
+    if (body) report(lst, "malformed_json", 0, route, 1, NULL, 0);   /* 10 */
+    lst_release(lst);
     return;
   }
-  if (status < 0 || lst->stopped) return;
-  if (lst->nconns >= SBX_FD_GUARANTEED_CONNS && lst->nconns < SBX_MAX_CONNECTIONS) {
-    pooled = sbx__fd_pool_take();
-  }
-  if (lst->nconns >= SBX_MAX_CONNECTIONS || (lst->nconns >= SBX_FD_GUARANTEED_CONNS && !pooled)) {
-    /* Over the cap, or over the turn's share with the pool empty: closed at
-       once, nothing written. */
-    sbx__pipe_refuse(server);
-    report(lst, "connections", 0, -1, 0, NULL, 0);
+  if (c->phase == P_BODY) { fail_accepted(c, 502, SBX_BODY_CALL_FAILED, "malformed_json"); return; }
+  if (c->phase == P_CALL) {
+    /* A half-close mid-call: look for a hang-up until the deadline. */
+    if (sbx__conn_hung_up(base)) sbx__conn_close(base, SBX_CONN_GONE);
+    else sbx__conn_probe(base, 1);
     return;
   }
-  c = calloc(1, sizeof *c);
-  if (c == NULL) { if (pooled) sbx__fd_pool_give(); return; }
-  c->buf = malloc(SBX_MAX_HEAD_BYTES + 1);
-  if (c->buf == NULL) { free(c); if (pooled) sbx__fd_pool_give(); return; }
-  c->lst = lst;
-  c->pooled = pooled;
-  c->call_ref = LUA_NOREF;
-  c->why = "client_closed";
-  c->state = C_HEAD;
-  uv_pipe_init(server->loop, &c->pipe, 0);
-  uv_timer_init(server->loop, &c->timer);
-  c->pipe.data = c;
-  c->timer.data = c;
-  c->handles = 2;
-  lst->refs++;
-  c->next = lst->conns;
-  if (lst->conns) lst->conns->prev = c;
-  lst->conns = c;
-  lst->nconns++;
-  if (uv_accept(server, (uv_stream_t *)&c->pipe) != 0) { conn_destroy(c, NULL, 0); return; }
-  arm_timer(c, lst->head_ms);                    /* head deadline from accept */
-  start_read(c);
-  if (!c->reading) conn_destroy(c, NULL, 0);
+  sbx__conn_close(base, SBX_CONN_GONE);
 }
+
+static void on_open(sbx__conn_t *base) {
+  ((bconn_t *)base)->call_ref = LUA_NOREF;
+}
+
+static void on_nothing(sbx__conn_t *base) { (void)base; }
+
+static void srv_free(sbx__srv_t *srv) {
+  lst_t *lst = (lst_t *)srv;
+  free(lst->routes);
+  free(lst->route_bytes);
+  free(lst);
+}
+
+static const sbx__conn_ops_t broker_ops = {
+  sizeof(bconn_t), on_open, on_head, on_alloc, on_data, on_eof, on_deadline,
+  on_nothing, on_nothing, on_nothing, on_closing, on_free, srv_free, push_refusal};
 
 /* ---- listener lifecycle ----------------------------------------------- */
-
-static void server_closed(uv_handle_t *h) {
-  lst_release(h->data);
-}
-
-/*
- * Forced stop: closes the listening socket (libuv unlinks its path on close)
- * and destroys every connection, firing pending calls' on_close on L (when L
- * is non-NULL). Idempotent.
- */
-static void all_add(lst_t *lst) {
-  lst->all_prev = NULL;
-  lst->all_next = all_listeners;
-  if (all_listeners) all_listeners->all_prev = lst;
-  all_listeners = lst;
-}
-
-static void all_remove(lst_t *lst) {
-  if (lst->all_prev) lst->all_prev->all_next = lst->all_next;
-  else if (all_listeners == lst) all_listeners = lst->all_next;
-  if (lst->all_next) lst->all_next->all_prev = lst->all_prev;
-  lst->all_prev = lst->all_next = NULL;
-}
-
-static void lst_stop(lst_t *lst, lua_State *L) {
-  conn_t *c;
-  call_t *calls[SBX_MAX_CONNECTIONS];
-  int refs[SBX_MAX_CONNECTIONS + 1];
-  int n = 0, i;
-  if (lst->stopped) return;
-  lst->stopped = 1;
-  all_remove(lst);
-  uv_close((uv_handle_t *)&lst->server, server_closed);
-  /* Close every connection first, then run the handlers: a handler may run
-     the loop, whose close callbacks free connections. At most
-     SBX_MAX_CONNECTIONS connections are in the list at once. */
-  for (c = lst->conns; c != NULL; c = c->next) {
-    call_t *call = conn_close(c, &refs[n]);
-    if (call != NULL && n < SBX_MAX_CONNECTIONS) calls[n++] = call;
-  }
-  if (lst->lua_gone) L = NULL;
-  for (i = 0; i < n; i++) call_closed(L, calls[i], refs[i], 1, "stopped");
-  if (L != NULL) {
-    sbx__unref(L, &lst->on_call_ref);
-    sbx__unref(L, &lst->on_refused_ref);
-    sbx__unref(L, &lst->self_ref);
-  }
-}
 
 static lst_t *check_lst(lua_State *L, int idx) {
   return sbx__box_check(L, idx, LISTENER_MT);
@@ -876,10 +581,7 @@ static int l_broker_listen(lua_State *L) {
   lst = calloc(1, sizeof *lst);
   if (lst == NULL) return luaL_error(L, "out of memory");
   *guard = lst;
-  lst->lp = lp;
-  lst->on_call_ref = LUA_NOREF;
-  lst->on_refused_ref = LUA_NOREF;
-  lst->self_ref = LUA_NOREF;
+  lst->srv.max_conns = SBX_MAX_CONNECTIONS;
 
   if (lua_getfield(L, 1, "path") != LUA_TSTRING)
     return luaL_error(L, "broker_listen: opts.path must be a string");
@@ -887,7 +589,7 @@ static int l_broker_listen(lua_State *L) {
   read_routes(L, lst);
   lst->budget = sbx__opt_integer_field(L, 1, WHO, "max_calls", SBX_DEFAULT_MAX_CALLS, 1,
                                        SBX_MAX_CALLS_LIMIT);
-  lst->head_ms = (uint64_t)sbx__opt_integer_field(L, 1, WHO, "header_timeout_ms",
+  lst->srv.head_ms = (uint64_t)sbx__opt_integer_field(L, 1, WHO, "header_timeout_ms",
                                                   SBX_HEADER_DEADLINE_MS, 1, SBX_HEADER_DEADLINE_MS);
   lst->request_ms = (uint64_t)sbx__opt_integer_field(L, 1, WHO, "request_timeout_ms",
                                                      SBX_REQUEST_DEADLINE_MS, 1, SBX_REQUEST_DEADLINE_MS);
@@ -908,52 +610,26 @@ static int l_broker_listen(lua_State *L) {
   /* From here the server handle owns one reference and frees lst. */
   box = sbx__box_new(L, LISTENER_MT);
   *guard = NULL;
-  uv_pipe_init(&lp->uv, &lst->server, 0);
-  lst->server.data = lst;
-  lst->refs = 1;
-  rc = sbx__pipe_listen_private(&lst->server, path, SBX_LISTEN_BACKLOG, on_connection,
-                                server_closed);
-  if (rc != 0) {
-    char msg[128];
-    lst->stopped = 1;
-    snprintf(msg, sizeof msg, "cannot listen on the broker socket: %s", uv_strerror(rc));
-    return sbx__push_failure(L, -rc, msg);
-  }
-  if (lua_type(L, -2) == LUA_TFUNCTION) lst->on_call_ref = sbx__ref(L, -2);
-  if (lua_getfield(L, 1, "on_refused") == LUA_TFUNCTION) lst->on_refused_ref = sbx__ref(L, -1);
-  lua_pop(L, 1);                                /* the box is the result again */
-  all_add(lst);
-  sbx__box_bind(box, lst, NULL);                /* the listener outlives its box */
-  lst->refs++;                                  /* the userdata's */
-  lst->self_ref = sbx__ref(L, -1);
+  rc = sbx__srv_listen(&lst->srv, lp, &broker_ops, path);
+  if (rc != 0) return sbx__srv_push_listen_failure(L, rc);
+  if (lua_type(L, -2) == LUA_TFUNCTION) lst->srv.handler_ref = sbx__ref(L, -2);
+  lua_getfield(L, 1, "on_refused");
+  lua_insert(L, -2);                            /* the box is the result again */
+  sbx__srv_adopt(L, &lst->srv, box, -2);
   return 1;
 }
 
 /*
  * core.broker_reclaim(n) -> closed: closes up to n pooled connections that
- * hold nothing (still waiting for their head: no request, no call), from
- * the listeners holding the most connections first, so a new turn's charge
- * fits (fdbudget.c). Nothing is written to them and no Lua runs.
+ * hold nothing (still waiting for their head: no request, no call), of any
+ * listener (the stream listener's too), from the listeners holding the most
+ * connections first, so a new turn's charge fits (fdbudget.c, conn.c).
+ * Nothing is written to them and no Lua runs.
  */
 static int l_broker_reclaim(lua_State *L) {
   lua_Integer want = luaL_checkinteger(L, 1);
-  int closed = 0;
-  while (closed < want) {
-    lst_t *most = NULL, *l;
-    conn_t *c, *victim = NULL;
-    for (l = all_listeners; l != NULL; l = l->all_next) {
-      int idle = 0;
-      for (c = l->conns; c != NULL && !idle; c = c->next)
-        if (c->pooled && c->state == C_HEAD) idle = 1;
-      if (idle && (most == NULL || l->nconns > most->nconns)) most = l;
-    }
-    if (most == NULL) break;
-    for (c = most->conns; c != NULL; c = c->next)
-      if (c->pooled && c->state == C_HEAD) victim = c;
-    conn_destroy(victim, NULL, 0);
-    closed++;
-  }
-  lua_pushinteger(L, closed);
+  lua_pushinteger(L, sbx__srv_reclaim(want > SBX_MAX_CONNECTIONS * 1024 ? SBX_MAX_CONNECTIONS * 1024
+                                      : want < 0 ? 0 : (int)want));
   return 1;
 }
 
@@ -972,15 +648,13 @@ static int l_lst_bind(lua_State *L) {
 
 static int l_lst_stop(lua_State *L) {
   lst_t *lst = check_lst(L, 1);
-  if (lst != NULL) lst_stop(lst, L);
+  if (lst != NULL) sbx__srv_stop(&lst->srv, L, 1);
   return 0;
 }
 
 static int l_lst_stats(lua_State *L) {
   lst_t *lst = check_lst(L, 1);
-  lua_createtable(L, 0, 4);
-  lua_pushinteger(L, lst ? lst->nconns : 0);
-  lua_setfield(L, -2, "connections");
+  sbx__srv_push_stats(L, lst ? &lst->srv : NULL, 3);
   lua_pushinteger(L, lst ? lst->budget : 0);
   lua_setfield(L, -2, "budget");
   lua_pushboolean(L, lst ? lst->in_flight : 0);
@@ -991,16 +665,15 @@ static int l_lst_stats(lua_State *L) {
 }
 
 static int l_lst_gc(lua_State *L) {
-  lst_t *lst = sbx__box_detach(luaL_checkudata(L, 1, LISTENER_MT));
-  if (lst == NULL) return 0;
-  /* Only reached after stop() or at state close: never call Lua from here. */
-  lst->lua_gone = 1;
-  lst_stop(lst, NULL);
-  lst_release(lst);
-  return 0;
+  return sbx__srv_gc_box(L, LISTENER_MT);
 }
 
 /* ---- call --------------------------------------------------------------- */
+
+/* 1 while c is open and its call is Lua's (not replied to). */
+static int in_call(const bconn_t *c) {
+  return c != NULL && c->base.state == SBX_CONN_REQUEST && c->phase == P_CALL;
+}
 
 static call_t *check_call(lua_State *L) {
   return luaL_checkudata(L, 1, CALL_MT);
@@ -1020,7 +693,7 @@ static int l_call_body(lua_State *L) {
 
 static int l_call_is_open(lua_State *L) {
   call_t *call = check_call(L);
-  lua_pushboolean(L, call->conn != NULL && call->conn->state == C_CALL);
+  lua_pushboolean(L, in_call(call->conn));
   return 1;
 }
 
@@ -1049,7 +722,7 @@ static int l_call_reply(lua_State *L) {
   size_t blen, ctlen, i;
   const char *body = luaL_checklstring(L, 3, &blen);
   const char *ct = luaL_optlstring(L, 4, status == 200 ? CT_JSON : CT_TEXT, &ctlen);
-  conn_t *c;
+  bconn_t *c;
   int ref;
 
   luaL_argcheck(L, status >= 200 && status <= 599, 2, "status out of range");
@@ -1060,7 +733,7 @@ static int l_call_reply(lua_State *L) {
   call->replied = 1;
   if (call->lst != NULL) call->lst->in_flight = 0;        /* step 14 */
   c = call->conn;
-  if (c == NULL || c->state != C_CALL) { lua_pushboolean(L, 0); return 1; }
+  if (!in_call(c)) { lua_pushboolean(L, 0); return 1; }
   call->conn = NULL;
   ref = c->call_ref;
   c->call = NULL;

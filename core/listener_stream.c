@@ -1,31 +1,33 @@
 /*
- * listener_stream.c: rich mode's stream listener (spec/rich-mode.md 8),
- * core.stream_listen: HTTP/1.1 on a private Unix socket, one request per
- * connection, handed to Lua as a request object whose body is read on
- * demand and whose response is written whole or streamed with
- * backpressure. Routing and the order of checks (section 9) are Lua's.
+ * listener_stream.c: rich mode's streaming request policy over the
+ * connection engine (conn.c), core.stream_listen (spec/rich-mode.md 8):
+ * HTTP/1.1 on a private Unix socket, one request per connection, handed to
+ * Lua as a request object whose body is read on demand and whose response
+ * is written whole or streamed with backpressure. Routing and the order of
+ * checks (section 9) are Lua's.
  *
- * Beside the sealed broker's listener (listener.c), not a fork of it: both
- * take the socket from pipe_server.c (umask 077, chmod 0600 right after
- * bind, the refusal over the cap, the hang-up probe) and frame heads with
- * http_head.c's sbx__head_frame; the sealed listener then judges the head
- * itself (spec/broker.md 5), this one refuses only a malformed head or a
- * repeated header name (400 `bad request`) and hands the rest to Lua. The
- * request body is framed by http_parser too (Content-Length or chunked),
- * fed with a synthetic head, so no HTTP is parsed by hand here.
+ * conn.c owns the connection exactly as it does for the sealed broker's
+ * listener (listener.c): accept, the connection cap (opts.max_connections,
+ * at most 16), the descriptor pool and EMFILE drain of
+ * shared/spec/hardening.md 2 (two connections guaranteed, the rest from the
+ * shared pool; core.broker_reclaim may close an idle pooled one), the head
+ * deadline, the hang-up probe, the write queue and its high-water mark,
+ * shutdown and linger, close accounting and the refusal of a connection
+ * over the cap. This file keeps the policy: the head is framed with
+ * http_head.c's sbx__head_frame and refused only when malformed or when a
+ * header name repeats (400 `bad request`); the request body is framed by
+ * http_parser (Content-Length or chunked), fed with a synthetic head, so no
+ * HTTP is parsed by hand here; responses are written whole or streamed.
  *
  * Objects and who frees what (libuv's rule: memory a handle uses is freed in
  * its close callback and nowhere else):
- *  - slst_t, the listener: the listening uv_pipe_t and the connection list.
- *    Counted: the open server handle, the Lua userdata and every connection
- *    hold one reference each; the last release frees it.
- *  - sconn_t, one connection: a uv_pipe_t and three timers (`timer`: the
- *    head deadline, then the silence timer, then the linger; `probe`: the
- *    hang-up probe; `tick`: a read_body result known at once, delivered on
- *    the next loop turn), freed when all four close callbacks have run. Its
- *    head and body buffers are its own. Each queued write is a swrite_t
- *    freed in its write callback; a response chunk is written from its Lua
- *    string where it lies, anchored by a registry ref until that callback.
+ *  - slst_t, the listener: conn.c's sbx__srv_t first (counted: the server
+ *    handle, the Lua userdata and every connection hold a reference).
+ *  - sconn_t, one connection: conn.c's sbx__conn_t first (its handles:
+ *    the pipe, the timer, the hang-up probe and the tick that delivers a
+ *    read_body result known at once on the next loop turn), then the body
+ *    buffer; freed by conn.c's close callback. A response chunk is written
+ *    from its Lua string where it lies, anchored until its write callback.
  *  - sreq_t, the request userdata (Lua's memory): points at its connection
  *    until the request ends (response flushed, client gone, silence, destroy,
  *    forced stop); the connection anchors it (a registry ref) until then, so
@@ -33,19 +35,21 @@
  *    every method is a harmless no-op.
  *
  * Timers of a connection (section 8): the head deadline from accept until
- * the head is complete (destroyed silently); the silence timer (idle_ms)
- * only for methods other than GET and HEAD, restarted by every request-body
- * chunk, by the response head and by every response chunk, stopped once the
- * whole body has arrived and when the response is complete; when it fires
- * the connection is torn down and on_close("idle") runs. No total cap.
+ * the head is complete (conn.c: destroyed silently); the silence timer
+ * (idle_ms) only for methods other than GET and HEAD, restarted by every
+ * request-body chunk, by the response head and by every response chunk,
+ * stopped once the whole body has arrived and when the response is
+ * complete; when it fires the connection is torn down and on_close("idle")
+ * runs. No total cap.
  *
  * Lua is called only from libuv callbacks through sbx__loop(L)->L, never
- * from inside a method (results known at once wait for `tick`), and never
+ * from inside a method (results known at once wait for the tick), and never
  * once the listener userdata was collected. What C refuses on its own (the
- * connection over the cap, a head past its deadline, a malformed head) is
- * reported to opts.on_refused(reason, status) as data, for the audit line
- * (spec/operations.md 3): the reason only, never a byte of the request. Nothing here logs a payload,
- * header value, credential or path.
+ * connection over the cap or the pool, a head past its deadline, a
+ * malformed head) is reported to opts.on_refused(reason, status) as data,
+ * for the audit line (spec/operations.md 3): the reason only, never a byte
+ * of the request. Nothing here logs a payload, header value, credential or
+ * path.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -55,10 +59,10 @@
 
 #include <http_parser.h>
 
+#include "conn.h"
 #include "http_head.h"
 #include "loop.h"
 #include "parts.h"
-#include "pipe_server.h"
 
 #define SLST_MT "sbx.stream_listener"
 #define SREQ_MT "sbx.stream_request"
@@ -71,7 +75,6 @@
 #define RESP_MAX_NAME        256
 #define RESP_MAX_VALUE       8192
 #define BODY_BUF_START       16384
-#define READ_CHUNK           65536
 
 /* request userdata user values */
 enum { UV_FIELDS = 1, UV_ON_CLOSE, UV_ON_DRAIN, UV_READ_CB, UV_COUNT = UV_READ_CB };
@@ -81,23 +84,11 @@ typedef struct sconn sconn_t;
 typedef struct sreq sreq_t;
 
 struct slst {
-  uv_pipe_t server;
-  sbx__loop_t *lp;
-  int refs;
-  int stopped;             /* stop() ran (or bind failed): no new connections */
-  int lua_gone;            /* userdata collected: never call Lua again */
-  int max_conns;
-  uint64_t head_ms, idle_ms;
+  sbx__srv_t srv;          /* first: conn.c's listener */
+  uint64_t idle_ms;
   size_t max_body;
-  int on_request_ref;
-  int on_refused_ref;      /* opts.on_refused, or LUA_NOREF */
-  int self_ref;            /* the userdata, anchored until stop() */
-  sconn_t *conns;
-  int nconns;
 };
 
-/* Connection states. */
-enum { S_HEAD, S_REQ, S_FLUSH, S_LINGER, S_CLOSING };
 /* Body read: not started, reading, over (result delivered or pending). */
 enum { B_IDLE, B_READING, B_OVER };
 /* Response: nothing sent, head sent (streaming), complete. */
@@ -106,22 +97,11 @@ enum { R_NONE, R_OPEN, R_DONE };
 enum { RES_NONE, RES_BODY, RES_ERROR };
 
 struct sconn {
-  uv_pipe_t pipe;
-  uv_timer_t timer;
-  uv_timer_t probe;
-  uv_timer_t tick;
-  uv_shutdown_t sreq;
-  slst_t *lst;
-  sconn_t *prev, *next;
-  int state;
-  int handles;             /* open handles; the struct is freed at 0 */
-  int reading;
-  int peer_eof;
+  sbx__conn_t base;        /* first: conn.c's connection (its buf holds the head) */
   int idle_rule;           /* not GET/HEAD: the silence timer applies */
   int head_method;         /* a HEAD request: responses carry no body */
   int minor;               /* HTTP/1.<minor> of the request */
-  char *buf;               /* the head (SBX_MAX_HEAD_BYTES + 1), then the body's first bytes */
-  size_t len, head_len;
+  size_t head_len;
   /* request body */
   int body;                /* B_* */
   int has_body, chunked, expect;
@@ -137,8 +117,6 @@ struct sconn {
   int resp;                /* R_* */
   int resp_chunked;        /* chunked framing */
   int resp_nobody;         /* HEAD, 204, 205, 304 */
-  int pressured;           /* a write reported backpressure; on_drain is due */
-  size_t drained;
   sreq_t *req;             /* the request userdata until the request ends */
   int req_ref;
 };
@@ -151,62 +129,45 @@ struct sreq {
   const char *reason;      /* why: "finished", "gone", "idle", "destroyed", "stopped" */
 };
 
-typedef struct swrite {
-  uv_write_t w;
-  sconn_t *c;
-  int ref;                 /* a Lua string written in place, anchored; or LUA_NOREF */
-  char frame[24];          /* a chunk's size line */
-  char data[];
-} swrite_t;
-
-static char scratch[READ_CHUNK];    /* body and linger reads; consumed in on_read */
-
-static void start_read(sconn_t *c);
-static void stop_read(sconn_t *c);
 static void reply_plain(sconn_t *c, int status, const char *body);
-static void on_timer(uv_timer_t *t);
 
 /* ---- helpers ----------------------------------------------------------- */
 
-static void lst_release(slst_t *lst) {
-  if (--lst->refs > 0) return;
-  free(lst);
-}
+static slst_t *lst_of(sconn_t *c) { return (slst_t *)c->base.srv; }
 
-static lua_State *conn_L(sconn_t *c) {
-  return c->lst->lua_gone ? NULL : c->lst->lp->L;
-}
-
-/* opts.on_refused(reason, status): "connections" (0: nothing written),
- * "header_deadline" (0) or "header" (400). The listener stays alive across
- * the call (a handler may stop it). */
-static void report_refused(slst_t *lst, const char *reason, int status) {
-  lua_State *L;
-  if (lst->on_refused_ref == LUA_NOREF || lst->lua_gone) return;
-  L = lst->lp->L;
-  lst->refs++;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, lst->on_refused_ref);
-  lua_pushstring(L, reason);
-  lua_pushinteger(L, status);
-  sbx__pcall(L, 2);
-  lst_release(lst);
+/* Protected: (fn, refusal) -> fn(reason, status): "connections" (0: nothing
+ * written), "header_deadline" (0) or "header" (400). */
+static int push_refusal(lua_State *L) {
+  const sbx__refusal_t *r = lua_touserdata(L, 2);
+  lua_settop(L, 1);
+  lua_pushstring(L, r->reason);
+  lua_pushinteger(L, r->status);
+  lua_call(L, 2, 0);
+  return 0;
 }
 
 /* A head C refuses itself: 400 `bad request`, reported. */
 static void refuse_head(sconn_t *c) {
-  slst_t *lst = c->lst;
+  sbx__srv_t *srv = c->base.srv;
+  sbx__refusal_t r = {"header", 400, -1, 0, NULL, 0};
   reply_plain(c, 400, SBX_BODY_BAD_REQUEST);
-  report_refused(lst, "header", 400);
-}
-
-static void arm_timer(sconn_t *c, uint64_t ms) {
-  uv_timer_stop(&c->timer);
-  uv_timer_start(&c->timer, on_timer, ms, 0);
+  sbx__srv_report(srv, &r);
 }
 
 /* The silence rule of section 8: (re)start on activity, for POST & co only. */
 static void idle_kick(sconn_t *c) {
-  if (c->idle_rule && c->state == S_REQ) arm_timer(c, c->lst->idle_ms);
+  if (c->idle_rule && c->base.state == SBX_CONN_REQUEST) sbx__conn_arm(&c->base, lst_of(c)->idle_ms);
+}
+
+/* Queues pre .. data .. post as one write. 0, or -1 when the connection was
+ * torn down instead. */
+static int conn_send(sconn_t *c, const char *pre, size_t pn, const char *data, size_t dn,
+                     const char *post, size_t qn) {
+  uv_buf_t parts[3];
+  parts[0] = uv_buf_init((char *)pre, (unsigned)pn);
+  parts[1] = uv_buf_init((char *)data, (unsigned)dn);
+  parts[2] = uv_buf_init((char *)post, (unsigned)qn);
+  return sbx__conn_write(&c->base, parts, 3);
 }
 
 /* ---- delivering to Lua ----------------------------------------------------- */
@@ -247,7 +208,7 @@ static void deliver_read(lua_State *L, sconn_t *c, int ref) {
 static void req_end(sconn_t *c, const char *reason) {
   sreq_t *r = c->req;
   int ref = c->req_ref;
-  lua_State *L = conn_L(c);
+  lua_State *L = sbx__conn_L(&c->base);
   c->req = NULL;
   c->req_ref = LUA_NOREF;
   if (r == NULL) return;
@@ -263,162 +224,53 @@ static void req_end(sconn_t *c, const char *reason) {
   }
   c->body = B_OVER;
   if (c->bres != RES_NONE) deliver_read(L, c, ref);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
-  if (lua_getiuservalue(L, -1, UV_ON_CLOSE) == LUA_TFUNCTION) {
-    lua_remove(L, -2);
-    lua_pushstring(L, reason);
-    sbx__pcall(L, 1);
-  } else {
-    lua_pop(L, 2);
-  }
+  sbx__conn_call_uservalue(L, ref, UV_ON_CLOSE, reason);
   sbx__unref(L, &ref);
 }
 
-/* ---- teardown ---------------------------------------------------------------- */
-
-static void conn_handle_closed(uv_handle_t *h) {
-  sconn_t *c = h->data;
-  slst_t *lst;
-  if (--c->handles > 0) return;
-  lst = c->lst;
-  if (c->prev) c->prev->next = c->next; else lst->conns = c->next;
-  if (c->next) c->next->prev = c->prev;
-  lst->nconns--;
-  free(c->buf);
-  free(c->bbuf);
-  free(c);
-  lst_release(lst);
-}
-
-/*
- * Destroys the connection in both directions (no response), then ends its
- * request with `reason` (Lua runs last: it may do anything, c's memory stays
- * valid until the close callbacks run on a later loop turn).
- */
-static void conn_teardown(sconn_t *c, const char *reason) {
-  if (c->state == S_CLOSING) return;
-  c->state = S_CLOSING;
-  c->reading = 0;
-  uv_close((uv_handle_t *)&c->pipe, conn_handle_closed);
-  uv_close((uv_handle_t *)&c->timer, conn_handle_closed);
-  uv_close((uv_handle_t *)&c->probe, conn_handle_closed);
-  uv_close((uv_handle_t *)&c->tick, conn_handle_closed);
-  req_end(c, reason);
-}
-
-/* ---- writing ----------------------------------------------------------------- */
-
-static void on_written(uv_write_t *w, int status) {
-  swrite_t *wr = w->data;
-  sconn_t *c = wr->c;
-  if (wr->ref != LUA_NOREF && conn_L(c) != NULL) luaL_unref(conn_L(c), LUA_REGISTRYINDEX, wr->ref);
-  free(wr);
-  if (c->state == S_CLOSING) return;
-  if (status < 0) { conn_teardown(c, "gone"); return; }
-  if (c->pressured && c->state == S_REQ &&
-      uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) < SBX_STREAM_HIGH_WATER) {
-    lua_State *L = conn_L(c);
-    c->pressured = 0;
-    if (L != NULL && c->req != NULL) {
-      lua_rawgeti(L, LUA_REGISTRYINDEX, c->req_ref);
-      if (lua_getiuservalue(L, -1, UV_ON_DRAIN) == LUA_TFUNCTION) {
-        lua_remove(L, -2);
-        sbx__pcall(L, 0);
-      } else {
-        lua_pop(L, 2);
-      }
-    }
-  }
-}
-
-/* Queues pre .. data .. post as one write. 0, or -1 when the connection was
- * torn down instead (no memory, write refused). */
-static int conn_send(sconn_t *c, const char *pre, size_t pn, const char *data, size_t dn,
-                     const char *post, size_t qn) {
-  swrite_t *wr;
-  uv_buf_t b;
-  if (c->state == S_CLOSING) return -1;
-  if (pn + dn + qn > UINT32_MAX) { conn_teardown(c, "destroyed"); return -1; }
-  wr = malloc(sizeof *wr + pn + dn + qn);
-  if (wr == NULL) { conn_teardown(c, "destroyed"); return -1; }
-  wr->c = c;
-  wr->ref = LUA_NOREF;
-  wr->w.data = wr;
-  if (pn) memcpy(wr->data, pre, pn);
-  if (dn) memcpy(wr->data + pn, data, dn);
-  if (qn) memcpy(wr->data + pn + dn, post, qn);
-  b = uv_buf_init(wr->data, (unsigned)(pn + dn + qn));
-  if (uv_write(&wr->w, (uv_stream_t *)&c->pipe, &b, 1, on_written) != 0) {
-    free(wr);
-    conn_teardown(c, "gone");
-    return -1;
-  }
-  return 0;
-}
-
-/*
- * Queues one chunk of a streamed response without copying it: the Lua
- * string at idx is written where it lies (anchored until its write callback)
- * between its chunk-size line and CRLF (chunked) or alone. 0, or -1 when the
- * connection was torn down instead.
- */
+/* Queues one chunk of a streamed response without copying it: the Lua
+ * string at idx, between its chunk-size line and CRLF (chunked) or alone.
+ * 0, or -1 when the connection was torn down instead. */
 static int conn_send_string(sconn_t *c, lua_State *L, int idx, int chunked) {
-  swrite_t *wr;
-  uv_buf_t b[3];
+  char frame[24];
   size_t n;
-  const char *s = lua_tolstring(L, idx, &n);
-  int nb = 0;
-  if (c->state == S_CLOSING) return -1;
-  if (n > UINT32_MAX) { conn_teardown(c, "destroyed"); return -1; }
-  wr = malloc(sizeof *wr);
-  if (wr == NULL) { conn_teardown(c, "destroyed"); return -1; }
-  lua_pushvalue(L, idx);
-  wr->ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  wr->c = c;
-  wr->w.data = wr;
-  if (chunked) b[nb++] = uv_buf_init(wr->frame, (unsigned)snprintf(wr->frame, sizeof wr->frame, "%zx\r\n", n));
-  b[nb++] = uv_buf_init((char *)s, (unsigned)n);
-  if (chunked) b[nb++] = uv_buf_init((char *)"\r\n", 2);
-  if (uv_write(&wr->w, (uv_stream_t *)&c->pipe, b, (unsigned)nb, on_written) != 0) {
-    luaL_unref(L, LUA_REGISTRYINDEX, wr->ref);
-    free(wr);
-    conn_teardown(c, "gone");
-    return -1;
-  }
-  return 0;
+  int fn = 0;
+  lua_tolstring(L, idx, &n);
+  if (chunked) fn = snprintf(frame, sizeof frame, "%zx\r\n", n);
+  return sbx__conn_write_lua(&c->base, L, idx, frame, (size_t)fn, "\r\n", chunked ? 2 : 0);
 }
 
-static void linger_start(sconn_t *c) {
-  if (c->peer_eof) { conn_teardown(c, "finished"); return; }
-  c->state = S_LINGER;
-  c->drained = 0;
-  uv_timer_stop(&c->probe);
-  arm_timer(c, SBX_LINGER_MS);
-  start_read(c);
-  if (!c->reading) conn_teardown(c, "finished");
+/* ---- conn.c's hooks ------------------------------------------------------------- */
+
+static void on_closing(sbx__conn_t *base, lua_State *L, const char *why) {
+  (void)L;                 /* the request's handlers run on the loop's thread */
+  req_end((sconn_t *)base, why);
 }
 
-/* Every byte of the response was written: the request is over; our side
- * is shut down; what the client still sends is drained for a while. */
-static void on_shutdown(uv_shutdown_t *req, int status) {
-  sconn_t *c = req->data;
-  if (c->state == S_CLOSING) return;
-  if (status < 0) { conn_teardown(c, "gone"); return; }
-  req_end(c, "finished");
-  if (c->state != S_CLOSING) linger_start(c);
+static void on_free(sbx__conn_t *base) {
+  free(((sconn_t *)base)->bbuf);
 }
 
-/* The response is complete (queued): stop the silence timer and reading,
- * and shut our side down once the queue has drained. */
+/* Every byte of the response was written and our side shut down: the
+ * request is over (conn.c lingers next). */
+static void on_finished(sbx__conn_t *base) {
+  req_end((sconn_t *)base, "finished");
+}
+
+static void on_drain(sbx__conn_t *base) {
+  sconn_t *c = (sconn_t *)base;
+  lua_State *L = sbx__conn_L(base);
+  if (L == NULL || c->req == NULL) return;
+  sbx__conn_call_uservalue(L, c->req_ref, UV_ON_DRAIN, NULL);
+}
+
+/* The response is complete (queued): stop the silence timer; conn.c stops
+ * reading and shuts our side down once the queue has drained. */
 static void begin_close(sconn_t *c) {
-  if (c->state != S_REQ) return;
+  if (c->base.state != SBX_CONN_REQUEST) return;
   c->resp = R_DONE;
-  uv_timer_stop(&c->timer);
-  stop_read(c);
-  c->state = S_FLUSH;
-  c->sreq.data = c;
-  if (uv_shutdown(&c->sreq, (uv_stream_t *)&c->pipe, on_shutdown) != 0)
-    conn_teardown(c, "gone");
+  sbx__conn_timer_stop(&c->base);
+  sbx__conn_end(&c->base);
 }
 
 /* A complete plain answer written by C (a malformed head, a handler that
@@ -430,7 +282,7 @@ static void reply_plain(sconn_t *c, int status, const char *body) {
   int n = snprintf(head, sizeof head,
                    "HTTP/1.1 %d %s\r\ncontent-type: " CT_PLAIN "\r\ncontent-length: %zu\r\n"
                    "connection: close\r\n\r\n", status, sbx__http_reason(status), blen);
-  if (c->state != S_REQ) return;
+  if (c->base.state != SBX_CONN_REQUEST) return;
   if (c->req != NULL) c->req->started = 1;
   c->resp = R_OPEN;
   if (conn_send(c, head, (size_t)n, body, blen, NULL, 0) == 0) begin_close(c);
@@ -459,10 +311,10 @@ static const http_parser_settings body_settings = {
 
 static void body_result(sconn_t *c, int err, const char *msg) {
   c->body = B_OVER;
-  stop_read(c);
+  sbx__conn_read_stop(&c->base);
   if (err == 0) {
     c->bres = RES_BODY;
-    uv_timer_stop(&c->timer);          /* the whole body has arrived */
+    sbx__conn_timer_stop(&c->base);          /* the whole body has arrived */
   } else {
     c->bres = RES_ERROR;
     c->berr = err;
@@ -492,103 +344,70 @@ static int body_feed(sconn_t *c, const char *p, size_t n) {
 
 /* Delivers a result the read path just produced from a libuv callback. */
 static void deliver_now(sconn_t *c) {
-  lua_State *L = conn_L(c);
+  lua_State *L = sbx__conn_L(&c->base);
   if (L != NULL && c->req != NULL && c->bres != RES_NONE) deliver_read(L, c, c->req_ref);
 }
 
-static void on_tick(uv_timer_t *t) {
-  sconn_t *c = t->data;
-  if (c->state == S_CLOSING) return;
-  deliver_now(c);
-}
 
 /* ---- reading ---------------------------------------------------------------------- */
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
-  sconn_t *c = h->data;
-  (void)suggested;
-  if (c->state == S_HEAD)
-    *b = uv_buf_init(c->buf + c->len, (unsigned)(SBX_MAX_HEAD_BYTES + 1 - c->len));
-  else
-    *b = uv_buf_init(scratch, sizeof scratch);
-}
-
 static void head_complete(sconn_t *c);
 
-static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b) {
-  sconn_t *c = s->data;
+/* conn.c's head(): the head is complete in buf[0..end) (0: too big). */
+static void on_head(sbx__conn_t *base, size_t end) {
+  sconn_t *c = (sconn_t *)base;
+  sbx__conn_read_stop(base);
+  sbx__conn_timer_stop(base);
+  base->state = SBX_CONN_REQUEST;
+  sbx__conn_probe(base, 1);
+  if (end == 0) { refuse_head(c); return; }
+  c->head_len = end;
+  head_complete(c);
+}
+
+static int on_alloc(sbx__conn_t *base, uv_buf_t *b) {
+  (void)base;
   (void)b;
-  if (nread == 0 || c->state == S_CLOSING) return;
-  if (nread < 0) {
-    c->reading = 0;
-    c->peer_eof = 1;
-    if (nread != UV_EOF || c->state == S_HEAD || c->state == S_LINGER) {
-      conn_teardown(c, "gone");
-      return;
-    }
-    if (c->state == S_REQ && c->body == B_READING) {
-      body_result(c, ECONNABORTED, "the client ended the request before its body");
-      deliver_now(c);
-    }
-    /* A half-close is not "gone": the probe sees a full close. */
-    return;
-  }
-  switch (c->state) {
-  case S_HEAD: {
-    size_t from = c->len, end;
-    c->len += (size_t)nread;
-    end = sbx__head_end(c->buf, c->len, from);
-    if (end == 0 && c->len <= SBX_MAX_HEAD_BYTES) return;
-    stop_read(c);
-    uv_timer_stop(&c->timer);
-    c->state = S_REQ;
-    uv_timer_start(&c->probe, on_timer, SBX_HUP_POLL_MS, SBX_HUP_POLL_MS);
-    if (end == 0 || end > SBX_MAX_HEAD_BYTES) { refuse_head(c); return; }
-    c->head_len = end;
-    head_complete(c);
-    return;
-  }
-  case S_REQ:
-    if (c->body != B_READING) return;
-    idle_kick(c);
-    if (body_feed(c, scratch, (size_t)nread)) deliver_now(c);
-    return;
-  case S_LINGER:
-    c->drained += (size_t)nread;
-    if (c->drained > SBX_MAX_LINGER_BYTES) conn_teardown(c, "finished");
-    return;
-  default:
-    return;
-  }
+  return 0;                /* conn.c's scratch: body bytes are fed at once */
 }
 
-static void start_read(sconn_t *c) {
-  if (c->reading || c->peer_eof || c->state == S_CLOSING) return;
-  if (uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0) c->reading = 1;
+static void on_data(sbx__conn_t *base, const char *p, size_t n) {
+  sconn_t *c = (sconn_t *)base;
+  if (c->body != B_READING) return;
+  idle_kick(c);
+  if (body_feed(c, p, n)) deliver_now(c);
 }
 
-static void stop_read(sconn_t *c) {
-  if (!c->reading) return;
-  uv_read_stop((uv_stream_t *)&c->pipe);
-  c->reading = 0;
+static void on_eof(sbx__conn_t *base, ssize_t nread) {
+  sconn_t *c = (sconn_t *)base;
+  if (nread != UV_EOF) { sbx__conn_close(base, SBX_CONN_GONE); return; }
+  if (c->body == B_READING) {
+    body_result(c, ECONNABORTED, "the client ended the request before its body");
+    deliver_now(c);
+  }
+  /* A half-close is not "gone": the probe sees a full close. */
 }
 
-/* The head deadline, the silence timer, the end of linger, or the probe. */
-static void on_timer(uv_timer_t *t) {
-  sconn_t *c = t->data;
-  if (c->state == S_CLOSING) return;
-  if (t == &c->probe) {
-    if (sbx__pipe_hung_up(&c->pipe)) conn_teardown(c, "gone");
-    return;
-  }
-  if (c->state == S_LINGER) conn_teardown(c, "finished");
-  else if (c->state == S_HEAD) {                             /* no request yet: silent */
-    slst_t *lst = c->lst;
-    conn_teardown(c, "gone");
-    report_refused(lst, "header_deadline", 0);
-  }
-  else conn_teardown(c, "idle");
+/* The silence timer. */
+static void on_deadline(sbx__conn_t *base) {
+  sbx__conn_close(base, "idle");
 }
+
+static void on_deferred(sbx__conn_t *base) {
+  deliver_now((sconn_t *)base);
+}
+
+static void on_open(sbx__conn_t *base) {
+  ((sconn_t *)base)->req_ref = LUA_NOREF;
+}
+
+static void srv_free(sbx__srv_t *srv) {
+  free(srv);
+}
+
+static const sbx__conn_ops_t stream_ops = {
+  sizeof(sconn_t), on_open, on_head, on_alloc, on_data, on_eof, on_deadline,
+  on_drain, on_deferred, on_finished, on_closing, on_free, srv_free, push_refusal};
 
 /* ---- the request object ---------------------------------------------------------- */
 
@@ -627,7 +446,7 @@ static int build_req(lua_State *L) {
   c->req_ref = sbx__ref(L, -1);
   /* Nothing below can raise. */
   r->conn = c;
-  r->max_body = c->lst->max_body;
+  r->max_body = lst_of(c)->max_body;
   c->req = r;
   return 1;
 }
@@ -643,10 +462,10 @@ static const sbx__head_field_t *field(const sbx__head_req_t *rq, const char *nam
 static void head_complete(sconn_t *c) {
   sbx__head_req_t *rq = malloc(sizeof *rq);
   const sbx__head_field_t *f;
-  lua_State *L = conn_L(c);
+  lua_State *L = sbx__conn_L(&c->base);
   sreq_t *r;
-  if (rq == NULL || L == NULL) { free(rq); conn_teardown(c, "destroyed"); return; }
-  if (sbx__head_frame(c->buf, c->head_len, rq) != 0 || rq->repeated || rq->total > rq->nfields) {
+  if (rq == NULL || L == NULL) { free(rq); sbx__conn_close(&c->base, "destroyed"); return; }
+  if (sbx__head_frame(c->base.buf, c->head_len, rq) != 0 || rq->repeated || rq->total > rq->nfields) {
     free(rq);
     refuse_head(c);                                  /* before routing: no budget */
     return;
@@ -683,7 +502,7 @@ static void head_complete(sconn_t *c) {
   /* The request stays on the stack below the call, so r cannot be
    * collected before it is read again (sbx__pcall clears the stack only
    * after an error, when nothing allocates any more). */
-  lua_rawgeti(L, LUA_REGISTRYINDEX, c->lst->on_request_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lst_of(c)->srv.handler_ref);
   lua_pushvalue(L, -2);
   if (sbx__pcall(L, 1) == 0) {
     lua_pop(L, 1);
@@ -691,74 +510,11 @@ static void head_complete(sconn_t *c) {
     /* A handler error: 400 before the head, destroyed after (section 8). */
     sconn_t *cc = r->conn;
     if (cc->resp == R_NONE) reply_plain(cc, 400, SBX_BODY_BAD_REQUEST);
-    else conn_teardown(cc, "destroyed");
+    else sbx__conn_close(&cc->base, "destroyed");
   }
-}
-
-/* ---- accepting ------------------------------------------------------------------- */
-
-static void on_connection(uv_stream_t *server, int status) {
-  slst_t *lst = server->data;
-  sconn_t *c;
-  if (status < 0 || lst->stopped) return;
-  if (lst->nconns >= lst->max_conns) {
-    sbx__pipe_refuse(server);
-    report_refused(lst, "connections", 0);
-    return;
-  }
-  c = calloc(1, sizeof *c);
-  if (c == NULL) return;
-  c->buf = malloc(SBX_MAX_HEAD_BYTES + 1);
-  if (c->buf == NULL) { free(c); return; }
-  c->lst = lst;
-  c->req_ref = LUA_NOREF;
-  c->state = S_HEAD;
-  uv_pipe_init(server->loop, &c->pipe, 0);
-  uv_timer_init(server->loop, &c->timer);
-  uv_timer_init(server->loop, &c->probe);
-  uv_timer_init(server->loop, &c->tick);
-  c->pipe.data = c->timer.data = c->probe.data = c->tick.data = c;
-  c->handles = 4;
-  lst->refs++;
-  c->next = lst->conns;
-  if (lst->conns) lst->conns->prev = c;
-  lst->conns = c;
-  lst->nconns++;
-  if (uv_accept(server, (uv_stream_t *)&c->pipe) != 0) { conn_teardown(c, "gone"); return; }
-  arm_timer(c, lst->head_ms);                  /* the head deadline, from accept */
-  start_read(c);
-  if (!c->reading) conn_teardown(c, "gone");
 }
 
 /* ---- listener lifecycle ---------------------------------------------------------- */
-
-static void server_closed(uv_handle_t *h) {
-  lst_release(h->data);
-}
-
-/* Closes the server (libuv unlinks the socket) and, when force is set,
- * destroys every connection (on_close("stopped") on L when L is non-NULL);
- * an unforced stop closes only the connections still reading their head.
- * Idempotent. */
-static void lst_stop(slst_t *lst, lua_State *L, int force) {
-  sconn_t *list[SBX_STREAM_MAX_CONNECTIONS], *c;
-  int n = 0, i;
-  if (!lst->stopped) {
-    lst->stopped = 1;
-    uv_close((uv_handle_t *)&lst->server, server_closed);
-  }
-  if (lst->lua_gone) L = NULL;
-  if (L != NULL) {
-    sbx__unref(L, &lst->on_request_ref);
-    sbx__unref(L, &lst->on_refused_ref);
-    sbx__unref(L, &lst->self_ref);
-  }
-  /* Gather first: a handler run by a teardown may end other connections
-   * (their memory stays until the close callbacks, on a later turn). */
-  for (c = lst->conns; c != NULL && n < SBX_STREAM_MAX_CONNECTIONS; c = c->next)
-    if (c->state != S_CLOSING && (force || c->state == S_HEAD)) list[n++] = c;
-  for (i = 0; i < n; i++) conn_teardown(list[i], "stopped");
-}
 
 static slst_t *check_lst(lua_State *L, int idx) {
   return sbx__box_check(L, idx, SLST_MT);
@@ -797,58 +553,34 @@ static int l_stream_listen(lua_State *L) {
   box = sbx__box_new(L, SLST_MT);                /* may raise: before any C memory */
   lst = calloc(1, sizeof *lst);
   if (lst == NULL) return sbx__push_error(L, ENOMEM, NULL);
-  lst->lp = lp;
-  lst->max_conns = (int)max_conns;
-  lst->head_ms = (uint64_t)head_ms;
+  lst->srv.max_conns = (int)max_conns;
+  lst->srv.head_ms = (uint64_t)head_ms;
   lst->idle_ms = (uint64_t)idle_ms;
   lst->max_body = (size_t)max_body;
-  lst->on_request_ref = LUA_NOREF;
-  lst->on_refused_ref = LUA_NOREF;
-  lst->self_ref = LUA_NOREF;
-  uv_pipe_init(&lp->uv, &lst->server, 0);
-  lst->server.data = lst;
-  lst->refs = 1;                                 /* the server handle's */
-  rc = sbx__pipe_listen_private(&lst->server, path, SBX_LISTEN_BACKLOG, on_connection,
-                                server_closed);
-  if (rc != 0) {
-    char msg[128];
-    lst->stopped = 1;
-    snprintf(msg, sizeof msg, "cannot listen on the broker socket: %s", uv_strerror(rc));
-    return sbx__push_failure(L, -rc, msg);
-  }
-  lst->on_request_ref = sbx__ref(L, -3);
-  if (lua_isfunction(L, -2)) lst->on_refused_ref = sbx__ref(L, -2);
-  sbx__box_bind(box, lst, NULL);                /* the listener outlives its box */
-  lst->refs++;                                  /* the userdata's */
-  lst->self_ref = sbx__ref(L, -1);
+  rc = sbx__srv_listen(&lst->srv, lp, &stream_ops, path);
+  if (rc != 0) return sbx__srv_push_listen_failure(L, rc);
+  lst->srv.handler_ref = sbx__ref(L, -3);
+  sbx__srv_adopt(L, &lst->srv, box, -2);
   return 1;
 }
 
 /* listener:stop([force]) */
 static int l_lst_stop(lua_State *L) {
   slst_t *lst = check_lst(L, 1);
-  if (lst != NULL) lst_stop(lst, L, lua_toboolean(L, 2));
+  if (lst != NULL) sbx__srv_stop(&lst->srv, L, lua_toboolean(L, 2));
   return 0;
 }
 
 static int l_lst_stats(lua_State *L) {
   slst_t *lst = check_lst(L, 1);
-  lua_createtable(L, 0, 2);
-  lua_pushinteger(L, lst ? lst->nconns : 0);
-  lua_setfield(L, -2, "connections");
-  lua_pushboolean(L, lst ? lst->stopped : 1);
+  sbx__srv_push_stats(L, lst ? &lst->srv : NULL, 1);
+  lua_pushboolean(L, lst ? lst->srv.stopped : 1);
   lua_setfield(L, -2, "stopped");
   return 1;
 }
 
 static int l_lst_gc(lua_State *L) {
-  slst_t *lst = sbx__box_detach(luaL_checkudata(L, 1, SLST_MT));
-  if (lst == NULL) return 0;
-  /* Only reached after stop() or at state close: never call Lua from here. */
-  lst->lua_gone = 1;
-  lst_stop(lst, NULL, 1);
-  lst_release(lst);
-  return 0;
+  return sbx__srv_gc_box(L, SLST_MT);
 }
 
 /* ---- request methods ---------------------------------------------------------------- */
@@ -859,7 +591,7 @@ static sreq_t *check_req(lua_State *L) {
 
 /* The open connection of r for a response, or NULL. */
 static sconn_t *open_conn(sreq_t *r) {
-  return r->conn != NULL && r->conn->state == S_REQ ? r->conn : NULL;
+  return r->conn != NULL && r->conn->base.state == SBX_CONN_REQUEST ? r->conn : NULL;
 }
 
 /* req:read_body([limit,] cb) -> true | nil, err, ENAME. cb(body) or
@@ -901,13 +633,13 @@ static int l_req_read_body(lua_State *L) {
         return 1;
       }
     }
-    if (c->len > c->head_len && body_feed(c, c->buf + c->head_len, c->len - c->head_len)) {
+    if (c->base.len > c->head_len && body_feed(c, c->base.buf + c->head_len, c->base.len - c->head_len)) {
       /* the whole body came with the head */
     } else {
-      start_read(c);
+      sbx__conn_read_start(&c->base);
     }
   }
-  if (c->bres != RES_NONE) uv_timer_start(&c->tick, on_tick, 0, 0);
+  if (c->bres != RES_NONE) sbx__conn_defer(&c->base);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -917,7 +649,7 @@ static int l_req_read_body(lua_State *L) {
 static void cancel_read(sconn_t *c) {
   if (c->body != B_READING) return;
   body_result(c, ECANCELED, "a response was started before the body was read");
-  uv_timer_start(&c->tick, on_tick, 0, 0);
+  sbx__conn_defer(&c->base);
 }
 
 static int cmp_names(const void *a, const void *b) {
@@ -1064,8 +796,7 @@ static int l_req_write(lua_State *L) {
     }
     idle_kick(c);                                /* every response chunk restarts it */
   }
-  pressured = uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) >= SBX_STREAM_HIGH_WATER;
-  if (pressured) c->pressured = 1;
+  pressured = sbx__conn_pressured(&c->base);
   lua_pushboolean(L, 1);
   lua_pushboolean(L, pressured);
   return 2;
@@ -1088,7 +819,7 @@ static int l_req_finish(lua_State *L) {
 /* req:destroy(): tears the connection down now (on_close("destroyed")). */
 static int l_req_destroy(lua_State *L) {
   sreq_t *r = check_req(L);
-  if (r->conn != NULL) conn_teardown(r->conn, "destroyed");
+  if (r->conn != NULL) sbx__conn_close(&r->conn->base, "destroyed");
   return 0;
 }
 
@@ -1098,14 +829,14 @@ static int l_req_fail(lua_State *L) {
   sreq_t *r = check_req(L);
   sconn_t *c = open_conn(r);
   if (c == NULL) {
-    if (r->conn != NULL) conn_teardown(r->conn, "destroyed");
+    if (r->conn != NULL) sbx__conn_close(&r->conn->base, "destroyed");
     return 0;
   }
   if (c->resp == R_NONE) {
     cancel_read(c);
     reply_plain(c, 400, SBX_BODY_BAD_REQUEST);
   } else {
-    conn_teardown(c, "destroyed");
+    sbx__conn_close(&c->base, "destroyed");
   }
   return 0;
 }
@@ -1147,7 +878,7 @@ static int l_req_headers_sent(lua_State *L) {
 
 static int l_req_queued(lua_State *L) {
   sconn_t *c = open_conn(check_req(L));
-  lua_pushinteger(L, c ? (lua_Integer)uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) : 0);
+  lua_pushinteger(L, c ? (lua_Integer)sbx__conn_queued(&c->base) : 0);
   return 1;
 }
 

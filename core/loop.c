@@ -205,7 +205,7 @@ static int signal_gc(lua_State *L) {
  * Raises when called while the loop is already running, i.e. from a callback
  * or from a task (tasks are resumed from callbacks). uv_run is not reentrant:
  * a nested run runs close callbacks, which free handles (unix_stream.c's
- * stream_t, listener.c's conn_t) that the outer libuv frame still reads once
+ * stream_t, conn.c's sbx__conn_t) that the outer libuv frame still reads once
  * the callback returns (uv__stream_io after a read callback). That freed a
  * raw client's block under the broker bench whenever its handle had been
  * collected before the nested run: a crash, or a lost wake-up (timeout). */

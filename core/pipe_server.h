@@ -1,7 +1,7 @@
 /*
- * pipe_server.h: what both Unix-socket listeners share below HTTP (the
- * sealed broker's, listener.c, and rich mode's stream listener,
- * listener_stream.c): the private socket (bound with umask 077, chmod 0600
+ * pipe_server.h: what the connection engine under both Unix-socket
+ * listeners (conn.c; the sealed broker's listener.c and rich mode's
+ * listener_stream.c) uses below HTTP: the private socket (bound with umask 077, chmod 0600
  * right after bind, a failure closes everything), the refusal of a
  * connection over the cap, and the hang-up probe.
  */

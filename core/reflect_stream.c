@@ -20,8 +20,8 @@
 #include <string.h>
 
 #include "aux.h"
-#include "json.h"
 #include "parts.h"
+#include "reflect.h"
 
 #define STREAM_MT "sbx.reflect_stream"
 
@@ -166,7 +166,8 @@ static int l_reflect_stream(lua_State *L) {
     lua_pop(L, 1);
     lua_replace(L, 1);
   }
-  f = sbx__reflect_check(L, 1);
+  f = sbx__box_check(L, 1, SBX_REFLECT_MT);
+  luaL_argcheck(L, f != NULL, 1, "reflection filter is closed");
   p = lua_newuserdatauv(L, sizeof *p, 1);
   *p = NULL;
   luaL_setmetatable(L, STREAM_MT);

@@ -6,7 +6,9 @@
 --
 --   descriptors.raise(logger)     once per process, at the first runtime:
 --                                 the soft RLIMIT_NOFILE goes up to the hard
---                                 limit, and the value is logged (info)
+--                                 limit, and the value is logged (info); a
+--                                 call without a logger raises and leaves the
+--                                 log line to the first one with a logger
 --   descriptors.acquire(signal[, reclaim])   yields until the turn's charge
 --                                 fits: first it reclaims idle pooled broker
 --                                 connections (core.broker_reclaim), then
@@ -19,6 +21,11 @@
 --                                 (its reason: host_descriptors), or the
 --                                 signal's own reason for a stop
 --   descriptors.release()         gives the charge back (once per acquire)
+--   descriptors.take()            the charge of a listener that outlives
+--                                 turns (rich mode's broker): true when it
+--                                 fits now, after reclaiming idle pooled
+--                                 connections; false otherwise, never waits
+--                                 (released with descriptors.release())
 --
 -- A turn that must wait waits in its channel's queue: the turn is admitted
 -- (busy lists it) but starts nothing, so another channel's turn never fails
@@ -36,9 +43,11 @@ local raised = false
 
 function M.raise(logger)
   if raised then return end
-  raised = true
   local soft, hard = core.fd_raise()
-  if logger then logger:info(M.LOG_RAISED, { nofile = soft, hard = hard }) end
+  if logger then
+    raised = true
+    logger:info(M.LOG_RAISED, { nofile = soft, hard = hard })
+  end
 end
 
 local function stop(signal, timed_out_reason)
@@ -55,6 +64,12 @@ function M.acquire(signal, timed_out_reason, reclaim)
     if signal.aborted then stop(signal, timed_out_reason) end
     async.sleep(M.POLL_MS)
   end
+end
+
+function M.take()
+  local ok, short = core.fd_turn_acquire()
+  if ok then return true end
+  return core.broker_reclaim(short) > 0 and core.fd_turn_acquire() == true
 end
 
 function M.release()

@@ -2,8 +2,13 @@
 -- (core.stream_listen, spec/rich-mode.md 8). C owns the socket (0600, 16
 -- connections, the 10 s head deadline, the 120 s silence timer, the repeated
 -- header refusal, one request per connection with `connection: close`,
--- backpressure); this file turns each request into a `conn` a broker task
--- uses with sequential, yielding calls:
+-- backpressure) and, with the sealed broker's listener, the descriptor
+-- budget of shared/spec/hardening.md 2 (core/conn.c). The listener outlives
+-- turns, so it holds one turn's descriptor charge from listen to stop
+-- (runtime/_descriptors.lua: its 2 guaranteed connections; the rest come
+-- from the shared pool); a host that cannot carry it refuses the listen
+-- (errors.HOST_DESCRIPTORS). This file turns each request into a `conn` a
+-- broker task uses with sequential, yielding calls:
 --
 --   conn.method, conn.target, conn.headers (lower-case names)
 --   conn.signal           aborts when the request ends (response flushed,
@@ -19,6 +24,8 @@
 --                         bytes_out; status 0 while nothing was)
 local async = require "sandbox.async"
 local core = require "sandbox.core"
+local descriptors = require "sandbox.runtime._descriptors"
+local errors = require "sandbox.errors"
 local signal = require "sandbox.signal"
 
 local M = {}
@@ -89,12 +96,36 @@ function Conn:finish() return self.req:finish() end
 function Conn:destroy() self.req:destroy() end
 function Conn:fail() self.req:fail() end
 
+-- The listener and its descriptor charge: stop([force]) and stats() of the
+-- core's listener; the charge goes back at the first stop (or when the
+-- object is collected unstopped).
+local Server = {}
+Server.__index = Server
+
+local function uncharge(s)
+  if s.charged then
+    s.charged = false
+    descriptors.release()
+  end
+end
+
+function Server:stop(force)
+  uncharge(self)
+  return self.listener:stop(force)
+end
+
+function Server:stats() return self.listener:stats() end
+
+Server.__gc = uncharge
+
 -- o = {path, on_request(conn), on_refused(reason, status)?, idle_ms?,
 -- header_timeout_ms?}: the listener, or nil and the core's message.
 -- on_request runs as its own task; on_refused (what C refused itself) on
 -- the loop.
 function M.listen(o)
-  return core.stream_listen {
+  descriptors.raise()
+  if not descriptors.take() then return nil, errors.HOST_DESCRIPTORS end
+  local listener, err = core.stream_listen {
     path = o.path, idle_ms = o.idle_ms, header_timeout_ms = o.header_timeout_ms, on_refused = o.on_refused,
     on_request = function(req)
       local conn = new_conn(req)
@@ -107,6 +138,11 @@ function M.listen(o)
       end)
     end,
   }
+  if not listener then
+    descriptors.release()
+    return nil, err
+  end
+  return setmetatable({ listener = listener, charged = true }, Server)
 end
 
 return M
