@@ -52,6 +52,7 @@
 #include "aux.h"
 #include "json.h"
 #include "parts.h"
+#include "reflect.h"
 #include "sbx.h"
 #include "utf8_put.h"
 
@@ -693,7 +694,10 @@ static void read_opts(lua_State *L, int idx, size_t *budget, int *flags, int *sh
   lua_pop(L, 1);
   *shape = 0;
   *f = NULL;
-  if (lua_getfield(L, idx, "filter") != LUA_TNIL) *f = sbx__reflect_check(L, lua_gettop(L));
+  if (lua_getfield(L, idx, "filter") != LUA_TNIL) {
+    *f = sbx__box_check(L, lua_gettop(L), SBX_REFLECT_MT);
+    luaL_argcheck(L, *f != NULL, idx, "reflection filter is closed");
+  }
   /* left on the stack: keeps the filter alive */
   if (lua_getfield(L, idx, "shape") != LUA_TNIL) {
     luaL_checktype(L, -1, LUA_TTABLE);
