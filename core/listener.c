@@ -262,9 +262,9 @@ static void on_deadline(sbx__conn_t *base) {
 /* ---- the pipeline: steps 9-12 and the handoff to Lua ---------------------- */
 
 /* The audit reasons of a refusal at steps 10-12, by prep_call's code. */
-enum { R_MALFORMED, R_PAYLOAD, R_AFTER_TURN, R_CLIENT_CLOSED, R_COUNT };
+enum { R_MALFORMED, R_PAYLOAD, R_AFTER_TURN, R_CLIENT_CLOSED, R_TOO_COSTLY, R_COUNT };
 static const char *const body_reasons[R_COUNT] = {
-  "malformed_json", "payload", "after_turn", "client_closed"};
+  "malformed_json", "payload", "after_turn", "client_closed", "body_too_large"};
 
 /*
  * Protected (lua_pcall) part of steps 10-12 so that a Lua memory error never
@@ -277,9 +277,16 @@ static int prep_call(lua_State *L) {
   bconn_t *c = lua_touserdata(L, 1);
   lst_t *lst = lst_of(c);
   call_t *call;
-  if (sbx__json_decode(L, c->body, c->body_len, NULL) != 0) {          /* 10 */
+  const char *why = NULL;
+  size_t budget = c->body_len * SBX_BODY_MEMORY_FACTOR;
+  int rc;
+  /* 10: strict JSON, decoded only once the scan (building nothing) found
+   * what it would cost within the budget (core/json_shape.c) */
+  if (budget < SBX_BODY_MEMORY_FLOOR) budget = SBX_BODY_MEMORY_FLOOR;
+  rc = sbx__json_decode_bounded(L, c->body, c->body_len, NULL, 0, budget, 0, &why, NULL, 0);
+  if (rc != 0) {
     lua_pushinteger(L, 502);
-    lua_pushinteger(L, R_MALFORMED);
+    lua_pushinteger(L, rc == SBX_ETOOBIG ? R_TOO_COSTLY : R_MALFORMED);
     return 2;
   }
   if (!lst->precheck && !sbx__json_is_object(L, -1)) {               /* 11 */

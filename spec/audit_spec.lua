@@ -113,6 +113,11 @@ describe("one audit line per broker request", function()
       end },
     { "malformed_json", 502, function() return H.raw("/model", "not json") end },
     { "malformed_json", 502, function() return H.raw("/model", "") end },
+    -- within the size limit but ~80x its size once decoded: refused after the
+    -- scan, before anything is built (core/bounds.h SBX_BODY_MEMORY_*)
+    { "body_too_large", 502, function()
+        return H.raw("/model", '{"messages":[' .. string.rep("{},", 80000) .. '{}]}')
+      end },
     { "payload", 400, function() return H.raw("/model", "[]") end },
     { "payload", 400, function() return H.raw("/model", '{"messages":"x"}') end },
   }
