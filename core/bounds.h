@@ -15,12 +15,14 @@
 #define SBX_MAX_BODY_BYTES         262144
 /* The Lua memory a buffered body (sealed, precheck) may take once decoded,
  * as core/json_shape.c estimates it before building anything: FACTOR times
- * the body, at least FLOOR. A 256 KiB body of nested empty containers would
- * take ~80x; it is refused after the scan. The heaviest real sealed
- * requests (many tool schemas and short messages) estimate at ~11x of
- * ~200 KB, under the floor (bench/results.md, body memory). */
-#define SBX_BODY_MEMORY_FACTOR     4
-#define SBX_BODY_MEMORY_FLOOR      (4 * 1024 * 1024)
+ * the body, at least FLOOR_FACTOR times the listener's body limit (4 MiB
+ * for the sealed 256 KiB, 1 MiB for precheck's 64 KiB). A body of nested
+ * empty containers at the limit would take ~80x; it is refused after the
+ * scan. The heaviest real sealed requests (many tool schemas and short
+ * messages) estimate at ~11x of ~200 KB, under the floor (bench/results.md,
+ * request bodies). */
+#define SBX_BODY_MEMORY_FACTOR       4
+#define SBX_BODY_MEMORY_FLOOR_FACTOR 16
 #define SBX_MAX_UPSTREAM_BYTES     1048576
 #define SBX_MAX_REPLY_BYTES        1048576
 #define SBX_MAX_ERROR_BODY_BYTES   4096    /* a non-2xx body read for the log (providers.md 4) */

@@ -282,7 +282,7 @@ static int prep_call(lua_State *L) {
   int rc;
   /* 10: strict JSON, decoded only once the scan (building nothing) found
    * what it would cost within the budget (core/json_shape.c) */
-  if (budget < SBX_BODY_MEMORY_FLOOR) budget = SBX_BODY_MEMORY_FLOOR;
+  if (budget < lst->max_body * SBX_BODY_MEMORY_FLOOR_FACTOR) budget = lst->max_body * SBX_BODY_MEMORY_FLOOR_FACTOR;
   rc = sbx__json_decode_bounded(L, c->body, c->body_len, NULL, 0, budget, 0, &why, NULL, 0);
   if (rc != 0) {
     lua_pushinteger(L, 502);

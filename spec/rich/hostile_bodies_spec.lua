@@ -102,10 +102,10 @@ end)
 
 describe("sealed and precheck listeners: hostile bodies at their limits from several listeners (issue 21)", function()
   -- core/listener.c decodes a buffered body only once core/json_shape.c's
-  -- scan (building nothing) found its cost within 4x the body, at least
-  -- SBX_BODY_MEMORY_FLOOR (4 MiB; core/bounds.h): a body of nested empty
-  -- containers at the 256 KiB limit (~80x) is refused 502 with the audit
-  -- reason body_too_large; what passes takes at most 4 MiB per call.
+  -- scan (building nothing) found its cost within 4x the body, at least 16x
+  -- the listener's body limit (4 MiB sealed, 1 MiB precheck; core/bounds.h):
+  -- a body of nested empty containers at the limit (~80x) is refused 502
+  -- with the audit reason body_too_large; what passes takes at most 4 MiB.
   it("refuses what would cost over the budget, serves the bystander, and stays within the budget per call", function()
     local kinds = { "sealed", "sealed", "precheck", "precheck", "bystander" }
     local attacks = {
@@ -114,7 +114,8 @@ describe("sealed and precheck listeners: hostile bodies at their limits from sev
     }
     local report, answers = run(attacks, kinds)
     assert.equal(502, answers[1].status)          -- 256 KiB of {}: refused before anything was built
-    assert.equal(502, answers[3].status)          -- 64 KiB of {}: over the 4 MiB floor too
+    assert.equal(502, answers[3].status)          -- 64 KiB of {}: over precheck's 1 MiB floor too
+    assert.equal(502, answers[4].status)          -- 64 KiB of []: the same
     for n = 1, 4 do assert.is_true(answers[n].status == 200 or answers[n].status == 502, tostring(answers[n].status)) end
     assert.equal(0, report.bystander.failed)
     local peak = (report.hwm_kb - report.rss0_kb) * 1024
