@@ -39,7 +39,11 @@ local CASES = {
   { "compact", "compact_unknown", "objects", "an unknown member full of {}" },
   { "compact", "compact_kept", "mixed", "the worst mix the budget accepts" },
   { "sealed", "sealed_junk", "objects", "sealed /model, a member full of {}" },
+  { "sealed", "sealed_junk", "arrays", "sealed /model, full of []" },
+  { "sealed", "sealed_junk", "deep", "sealed /model, 60-deep arrays" },
+  { "sealed", "sealed_junk", "strings", "sealed /model, 1-char strings" },
   { "precheck", "precheck_junk", "objects", "precheck call, a member full of {}" },
+  { "precheck", "precheck_junk", "arrays", "precheck call, full of []" },
 }
 
 local function tmpdir()
