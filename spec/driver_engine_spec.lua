@@ -7,6 +7,7 @@ local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
 local engine = require "sandbox.drivers.engine"
 local json = require "sandbox.json"
+local rich_docker_fake = require "rich_docker_fake"
 local signal = require "sandbox.signal"
 local spec_fs = require "spec_fs"
 
@@ -288,45 +289,17 @@ describe("the Engine API driver's long-lived lifecycle", function()
   local rich_container = require "sandbox.rich._container"
   local NAME = "roundtable-sandbox-discord_party"
   local LABEL = "roundtable.sandbox.profile"
-  local dir, sock, proc, exited, seed = nil, nil, nil, false, 0
+  local fake, dir, sock
 
   setup(function()
-    local node = node_path()
-    assert(node, "node is required for the fake daemon (make deps installs it)")
-    dir = spec_fs.tmpdir("drv-lasting")
-    sock = dir .. "/docker.sock"
-    write(dir .. "/state.json", "{}")
-    proc = core.spawn { file = node, args = { "spec/fixtures/rich_docker_api.mjs", sock, dir .. "/state.json",
-      dir .. "/log.jsonl" }, env = {}, on_exit = function() exited = true end }
-    async.run(function()
-      for _ = 1, 200 do
-        if core.fs_lstat(sock) then return end
-        async.sleep(20)
-      end
-      error("the fake daemon did not start")
-    end)
+    fake = rich_docker_fake.start("drv-lasting")
+    dir, sock = fake.dir, fake.sock
   end)
 
-  teardown(function()
-    if proc then proc:kill(core.SIGKILL) while not exited do core.run("once") end end
-    if dir then spec_fs.rmdir(dir, "drv-lasting") end
-  end)
+  teardown(function() if fake then fake:stop() end end)
 
-  local function state(t)
-    seed = seed + 1
-    t.seed = seed
-    os.remove(dir .. "/log.jsonl")
-    write(dir .. "/state.json", assert(json.encode(json.jsonable(t))))
-  end
-
-  local function requests()
-    local out = {}
-    local f = io.open(dir .. "/log.jsonl")
-    if not f then return out end
-    for line in f:lines() do out[#out + 1] = json.plain(json.decode(line)) end
-    f:close()
-    return out
-  end
+  local function state(t) fake:state(t) end
+  local function requests() return fake:requests() end
 
   local function rspec()
     return { name = NAME, image = "pi-roundtable-sandbox:pi", channel = "discord:party", profile = "main",

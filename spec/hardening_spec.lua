@@ -582,71 +582,9 @@ end)
     assert.matches("exit=0", out, 1, true)
   end)
 
-  it("EMFILE at accept never stops a listener (the reserved-descriptor pattern)", function()
-    if not service_account() then return end
-    local dir = tmproot()
-    -- a client in another process: three connects while the host has no
-    -- descriptor left, then one real request once it has them back
-    spec_fs.write(dir .. "/client.lua", [[
-package.path = "lua/?.lua;lua/?/init.lua;spec/support/?.lua;" .. package.path
-package.cpath = "build/lua/?.so;" .. package.cpath
-local core = require "sandbox.core"
-local async = require "sandbox.async"
-local unix_request = require "unix_request"
-local sock, flag = arg[1], arg[2]
-async.run(function()
-  while not io.open(flag .. ".full") do async.sleep(10) end
-  local ended = 0
-  for _ = 1, 3 do
-    local done = false
-    core.unix_stream(sock, function(ev) if ev ~= "data" then done = true end end)
-    for _ = 1, 100 do if done then break end async.sleep(10) end
-    if done then ended = ended + 1 end
-  end
-  local f = io.open(flag .. ".tried", "w") f:write(ended) f:close()
-  while not io.open(flag .. ".freed") do async.sleep(10) end
-  local req = "POST /model HTTP/1.1\r\nhost: broker\r\ncontent-type: application/json\r\ncontent-length: 2\r\n"
-    .. "authorization: Bearer sandbox-dummy-key\r\n\r\n{}"
-  local r = async.await(function(resume) unix_request(sock, req, { timeout_ms = 5000 }, resume) end)
-  f = io.open(flag .. ".answer", "w") f:write(tostring(r.data and r.data:match("^HTTP/1%.1 (%d+)"))) f:close()
-end)
-]])
-    local out = child(64, true, [[
-local core = require "sandbox.core"
-local async = require "sandbox.async"
-local dir = arg[1]
-local l = assert(core.broker_listen { path = dir .. "/l.sock", routes = { "/model" },
-  on_call = function(call) call:reply(200, "{}") end })
-os.execute("lua5.4 " .. dir .. "/client.lua " .. dir .. "/l.sock " .. dir .. "/flag &")
-local held = {}
-while true do
-  local f = io.open("/dev/null", "r")
-  if not f then break end
-  held[#held + 1] = f
-end
-local function touch(name) held[#held]:close() held[#held] = nil local f = io.open(name, "w") f:close() end
-async.run(function()
-  touch(dir .. "/flag.full")                 -- one descriptor to write it, then none again
-  held[#held + 1] = io.open("/dev/null", "r")
-  for _ = 1, 300 do
-    local f = io.open(dir .. "/flag.tried")
-    if f then f:close() break end
-    async.sleep(10)
-  end
-  for _, f in ipairs(held) do f:close() end
-  held = {}
-  local f = io.open(dir .. "/flag.freed", "w") f:close()
-  for _ = 1, 300 do
-    local a = io.open(dir .. "/flag.answer")
-    if a then print("answer", a:read("a")) a:close() break end
-    async.sleep(10)
-  end
-  l:stop()
-end)
-]], dir)
-    assert.matches("answer\t200\nexit=0", out, 1, true)
-    assert.equal("3", spec_fs.read(dir .. "/flag.tried"))      -- each closed, none left hanging
-  end)
+  -- EMFILE at accept never stops a listener (the reserved-descriptor pattern):
+  -- spec/conn_spec.lua runs that case against both request policies (the
+  -- sealed and precheck buffered one, the rich streaming one).
 
   it("a turn the descriptors cannot carry waits, then fails host_descriptors at its deadline; the driver never runs", function()
     if not service_account() then return end

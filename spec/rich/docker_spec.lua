@@ -8,50 +8,23 @@ local core = require "sandbox.core"
 local json = require "sandbox.json"
 local rich = require "sandbox.rich"
 local seccomp = require "sandbox.runtime._seccomp"
+local rich_docker_fake = require "rich_docker_fake"
 local spec_fs = require "spec_fs"
 
 local write = spec_fs.write
 
 describe("rich Docker driver (fake Engine API)", function()
-  local dir, sock, proc, exited, seed = nil, nil, nil, false, 0
+  local fake, dir, sock
 
   setup(function()
-    local node = spec_fs.sh("command -v node 2>/dev/null")
-    assert(node ~= "", "node is required for the fake daemon (make deps installs it)")
-    dir = spec_fs.tmpdir("rich-dk")
-    sock = dir .. "/docker.sock"
-    write(dir .. "/state.json", "{}")
-    proc = core.spawn { file = node, args = { "spec/fixtures/rich_docker_api.mjs", sock, dir .. "/state.json", dir .. "/log.jsonl" },
-      env = {}, on_exit = function() exited = true end }
-    async.run(function()
-      for _ = 1, 200 do
-        if core.fs_lstat(sock) then return end
-        async.sleep(20)
-      end
-      error("the fake daemon did not start")
-    end)
+    fake = rich_docker_fake.start("rich-dk")
+    dir, sock = fake.dir, fake.sock
   end)
 
-  teardown(function()
-    if proc then proc:kill(core.SIGKILL) while not exited do core.run("once") end end
-    if dir then spec_fs.rmdir(dir, "rich-dk") end
-  end)
+  teardown(function() if fake then fake:stop() end end)
 
-  local function state(t)
-    seed = seed + 1
-    t.seed = seed
-    os.remove(dir .. "/log.jsonl")
-    write(dir .. "/state.json", assert(json.encode(json.jsonable(t))))
-  end
-
-  local function requests()
-    local out = {}
-    local f = io.open(dir .. "/log.jsonl")
-    if not f then return out end
-    for line in f:lines() do out[#out + 1] = json.plain(json.decode(line)) end
-    f:close()
-    return out
-  end
+  local function state(t) fake:state(t) end
+  local function requests() return fake:requests() end
 
   local function calls()
     local out = {}
