@@ -149,7 +149,8 @@ describe("a real Prometheus scrape of real turns", function()
         assert.is_nil(tostring(val):find(SPEAKER.principalId, 1, true), k)
       end
     end
-    assert.equal(#require("sandbox.errors").reasons, (function() local n = 0 for _ in pairs(reasons) do n = n + 1 end return n end)())
+    assert.equal(#require("sandbox.ops.metrics").reasons_of("sealed"),
+      (function() local n = 0 for _ in pairs(reasons) do n = n + 1 end return n end)())
     assert.equal("0", reasons.worker_oom)
     -- what an operator would note: the scraped answer
     io.stderr:write("prometheus query sbx_turns_total{reason=\"ok\"}: ", json.encode(ok.answer), "\n")

@@ -160,8 +160,9 @@ return require("sandbox") {
     assert.equal("The sandbox turn failed or was stopped.\n", r.out)
   end)
 
-  it("upstream_status: a 429 is the provider's quota", function()
-    script { { status = 429, body = '{"error":{"code":"rate_limit_exceeded","type":"requests"}}' } }
+  it("upstream_status: a 429 is the provider's quota (once the host's retries are spent)", function()
+    local quota = { status = 429, body = '{"error":{"code":"rate_limit_exceeded","type":"requests"}}' }
+    script { quota, quota, quota }
     expect(sbx_run(), "upstream_status", 1, "the provider is rate limiting or out of quota")
   end)
 
