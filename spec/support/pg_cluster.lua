@@ -47,8 +47,12 @@ end
 local Cluster = {}
 Cluster.__index = Cluster
 
+-- The server and its tools are not the code under test: under the ASan
+-- suite (LD_PRELOAD of the sanitizer runtime) they run without it.
+local CLEAN = "env -u LD_PRELOAD -u ASAN_OPTIONS -u UBSAN_OPTIONS "
+
 local function run_or_fail(cmd, what, log)
-  local out, code = spec_fs.run(cmd .. " 2>&1")
+  local out, code = spec_fs.run(CLEAN .. cmd .. " 2>&1")
   if code ~= 0 then
     local tail = log and spec_fs.sh("tail -n 20 " .. spec_fs.q(log) .. " 2>/dev/null") or ""
     error(what .. " failed (" .. tostring(code) .. "): " .. out .. "\n" .. tail, 0)
@@ -96,7 +100,7 @@ function Cluster:stop()
   if self.stopped then return end
   self.stopped = true
   if self.started then
-    spec_fs.run(string.format("%s/pg_ctl -D %s -m immediate -w -t 60 stop >/dev/null 2>&1", self.bin, spec_fs.q(self.data)))
+    spec_fs.run(CLEAN .. string.format("%s/pg_ctl -D %s -m immediate -w -t 60 stop >/dev/null 2>&1", self.bin, spec_fs.q(self.data)))
   end
   spec_fs.run("rm -rf " .. spec_fs.q(self.dir))
 end
