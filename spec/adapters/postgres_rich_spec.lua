@@ -1,6 +1,6 @@
 -- postgres_rich_spec.lua: the PostgreSQL adapter in rich mode (issue 24
 -- item 4) over a throwaway cluster (pg_cluster.lua): memory.promptBlock and
--- memory.visibility through sandbox.rich's runTurn (the real broker and
+-- memory.visibility through examples/postgres-rich.conf.lua's runTurn (the real broker and
 -- worker transport, the worker a rich_peer behind the offline fixture
 -- driver), and notes_get / notes_put through a rich broker's real socket,
 -- where a body forging another speaker reads nothing of hers.
@@ -12,7 +12,6 @@ local fixture = require "rich_fixture_driver"
 local harness = require "rich_harness"
 local json = require "sandbox.json"
 local pg = require "sandbox.adapters.postgres"
-local rich = require "sandbox.rich"
 local spec_fs = require "spec_fs"
 
 local C, db
@@ -42,15 +41,18 @@ end)
 -- or, with `old`, one that declares none.
 local CAPABLE = '{"capabilities":{"privateTo":true,"readerRecords":true}}'
 
+-- examples/postgres-rich.conf.lua, as the Bun bridge loads it, with the
+-- fixture driver for Docker and a memory of the spec's when given.
 local function runtime(memory, seen, old)
   local d = fixture.new { ready_body = old and '{"capabilities":{}}' or CAPABLE,
     turn = function(t) seen[#seen + 1] = json.plain(t) return { ok = true, text = "ok", files = json.array() } end }
   drivers[#drivers + 1] = d
-  return rich {
-    partyDir = spec_fs.tmpdir("pgr", dirs, spec_fs.short_tmp()) .. "/p", image = "pi-roundtable-sandbox:pi",
+  local example = assert(loadfile("examples/postgres-rich.conf.lua"))
+  return example {
+    database = C:opts("rich"),
+    partyDir = spec_fs.tmpdir("pgr", dirs, spec_fs.short_tmp()) .. "/p",
     profiles = { main = { model = "claude-sonnet-4-6" } },
     oauthToken = function() return "tok" end,
-    effort = { judge = function() return "low" end },
     driver = d, logger = harness.logger({}), startTimeoutMs = 5000,
     memory = memory,
   }
@@ -61,10 +63,10 @@ local function turn(author)
     text = "hello", images = {} }
 end
 
-describe("pg.memory through sandbox.rich's runTurn", function()
+describe("examples/postgres-rich.conf.lua: pg.memory through runTurn", function()
   it("private (the default): the reader's own notes and the shared ones reach that reader's turn only", function()
     local seen = {}
-    local rt = runtime(pg.memory { db = db }, seen)
+    local rt = runtime(nil, seen)                        -- the example's own memory
     async.run(function()
       local r1 = rt:runTurn(turn { id = "123", name = "Ann", principalId = "ann" }) assert.is_true(r1.ok, r1.error)
       assert.is_true(rt:runTurn(turn { id = "456", name = "Bob", principalId = "bob" }).ok)
