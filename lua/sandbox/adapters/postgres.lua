@@ -87,6 +87,28 @@ function M.connect(o)
   return db
 end
 
+-- One prepared statement: its rows (at most max) and affected count, or nil.
+local function run(dbh, max, sql, ...)
+  local sth = dbh:prepare(sql)
+  if not sth then return nil end
+  if not sth:execute(...) then
+    sth:close()
+    return nil
+  end
+  local rows = {}
+  while #rows < max do
+    local row = sth:fetch(true)
+    if not row then break end
+    rows[#rows + 1] = row
+  end
+  local affected = sth:affected()
+  sth:close()
+  return rows, affected
+end
+
+local SESSION = "SELECT set_config('statement_timeout', $1::text, false), "
+  .. "set_config('client_min_messages', 'warning', false)"
+
 function DB:_open()
   local DBI = load_driver()
   local o = self.o
@@ -96,9 +118,12 @@ function DB:_open()
     error(errors.PG_CONNECT .. tostring(ok and why or dbh):gsub("%s+$", ""), 0)
   end
   dbh:autocommit(true)
+  -- not through exec: a session that fails its first statement is not retried
+  if not run(dbh, 1, SESSION, tostring(self.timeout)) then
+    pcall(dbh.close, dbh)
+    error(errors.PG_CONNECT .. "the session's settings were refused", 0)
+  end
   self.dbh = dbh
-  self:exec("SELECT set_config('statement_timeout', $1::text, false), set_config('client_min_messages', 'warning', false)",
-    tostring(self.timeout))
 end
 
 -- The connection, reopened once when the server dropped it.
@@ -116,24 +141,6 @@ end
 -- from the message (the server's own log has it).
 function DB:exec(sql, ...)
   return self:exec_max(nil, sql, ...)
-end
-
-local function run(dbh, max, sql, ...)
-  local sth = dbh:prepare(sql)
-  if not sth then return nil end
-  if not sth:execute(...) then
-    sth:close()
-    return nil
-  end
-  local rows = {}
-  while #rows < max do
-    local row = sth:fetch(true)
-    if not row then break end
-    rows[#rows + 1] = row
-  end
-  local affected = sth:affected()
-  sth:close()
-  return rows, affected
 end
 
 -- Outside a transaction a statement whose connection the server dropped
