@@ -70,6 +70,12 @@ describe("connect", function()
 
   it("refuses bad options", function()
     assert.has_error(function() pg.connect { host = C.host, user = C.user } end, errors.PG_OPTIONS .. "dbname is required")
+    local o = C:opts() o.port = 0
+    assert.has_error(function() pg.connect(o) end, errors.PG_OPTIONS .. "port must be an integer from 1 to 65535")
+    o.port, o.statementTimeoutMs = 5432.0, 1.5                        -- a JSON number is fine, a fraction is not
+    assert.has_error(function() pg.connect(o) end, errors.PG_OPTIONS .. "statementTimeoutMs must be an integer from 1 to 60000")
+    o.statementTimeoutMs = 1000.0
+    pg.connect(o):close()
     assert.has_error(function() pg.notes_tools {} end)
     assert.has_error(function() pg.memory { db = fresh(), visibility = "public" } end)
   end)

@@ -64,7 +64,8 @@ DB.__index = DB
 local function int_opt(o, name, lo, hi, default)
   local v = o[name]
   if v == nil then return default end
-  if math.type(v) ~= "integer" or v < lo or v > hi then
+  v = math.tointeger(v)                  -- 5432.0 from a JSON decoder is 5432
+  if v == nil or v < lo or v > hi then
     opt_fail(string.format("%s must be an integer from %d to %d", name, lo, hi))
   end
   return v
