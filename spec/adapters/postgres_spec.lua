@@ -128,6 +128,13 @@ describe("notes_get / notes_put", function()
     assert.equal("bob-wrote", got(T.get({ key = "secret" }, bob)).private)
     -- the owner is the principal when there is one: the same id without it is someone else
     assert.equal(json.null, got(T.get({ key = "secret" }, ctx("fake:c1", "ann"))).private)
+    -- and a speaker whose platform id equals ann's principalId is not ann
+    assert.equal(json.null, got(T.get({ key = "secret" }, ctx("fake:c1", "p_ann"))).private)
+    T.put({ key = "mine", value = "speaker p_ann" }, ctx("fake:c1", "p_ann"))
+    assert.equal(json.null, got(T.get({ key = "mine" }, ann)).private)
+    local block = pg.memory({ db = db }).promptBlock("fake:c1", "x", "Ann", "p_ann")
+    assert.truthy(block:find("ann-only", 1, true))
+    assert.is_nil(block:find("speaker p_ann", 1, true))
   end)
 
   it("share a row declared shared with the channel, and never with another channel", function()
@@ -287,6 +294,10 @@ describe("rich_tools", function()
     assert.equal("v", json.decode(r.text).private)
     R.call("notes_put", { key = "s", value = "all", visibility = "shared" }, ann)
     assert.is_nil(R.call("notes_get", { key = "s" }, ctx("fake:c1", "bob", "p_bob")).privateTo)
-    assert.has_error(function() R.call("notes_get", { key = "k" }, ctx("fake:c1", "p_ann")) end, errors.PG_IDENTITY)
+    -- a reader without a principal may keep a private note, but a read of it cannot be tagged
+    local zed = ctx("fake:c1", "zed")
+    assert.is_true(R.call("notes_put", { key = "z", value = "zed's" }, zed).ok)
+    assert.has_error(function() R.call("notes_get", { key = "z" }, zed) end, errors.PG_IDENTITY)
+    assert.is_nil(R.call("notes_get", { key = "k" }, ctx("fake:c1", "p_ann")).privateTo)  -- not ann's
   end)
 end)

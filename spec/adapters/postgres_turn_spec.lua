@@ -96,7 +96,7 @@ describe("examples/postgres.conf.lua", function()
     assert.is_true(b.res.ok, b.res.reason)
 
     -- the row is ann's, private, in ann's channel
-    assert.equal("fake:pg|p_ann|private|colour|green|p_ann",
+    assert.equal("fake:pg|p:p_ann|private|colour|green|p:p_ann",
       C:psql("turns", "SELECT channel, owner, visibility, key, value, author FROM sbx_notes"))
     local log = async.run(function() return up:log() end)
     assert.equal(5, #log)

@@ -15,7 +15,7 @@
 -- Privacy (the original's rule): a note is private to the admitted reader
 -- who wrote it unless `visibility = "shared"` is declared, which makes it
 -- the channel's. The owner is ctx.speaker.principalId (else ctx.speaker.id)
--- of the bound turn; nothing in the tool input names a channel, speaker or
+-- of the bound turn, in two namespaces that never meet (M.owner); nothing in the tool input names a channel, speaker or
 -- owner (a `speaker` member is input data and never read). A read returns
 -- the caller's private row and the channel's shared row; never another
 -- speaker's private row and never another channel's row.
@@ -208,14 +208,23 @@ local function text_ok(s, lo, hi, is_key)
   return true
 end
 
+-- The row owner of a reader: "p:" .. principalId, else "s:" .. speaker id.
+-- The two namespaces never meet, so a speaker whose platform id happens to
+-- equal someone's principalId is not that principal. nil when neither is
+-- a valid identifier.
+function M.owner(id, principalId)
+  if principalId ~= nil then
+    return text_ok(principalId, 1, M.LIMITS.ident) and "p:" .. principalId or nil
+  end
+  return text_ok(id, 1, M.LIMITS.ident) and "s:" .. id or nil
+end
+
 -- The bound identity: the turn's channel and its reader. Raises (the turn's
 -- operator sees tool_failed) when the host bound none.
 local function identity(ctx)
   local channel, sp = ctx and ctx.channel, ctx and ctx.speaker
-  local owner = type(sp) == "table" and (sp.principalId or sp.id)
-  if not text_ok(channel, 1, M.LIMITS.ident) or not text_ok(owner, 1, M.LIMITS.ident) then
-    error(errors.PG_IDENTITY, 0)
-  end
+  local owner = type(sp) == "table" and M.owner(sp.id, sp.principalId)
+  if not text_ok(channel, 1, M.LIMITS.ident) or not owner then error(errors.PG_IDENTITY, 0) end
   return channel, owner
 end
 
@@ -367,8 +376,8 @@ function M.memory(o)
   return {
     visibility = vis,
     promptBlock = function(channel, id, _name, principalId)
-      local owner = principalId or id
-      if not text_ok(channel, 1, M.LIMITS.ident) or not text_ok(owner, 1, M.LIMITS.ident) then
+      local owner = M.owner(id, principalId)
+      if not text_ok(channel, 1, M.LIMITS.ident) or not owner then
         error(errors.PG_IDENTITY, 0)
       end
       db:_live()

@@ -12,11 +12,11 @@ return {
     statements = {
       [[CREATE TABLE sbx_notes (
           channel    text NOT NULL CHECK (octet_length(channel) BETWEEN 1 AND 256),
-          owner      text NOT NULL CHECK (octet_length(owner) <= 256),
+          owner      text NOT NULL CHECK (octet_length(owner) <= 258),  -- '' or p:/s: and 1-256 bytes
           visibility text NOT NULL CHECK (visibility IN ('private', 'shared')),
           key        text NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 128),
           value      text NOT NULL CHECK (octet_length(value) <= 4000),
-          author     text NOT NULL CHECK (octet_length(author) BETWEEN 1 AND 256),
+          author     text NOT NULL CHECK (octet_length(author) BETWEEN 3 AND 258),
           updated_at timestamptz NOT NULL DEFAULT now(),
           -- a shared row is the channel's (owner ''); a private row its owner's
           CHECK ((visibility = 'shared') = (owner = '')),
