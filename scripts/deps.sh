@@ -57,6 +57,10 @@ chk_openssl()    { have openssl; }
 chk_cacerts()    { [ -f /etc/ssl/certs/ca-certificates.crt ]; }
 chk_tzdata()     { [ -f /usr/share/zoneinfo/UTC ] && [ -f /usr/share/zoneinfo/Asia/Taipei ]; }
 chk_prometheus() { have prometheus && have promtool; }
+# PostgreSQL server binaries (the adapter's specs start a throwaway cluster) and
+# Lua 5.4's DBI driver for it (lua/sandbox/adapters/postgres.lua).
+chk_postgres()   { ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && have psql; }
+chk_luadbi_pg()  { have lua5.4 && lua5.4 -e 'require "DBI"; require "dbd.postgresql"' >/dev/null 2>&1; }
 
 APT_CHECKS=(
   "cc, make (build-essential)|build-essential|chk_build"
@@ -80,6 +84,8 @@ APT_CHECKS=(
   "ca-certificates|ca-certificates|chk_cacerts"
   "tz database (worker image)|tzdata|chk_tzdata"
   "prometheus + promtool (metrics specs)|prometheus|chk_prometheus"
+  "postgresql (adapter specs)|postgresql|chk_postgres"
+  "lua-dbi-postgresql (5.4)|lua-dbi-postgresql|chk_luadbi_pg"
 )
 
 # Node.js and npm: preinstalled from nodesource on these machines; Debian's

@@ -386,6 +386,19 @@ M.catalogue = {
   { name = "RICH_TOOL_OUTPUT", message = "Invalid tool output" },
   { name = "RICH_REBUILD", message = "Sandbox worker image ", prefix = true,
     fix = "rebuild the worker image with `make image-pi` from the installed core and sandbox packages" },
+
+  -- The PostgreSQL adapter (lua/sandbox/adapters/postgres.lua, issue 24 item 4)
+  { name = "PG_DRIVER", message = "the PostgreSQL adapter needs Lua 5.4's DBI driver for PostgreSQL",
+    fix = "apt-get install lua-dbi-postgresql (or make deps)" },
+  { name = "PG_OPTIONS", message = "postgres adapter: ", prefix = true },
+  { name = "PG_CONNECT", message = "PostgreSQL connection failed: ", prefix = true, safe = false,
+    fix = "check host (a host name or the server's socket directory), port, dbname, user and password, and that the server runs" },
+  { name = "PG_MIGRATE", message = "PostgreSQL migration failed; nothing of it was applied",
+    fix = "the server's log names the statement; the adapter's user needs CREATE on the database's schema" },
+  { name = "PG_QUERY", message = "PostgreSQL query failed",
+    fix = "the server's log names the cause (statement_timeout, a dropped connection, permissions)" },
+  { name = "PG_IDENTITY", message = "PostgreSQL notes need a bound channel and speaker",
+    fix = "call the adapter's tools and memory only from a turn the host bound (ctx.channel, ctx.speaker; privateTo needs a principalId)" },
 }
 
 local function image_of(ctx) return ctx.image or "pi-roundtable-sandbox:local" end
