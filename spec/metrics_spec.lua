@@ -640,3 +640,66 @@ describe("one registry for every mode (issue 21 item 6)", function()
     assert.is_nil(pre:find('sbx_turns_total{reason=', 1, true))
   end)
 end)
+
+describe("process metrics, alert rules and the dashboard (issue 23 item 6)", function()
+  it("exposes sbx_build_info{version} and the process families", function()
+    local text = require("sandbox.ops.metrics").new():render()
+    assert.equal(1, P.value(text, 'sbx_build_info{version="' .. core.version .. '"}'))
+    assert.truthy(P.value(text, "process_start_time_seconds") > 1.7e9)
+    assert.truthy(P.value(text, "process_open_fds") > 0)
+    assert.truthy(P.value(text, "process_max_fds") > 0)
+    assert.truthy(P.value(text, "process_resident_memory_bytes") > 1e6)
+  end)
+
+  -- metric names in a PromQL expression (words followed by { ( [ or a space,
+  -- not functions or keywords)
+  local KEYWORDS = { sum = true, by = true, rate = true, increase = true, histogram_quantile = true,
+    clamp_min = true, time = true, le = true, on = true, without = true, e = true }
+  local function names_in(expr)
+    local out = {}
+    for w in expr:gmatch("[%a_][%w_]*") do
+      if not KEYWORDS[w] and (w:find("^sbx_") or w:find("^process_")) then out[#out + 1] = w end
+    end
+    return out
+  end
+
+  local function exposed()
+    local text = require("sandbox.ops.metrics").new():render()
+    local set = {}
+    for name in text:gmatch("# TYPE ([%w_]+) ") do set[name] = true end
+    for name in pairs(set) do
+      for _, suffix in ipairs { "_bucket", "_sum", "_count" } do set[name .. suffix] = true end
+    end
+    return set
+  end
+
+  it("examples/prometheus/sbx-alerts.yml passes promtool check rules and names only exposed metrics", function()
+    if not P.have(P.PROMTOOL) then
+      return pending("promtool is not installed: make deps installs Debian's prometheus package")
+    end
+    local status, out = async.run(function()
+      local res = P.spawn(P.PROMTOOL, { "check", "rules", "examples/prometheus/sbx-alerts.yml" }, "", 30000)
+      return res.exit_status, (res.stdout or "") .. (res.stderr or "")
+    end)
+    assert.equal(0, status, out)
+    assert.matches("SUCCESS: 7 rules found", out, 1, true)
+    local set, text = exposed(), spec_fs.read("examples/prometheus/sbx-alerts.yml")
+    for expr in text:gmatch("expr: >?%s*([^\n]+)") do
+      for _, name in ipairs(names_in(expr)) do assert.truthy(set[name], name .. " is not exposed") end
+    end
+  end)
+
+  it("examples/grafana/sbx-dashboard.json is a dashboard whose every query names exposed metrics", function()
+    local dash = json.decode(assert(spec_fs.read("examples/grafana/sbx-dashboard.json")))
+    assert.equal("object", json.kind(dash))
+    local set, n = exposed(), 0
+    for _, panel in ipairs(dash.panels) do
+      for _, t in ipairs(panel.targets) do
+        n = n + 1
+        for _, name in ipairs(names_in(t.expr)) do assert.truthy(set[name], name .. " is not exposed") end
+      end
+    end
+    assert.truthy(n >= 8)
+  end)
+end)
+

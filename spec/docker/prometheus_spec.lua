@@ -73,7 +73,10 @@ describe("a real Prometheus scrape of real turns", function()
       runtime = require("docker_runtime").name,
     }
     os.execute("mkdir -m 700 " .. spec_fs.q(root .. "/prom"))
-    prom = async.run(function() return P.prometheus { target = assert(rt:metrics_address()), dir = root .. "/prom" } end)
+    prom = async.run(function()
+      return P.prometheus { target = assert(rt:metrics_address()), dir = root .. "/prom",
+        rules = core.realpath("examples/prometheus/sbx-alerts.yml") }
+    end)
   end)
 
   teardown(function()
@@ -136,6 +139,21 @@ describe("a real Prometheus scrape of real turns", function()
       return { answer = answer, all = all }, prom:target_health()
     end)
     assert.equal("up", health)
+    -- the shipped alert rules load and evaluate against the real scrape
+    local groups = async.run(function()
+      local deadline = core.now() + 30000
+      while core.now() < deadline do
+        local g = prom:rules()
+        local rules = g and g.data and g.data.groups and g.data.groups[1] and g.data.groups[1].rules
+        if rules and #rules == 7 and rules[1].lastEvaluation ~= "0001-01-01T00:00:00Z" then return g end
+        async.sleep(500)
+      end
+      return prom:rules()
+    end)
+    local loaded = groups.data.groups[1]
+    assert.equal("pi-roundtable-sandbox", loaded.name)
+    assert.equal(7, #loaded.rules)
+    for _, rule in ipairs(loaded.rules) do assert.equal("ok", rule.health, rule.name .. ": " .. tostring(rule.lastError)) end
     local r = ok.answer.data.result[1]
     assert.equal("sbx_turns_total", r.metric.__name__)
     assert.equal("ok", r.metric.reason)

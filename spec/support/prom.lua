@@ -11,7 +11,7 @@
 --   P.get(url [, {args}]) -> {status=, content_type=, body=}      (yields)
 --   P.promtool_check(text) -> exit status, output                 (yields)
 --   P.free_port() -> a loopback port nothing listened on a moment ago
---   local srv = P.prometheus { target = "127.0.0.1:PORT", dir = DIR }   (yields)
+--   local srv = P.prometheus { target = "127.0.0.1:PORT", dir = DIR [, rules = FILE] }   (yields)
 --   srv:query("sbx_turns_total") -> the decoded /api/v1/query answer    (yields)
 --   srv:wait_for(query, pred, what)  srv:stop()                          (yields)
 local async = require "sandbox.async"
@@ -84,7 +84,9 @@ function P.prometheus(o)
   local port = P.free_port()
   local cfg = o.dir .. "/prometheus.yml"
   local f = assert(io.open(cfg, "w"))
-  f:write(string.format([[
+  -- o.rules: a rule file Prometheus loads (its groups then answer /api/v1/rules)
+  local rules = o.rules and string.format("rule_files: [%q]\n", o.rules) or ""
+  f:write(rules .. string.format([[
 global:
   scrape_interval: 1s
   scrape_timeout: 1s
@@ -117,6 +119,13 @@ end
 -- GET /api/v1/query?query=q, decoded.
 function Server:query(q)
   local r = P.get(self.base .. "/api/v1/query", { "--data-urlencode", "query=" .. q, "-G" })
+  if r.status ~= 200 then return nil, r.status .. " " .. r.body end
+  return json.decode(r.body)
+end
+
+-- The loaded rule groups (GET /api/v1/rules), decoded.
+function Server:rules()
+  local r = P.get(self.base .. "/api/v1/rules")
   if r.status ~= 200 then return nil, r.status .. " " .. r.body end
   return json.decode(r.body)
 end

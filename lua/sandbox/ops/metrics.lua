@@ -36,6 +36,7 @@
 --   sbx_upstream_duration_seconds{route_kind}     histogram call record: upstream_ms
 --   sbx_reflection_refusals_total                 counter   call record: reason = reflection
 --   sbx_upstream_retries_total{route_kind}        counter   call record: tries - 1 (broker/_retry.lua)
+--   sbx_build_info{version}, process_*             gauge     ops/process.lua (the release, the process)
 --   sbx_model_tokens_total{direction}            counter   call record: usage (providers/: input, output,
 --                                                           cached, reasoning, as the provider reported)
 --   sbx_containers{state}                         gauge     running, warm, removing (always all three)
@@ -55,6 +56,7 @@
 local errors = require "sandbox.errors"
 local exposition = require "sandbox.ops.exposition"
 local lines = require "sandbox.ops.lines"
+local process = require "sandbox.ops.process"
 local record = require "sandbox.ops.record"
 
 local M = {}
@@ -172,6 +174,7 @@ function M.new(opts)
     function(emit) self:_collect_queue(emit) end, { {} })
   self.cleanup_failures = reg:counter("sbx_cleanup_failures_total",
     "Container removals that failed (a turn's own container, the stale sweep).")
+  process.register(reg)               -- sbx_build_info and the process_* families
   return self
 end
 
