@@ -21,13 +21,14 @@
 --   failure.retry_after_ms(headers) -> ms | nil   (delta-seconds only)
 --   failure.request_id(headers, filter) -> the provider's request id | nil
 --   failure.read(res, signal, max) -> the first `max` bytes of the body
---   failure.events() -> guard: guard:push(bytes) -> whole events, error data | nil; guard:rest()
+--   failure.events() -> guard: guard:push(bytes) -> bytes to write, error | nil; guard:rest()
+--     (an event that may be an error event is held until it ends; others flow)
 local json = require "sandbox.json"
 
 local M = {}
 
 M.MESSAGE = "Upstream error"
-M.MAX_PENDING = 1024 * 1024   -- an unfinished event longer than this is written as it is
+M.MAX_PENDING = 1024 * 1024   -- a held unfinished event longer than this is written as it is
 
 -- Anthropic's documented error types (docs.anthropic.com/en/api/errors).
 M.TYPES = {
@@ -110,37 +111,69 @@ end
 local Guard = {}
 Guard.__index = Guard
 
-function M.events() return setmetatable({ pending = "" }, Guard) end
+function M.events() return setmetatable({ pending = "", plain = false }, Guard) end
 
--- bytes (already through the reflection stream) -> the whole events to
--- write, and the first error event's {type, data} (nothing after it is written).
+local ERROR_LINES = { "event: error", "event:error" }
+
+-- Whether an unfinished event (at its start) may still turn out to be an
+-- error event: its first line is, or may become, `event: error`, or it is a
+-- data-first event. Only such events are held back until they end; every
+-- other event's bytes flow as they arrive.
+local function may_be_error(p)
+  local first = p:match("^([^\n]*)") or p
+  first = first:gsub("\r$", "")
+  for _, e in ipairs(ERROR_LINES) do
+    if e:sub(1, #first) == first or first:sub(1, #e) == e then return true end
+  end
+  return ("data:"):sub(1, #first) == first or first:sub(1, 5) == "data:"
+end
+
+-- The bytes of p that may be written while the event is plain: all but a
+-- trailing run of line ends (a boundary may be split across chunks).
+local function plain_cut(p)
+  local keep = #(p:match("[\r\n]*$"))
+  return p:sub(1, #p - keep), p:sub(#p - keep + 1)
+end
+
+-- bytes (already through the reflection stream) -> the bytes to write, and
+-- the first error event's {type, data} (nothing from it on is written).
 function Guard:push(bytes)
   local p = self.pending .. bytes
   local out, at = {}, 1
-  while true do
+  while at <= #p do
     local s, e = p:find("\r?\n\r?\n", at)
-    if not s then break end
-    local ev = p:sub(at, e)
-    local err = error_of(p:sub(at, s - 1))
-    if err then
-      self.pending = ""
-      return table.concat(out), err
+    if self.plain then
+      if not s then break end
+      out[#out + 1] = p:sub(at, e)
+      at, self.plain = e + 1, false
+    elseif s then
+      local err = error_of(p:sub(at, s - 1))
+      if err then
+        self.pending = ""
+        return table.concat(out), err
+      end
+      out[#out + 1] = p:sub(at, e)
+      at = e + 1
+    elseif may_be_error(p:sub(at)) and #p - at < M.MAX_PENDING then
+      break
+    else
+      self.plain = true
     end
-    out[#out + 1] = ev
-    at = e + 1
   end
-  self.pending = p:sub(at)
-  if #self.pending > M.MAX_PENDING then
-    out[#out + 1] = self.pending
-    self.pending = ""
+  local rest = p:sub(at)
+  if self.plain then
+    local now
+    now, rest = plain_cut(rest)
+    out[#out + 1] = now
   end
+  self.pending = rest
   return table.concat(out)
 end
 
 function Guard:rest()
   local r = self.pending
   self.pending = ""
-  local err = r:find("%S") and error_of(r) or nil
+  local err = not self.plain and r:find("%S") and error_of(r) or nil
   if err then return "", err end
   return r
 end
