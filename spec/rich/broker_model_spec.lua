@@ -271,10 +271,10 @@ describe("rich broker: the Anthropic route (11)", function()
     h = harness.new { up = up, over = { upstreamRetries = 0 } }
     local cases = {
       { 401, "authentication_error", "OAuth token has expired. Please obtain a new token", 400, "authentication_error",
-        "check the credential apiKey returns for this channel" },
+        "the provider refused the credential oauthToken returned: refresh the host's login" },
       { 403, "permission_error", "Your organization does not have access to Claude Opus", 403, "permission_error",
-        "check the credential apiKey returns for this channel" },
-      { 404, "not_found_error", "model: claude-secret-internal", 404, "not_found_error", "check modelUrl and model" },
+        "the provider refused the credential oauthToken returned: refresh the host's login" },
+      { 404, "not_found_error", "model: claude-secret-internal", 404, "not_found_error", "check upstream and the profile's model" },
       { 413, "request_too_large", "Request exceeds the maximum allowed number of bytes", 413, "request_too_large" },
       { 429, "rate_limit_error", "This request would exceed your organization's rate limit of 50,000 input tokens per minute",
         400, "api_error", "the provider is rate limiting or out of quota" },

@@ -15,6 +15,7 @@
 -- 409, 429 and 5xx by status) become api_error and status 400, so one
 -- final answer ends the worker's call at once.
 --
+--   failure.UPSTREAM_FIX[status] -> the operator's fix
 --   failure.body(type) -> the fixed JSON body
 --   failure.event(type) -> the fixed SSE error event
 --   failure.answer(status, tokens) -> worker status, worker type
@@ -26,6 +27,16 @@
 local json = require "sandbox.json"
 
 local M = {}
+
+-- The operator's fix for a final upstream status of the model route (the
+-- failure line here, the turn line in rich/_turn.lua).
+M.UPSTREAM_FIX = {
+  [401] = "the provider refused the credential oauthToken returned: refresh the host's login",
+  [403] = "the provider refused the credential oauthToken returned: refresh the host's login",
+  [404] = "check upstream and the profile's model",
+  [429] = "the provider is rate limiting or out of quota",
+  other = "see the preceding `sandbox upstream call failed` line for the provider's answer",
+}
 
 M.MESSAGE = "Upstream error"
 M.MAX_PENDING = 1024 * 1024   -- a held unfinished event longer than this is written as it is

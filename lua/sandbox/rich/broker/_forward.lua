@@ -100,7 +100,7 @@ function M.final(b, conn, o, call, res, body, tries, filter, failure)
   local rid = failure_mod.request_id(res.headers, filter)
   if call.rec then call.rec.request_id = rid end
   failure({ status = status, type = tokens.type, request_id = rid, tries = tries,
-    fix = upstream_error.fix(status, tokens, { route_kind = "model" }), body = body })
+    fix = failure_mod.UPSTREAM_FIX[status], body = body })
   local wstatus, wtype = failure_mod.answer(status, tokens)
   local headers = {}
   for name, value in pairs(res.headers or {}) do
