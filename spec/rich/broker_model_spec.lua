@@ -403,6 +403,23 @@ describe("rich broker: the Anthropic route (11)", function()
     assert.equal('stream error event: {"type":"error"', w[1].body:sub(1, #'stream error event: {"type":"error"'))
   end)
 
+  it("issue 26: an overloaded_error event arriving a few bytes at a time after text events gives the worker the text and no provider text", function()
+    local text = upstream.sse(upstream.sse_text("partial answer").events):match("^(.-event: content_block_stop.-\n\n)")
+    local err = 'event: error\r\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded: provider says hi"}}\r\n\r\n'
+    local chunks = { text }
+    for i = 1, #err, 3 do chunks[#chunks + 1] = err:sub(i, i + 2) end
+    run(function()
+      up:push { { chunks = chunks } }
+      h:bind()
+      local r = h:model({ stream = true, messages = { { role = "user", content = "x" } } })
+      assert.equal(200, r.status)
+      assert.equal(text .. "event: error\ndata: " .. fixed("api_error") .. "\n\n", r.body)
+      assert.is_nil(r.raw:find("provider says hi", 1, true))
+    end)
+    local w = h:warns("sandbox upstream call failed")
+    assert.same({ 200, "overloaded_error" }, { w[1].status, w[1].type })
+  end)
+
   it("B76/B77: a 529 and a 2 MiB 413 are logged with status, latency and a redacted body; the worker gets the fixed error (issue 26)", function()
     local big = string.rep("y", 2 * 1024 * 1024)
     h:stop()
