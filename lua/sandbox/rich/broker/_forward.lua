@@ -5,7 +5,16 @@
 --   - the transport call (fetchImpl or the built-in libcurl stream), bounded
 --     by the call signal (scope OR request, and the turn deadline);
 --   - 3xx refused (502 Broker call failed), a status outside 200-599 refused
---     (502 Upstream refused), every other status passed on unchanged;
+--     (502 Upstream refused), 2xx passed on; on the model route (issue 26,
+--     overriding 11.5's passthrough of error bodies) an error status is
+--     retried by the host's one policy (broker/_retry.lua: 429, 5xx,
+--     Retry-After, upstreamRetries, within the call's deadline; each try in
+--     the record's `tries`) before any byte is written, and the final one
+--     reaches the worker as rich/broker/_failure.lua's fixed, content-free
+--     error with x-should-retry: false; an error event in a 200 event stream
+--     is replaced by a content-free one and ends the stream; the model
+--     route's 502s carry x-should-retry: false too. MCP routes pass error
+--     statuses on unchanged (13.1: lapsed sessions);
 --   - the response headers kept (content-type, request-id, x-should-retry,
 --     retry-after, anthropic-ratelimit-*, and mcp-session-id on MCP routes;
 --     each at most 256 bytes and free of every form of the token);
@@ -35,6 +44,9 @@ M.REFUSED = "Upstream refused"
 M.MAX_RESPONSE = 50 * 1024 * 1024
 M.LOG_BODY = 65536
 M.MAX_HEADER_VALUE = 256
+-- The model route's own failures (no answer, a refused answer) are final
+-- too: the host already retried (issue 26), the worker must not.
+M.NO_RETRY = { ["x-should-retry"] = "false" }
 
 
 local function kept_header(name, value, mcp, filter)
@@ -155,7 +167,7 @@ function M.run(b, conn, o)
   if not ok or type(res) ~= "table" then
     why(o.signal.aborted and audit.aborted(call) or "upstream_unreachable")
     failure({ error = ok and "the transport answered no response" or res })
-    return conn:reply(502, M.FAILED)
+    return conn:reply(502, M.FAILED, nil, not o.mcp and M.NO_RETRY or nil)
   end
   local status = res.status
   if call.rec and math.type(status) == "integer" then call.rec.upstream_status = status end
@@ -164,19 +176,19 @@ function M.run(b, conn, o)
     why(audit.aborted(call))
     cancel()
     failure({ status = status, error = "aborted" })
-    return conn:reply(502, M.FAILED)
+    return conn:reply(502, M.FAILED, nil, not o.mcp and M.NO_RETRY or nil)
   end
   if math.type(status) == "integer" and status >= 300 and status <= 399 then
     why("upstream_invalid")
     cancel()
     failure({ status = status, error = "redirect refused" })
-    return conn:reply(502, M.FAILED)
+    return conn:reply(502, M.FAILED, nil, not o.mcp and M.NO_RETRY or nil)
   end
   if math.type(status) ~= "integer" or status < 200 or status > 599 then
     why("upstream_invalid")
     cancel()
     failure({ status = math.type(status) == "integer" and status or nil, error = "status outside 200-599" })
-    return conn:reply(502, M.REFUSED)
+    return conn:reply(502, M.REFUSED, nil, not o.mcp and M.NO_RETRY or nil)
   end
   local headers, ctype = {}, nil
   for name, value in pairs(res.headers or {}) do
@@ -185,7 +197,7 @@ function M.run(b, conn, o)
       why("upstream_invalid")
       cancel()
       failure({ status = status, error = "content-encoding " .. value:sub(1, 40) .. " refused" })
-      return conn:reply(502, M.FAILED)
+      return conn:reply(502, M.FAILED, nil, not o.mcp and M.NO_RETRY or nil)
     end
     if kept_header(n, value, o.mcp, filter) then
       headers[#headers + 1] = { n, value }
