@@ -46,7 +46,7 @@ M.LOG_BODY = 65536
 M.MAX_HEADER_VALUE = 256
 -- The model route's own failures (no answer, a refused answer) are final
 -- too: the host already retried (issue 26), the worker must not.
-M.NO_RETRY = { ["x-should-retry"] = "false" }
+M.NO_RETRY = anthropic.NO_RETRY
 
 
 local function kept_header(name, value, mcp, filter)
@@ -117,12 +117,12 @@ function M.final(b, conn, o, call, res, body, tries, filter, failure)
   local headers = {}
   for name, value in pairs(res.headers or {}) do
     local n = type(name) == "string" and name:lower() or ""
-    if n ~= "content-type" and n ~= "x-should-retry" and n ~= "retry-after" and kept_header(n, value, false, filter) then
+    if anthropic.final_header_kept(n) and kept_header(n, value, false, filter) then
       headers[#headers + 1] = { n, value }
     end
   end
   headers[#headers + 1] = { "content-type", "application/json" }
-  headers[#headers + 1] = { "x-should-retry", "false" }
+  for n, v in pairs(anthropic.NO_RETRY) do headers[#headers + 1] = { n, v } end
   table.sort(headers, function(x, y) return x[1] < y[1] end)
   local text = failure_mod.body(wtype)
   if not conn:start(wstatus, headers) then
