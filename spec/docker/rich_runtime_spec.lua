@@ -335,4 +335,43 @@ export function workerContent() {
     assert.equal(0, removed)
     async.run(function() rt:stop(ch) end)
   end)
+
+  it("issue 26: an expired-token 401 and a mid-stream overloaded_error event each end a real turn at once, with no provider text", function()
+    local rt, logs = runtime(IMAGE)
+    local ch = channel()
+    names[#names + 1] = "roundtable-sandbox-" .. rich.channelSegment(ch)
+    local head = upstream.sse_text("half").events
+    local mid = { chunks = { upstream.sse({ head[1] }),
+      'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded: provider secret text"}}\n\n' } }
+    local results, calls = {}, {}
+    async.run(function()
+      up:reset()
+      rt:start(ch, "spec")
+      for i, reply in ipairs {
+        { json = { type = "error", error = { type = "authentication_error", message = "OAuth token has expired: provider secret text" } },
+          status = 401, headers = { ["request-id"] = "req_expired" } },
+        mid,
+      } do
+        up:reset()
+        up:push { reply }
+        results[i] = rt:runTurn { channel = ch, profile = "spec", turnId = "t-f" .. i,
+          author = { id = "123", name = "Ann", principalId = "ann" }, text = "hello", images = {} }
+        calls[i] = #up:messages()
+      end
+      rt:stopBrokers()
+    end)
+    for i, r in ipairs(results) do
+      assert.is_false(r.ok, i .. " " .. json.encode(json.jsonable(r)))
+      assert.is_nil(json.encode(json.jsonable(r)):find("provider secret", 1, true))
+    end
+    assert.equal(1, calls[1])          -- the 401: one call, the worker gave up at once
+    assert.is_true(calls[2] <= 2)      -- the mid-stream event: Pi makes at most one more call (not 7-8)
+    local line
+    for _, l in ipairs(logs) do
+      if l.msg == "sandbox upstream call failed" and l.fields.status == 401 then line = l.fields end
+    end
+    assert.same({ "authentication_error", "req_expired" }, { line.type, line.request_id })
+    assert.matches("oauthToken", line.fix, 1, true)
+    async.run(function() rt:stop(ch) end)
+  end)
 end)
