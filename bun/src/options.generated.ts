@@ -3,10 +3,10 @@
 // do not edit; `make` regenerates it and spec/bun_options_spec.lua checks it matches.
 
 /** sandbox.rich{}'s options that cross the engine ABI as JSON, as they are. */
-export const RICH_PLAIN_OPTIONS = ["partyDir", "image", "profiles", "upstream", "allowHttpMcp", "timeZone", "containerPrefix", "labelChannel", "labelProfile", "startTimeoutMs", "turnTimeoutMs", "maxCalls", "maxOutputTokens", "workerImage", "logFormat", "logLevel", "audit"] as const;
+export const RICH_PLAIN_OPTIONS = ["partyDir", "image", "profiles", "upstream", "allowHttpMcp", "timeZone", "containerPrefix", "labelChannel", "labelProfile", "startTimeoutMs", "turnTimeoutMs", "maxCalls", "maxOutputTokens", "upstreamRetries", "workerImage", "logFormat", "logLevel", "audit"] as const;
 
 /** Every option name sandbox.rich{} takes (the engine refuses any other). */
-export const RICH_OPTION_NAMES = ["partyDir", "image", "profiles", "upstream", "allowHttpMcp", "timeZone", "containerPrefix", "labelChannel", "labelProfile", "startTimeoutMs", "turnTimeoutMs", "maxCalls", "maxOutputTokens", "workerImage", "logFormat", "logLevel", "audit", "oauthToken", "effort", "memory", "tools", "mcp", "compaction", "fetchImpl", "logger", "driver"] as const;
+export const RICH_OPTION_NAMES = ["partyDir", "image", "profiles", "upstream", "allowHttpMcp", "timeZone", "containerPrefix", "labelChannel", "labelProfile", "startTimeoutMs", "turnTimeoutMs", "maxCalls", "maxOutputTokens", "upstreamRetries", "workerImage", "logFormat", "logLevel", "audit", "oauthToken", "effort", "memory", "tools", "mcp", "compaction", "fetchImpl", "logger", "driver"] as const;
 
 /** The plain options' types (spec/rich-mode.md 3). */
 export interface PiSandboxRuntimePlainOptions {
@@ -23,6 +23,7 @@ export interface PiSandboxRuntimePlainOptions {
   turnTimeoutMs?: number;
   maxCalls?: number;
   maxOutputTokens?: number;
+  upstreamRetries?: number;
   workerImage?: string;
   logFormat?: "text" | "json";
   logLevel?: "debug" | "info" | "warn" | "error";

@@ -302,4 +302,76 @@ export function workerContent() {
     assert.matches("sandbox worker ready", seen.lines, 1, true)
   end)
   end
+
+  it("issue 26: a 529 five times ends the turn after the host's three tries with no provider text; the next turn reuses the container", function()
+    local rt, logs = runtime(IMAGE)
+    local ch = channel()
+    local name = "roundtable-sandbox-" .. rich.channelSegment(ch)
+    names[#names + 1] = name
+    local over = { json = { type = "error", error = { type = "overloaded_error", message = "Overloaded: provider secret text" } },
+      status = 529, headers = { ["retry-after"] = "0" } }
+    local r1, r2, tries
+    async.run(function()
+      up:reset()
+      rt:start(ch, "spec")
+      up:push { over, over, over, over, over }
+      r1 = rt:runTurn { channel = ch, profile = "spec", turnId = "t-529", author = { id = "123", name = "Ann", principalId = "ann" },
+        text = "hello", images = {} }
+      tries = #up:messages()
+      up:reset()
+      up:push { upstream.sse_text("after the outage") }
+      r2 = rt:runTurn { channel = ch, profile = "spec", turnId = "t-next", author = { id = "123", name = "Ann", principalId = "ann" },
+        text = "again", images = {} }
+      rt:stopBrokers()
+    end)
+    assert.is_false(r1.ok)
+    assert.is_nil(json.encode(json.jsonable(r1)):find("provider secret", 1, true))
+    assert.is_nil(json.encode(json.jsonable(r1)):find("verloaded", 1, true))
+    assert.equal(3, tries)          -- the host's 1 + upstreamRetries (2); the worker did not retry
+    assert.is_true(r2.ok, r2.error)
+    assert.equal("after the outage", r2.text)
+    local removed = 0
+    for _, l in ipairs(logs) do if l.msg == "sandbox worker log before removal" then removed = removed + 1 end end
+    assert.equal(0, removed)
+    async.run(function() rt:stop(ch) end)
+  end)
+
+  it("issue 26: an expired-token 401 and a mid-stream overloaded_error event each end a real turn at once, with no provider text", function()
+    local rt, logs = runtime(IMAGE)
+    local ch = channel()
+    names[#names + 1] = "roundtable-sandbox-" .. rich.channelSegment(ch)
+    local head = upstream.sse_text("half").events
+    local mid = { chunks = { upstream.sse({ head[1] }),
+      'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded: provider secret text"}}\n\n' } }
+    local results, calls = {}, {}
+    async.run(function()
+      up:reset()
+      rt:start(ch, "spec")
+      for i, reply in ipairs {
+        { json = { type = "error", error = { type = "authentication_error", message = "OAuth token has expired: provider secret text" } },
+          status = 401, headers = { ["request-id"] = "req_expired" } },
+        mid,
+      } do
+        up:reset()
+        up:push { reply }
+        results[i] = rt:runTurn { channel = ch, profile = "spec", turnId = "t-f" .. i,
+          author = { id = "123", name = "Ann", principalId = "ann" }, text = "hello", images = {} }
+        calls[i] = #up:messages()
+      end
+      rt:stopBrokers()
+    end)
+    for i, r in ipairs(results) do
+      assert.is_false(r.ok, i .. " " .. json.encode(json.jsonable(r)))
+      assert.is_nil(json.encode(json.jsonable(r)):find("provider secret", 1, true))
+    end
+    assert.equal(1, calls[1])          -- the 401: one call, the worker gave up at once
+    assert.is_true(calls[2] <= 2)      -- the mid-stream event: Pi makes at most one more call (not 7-8)
+    local line
+    for _, l in ipairs(logs) do
+      if l.msg == "sandbox upstream call failed" and l.fields.status == 401 then line = l.fields end
+    end
+    assert.same({ "authentication_error", "req_expired" }, { line.type, line.request_id })
+    assert.matches("oauthToken", line.fix, 1, true)
+    async.run(function() rt:stop(ch) end)
+  end)
 end)

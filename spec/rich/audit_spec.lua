@@ -129,7 +129,7 @@ describe("rich broker: one audit line per request (operations.md 3)", function()
   end)
 
   it("an accepted call that failed is a warn line with the host's reason", function()
-    h = harness.new { up = up, over = { oauthToken = function(scope)
+    h = harness.new { up = up, over = { upstreamRetries = 0, oauthToken = function(scope)
       if scope.speaker.principalId == "nokey" then return nil end
       if scope.speaker.principalId == "raises" then error("vault down") end
       return SECRET
@@ -157,11 +157,12 @@ describe("rich broker: one audit line per request (operations.md 3)", function()
       assert.equal(502, h:model(body()).status)
       expect("upstream_invalid", 502)
       assert.equal(302, last(h).fields.upstream_status)
-      -- an upstream error the worker receives unchanged is no failure of the call
+      -- an upstream error the worker receives as its fixed final answer (issue 26: 400,
+      -- x-should-retry: false) is no failure of the call
       up:push { { json = { type = "error", error = { type = "rate_limit_error", message = "slow" } }, status = 429 } }
-      assert.equal(429, h:model(body()).status)
+      assert.equal(400, h:model(body()).status)
       local l = last(h)
-      assert.same({ "info", "broker call", 429, 429 }, { l.level, l.msg, l.fields.status, l.fields.upstream_status })
+      assert.same({ "info", "broker call", 400, 429 }, { l.level, l.msg, l.fields.status, l.fields.upstream_status })
     end)
     -- the reflection also names itself on the logger's own line
     local named = false

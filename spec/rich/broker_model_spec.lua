@@ -118,6 +118,7 @@ describe("rich broker: the Anthropic route (11)", function()
         local r = h:model()
         assert.equal(502, r.status)
         assert.equal("Broker call failed", r.body)
+        assert.equal("false", r.headers["x-should-retry"])   -- issue 26: final, the worker must not retry
         assert.equal(0, #up:messages())
       end)
       local w = h:warns("sandbox upstream call failed")
@@ -233,7 +234,14 @@ describe("rich broker: the Anthropic route (11)", function()
     end)
   end)
 
-  it("B69/B70: error statuses pass with the kept headers only", function()
+  -- issue 26 (overrides 11.5's passthrough for the error BODY): the worker
+  -- gets a fixed, content-free error of the upstream's type, the kept headers
+  -- and x-should-retry: false; statuses a worker retries become 400.
+  local function fixed(t) return '{"type":"error","error":{"type":"' .. t .. '","message":"Upstream error"}}' end
+
+  it("B69/B70: an error status reaches the worker as a fixed, content-free body with the kept headers only", function()
+    h:stop()
+    h = harness.new { up = up, over = { upstreamRetries = 0 } }
     run(function()
       up:push {
         { json = { type = "error", error = { type = "invalid_request_error", message = "prompt is too long" } }, status = 400,
@@ -245,15 +253,91 @@ describe("rich broker: the Anthropic route (11)", function()
       local r = h:model()
       assert.equal(400, r.status)
       assert.equal("req_42", r.headers["request-id"])
+      assert.equal("false", r.headers["x-should-retry"])
       assert.is_nil(r.headers["set-cookie"])
-      assert.matches("prompt is too long", r.body, 1, true)
+      assert.equal(fixed("invalid_request_error"), r.body)
       r = h:model()
-      assert.equal(429, r.status)
-      assert.equal("7", r.headers["retry-after"])
+      assert.equal(400, r.status)
+      assert.equal(fixed("api_error"), r.body)
+      assert.equal("false", r.headers["x-should-retry"])
+      assert.is_nil(r.headers["retry-after"])
       assert.equal("rejected", r.headers["anthropic-ratelimit-unified-status"])
       assert.is_nil(r.headers["x-internal"])
       assert.equal("close", r.headers.connection)
     end)
+  end)
+
+  it("issue 26: 401/403/404/413/429/500/529 bodies with provider text give the worker none of it; the operator line has status, type, request id and fix", function()
+    h:stop()
+    h = harness.new { up = up, over = { upstreamRetries = 0 } }
+    local cases = {
+      { 401, "authentication_error", "OAuth token has expired. Please obtain a new token", 400, "authentication_error",
+        "the provider refused the credential oauthToken returned: refresh the host's login" },
+      { 403, "permission_error", "Your organization does not have access to Claude Opus", 403, "permission_error",
+        "the provider refused the credential oauthToken returned: refresh the host's login" },
+      { 404, "not_found_error", "model: claude-secret-internal", 404, "not_found_error", "check upstream and the profile's model" },
+      { 413, "request_too_large", "Request exceeds the maximum allowed number of bytes", 413, "request_too_large" },
+      { 429, "rate_limit_error", "This request would exceed your organization's rate limit of 50,000 input tokens per minute",
+        400, "api_error", "the provider is rate limiting or out of quota" },
+      { 500, "api_error", "Internal server error at shard 7", 400, "api_error" },
+      { 529, "overloaded_error", "Overloaded", 400, "api_error" },
+      { 418, "teapot_error", "I am a teapot", 418, "api_error" },
+    }
+    run(function()
+      h:bind()
+      for i, c in ipairs(cases) do
+        up:push { { json = { type = "error", error = { type = c[2], message = c[3] } }, status = c[1],
+          headers = { ["request-id"] = "req_case_" .. i } } }
+        local r = h:model()
+        assert.equal(c[4], r.status, c[3])
+        assert.equal(fixed(c[5]), r.body)
+        assert.is_nil(r.raw:find(c[3], 1, true))
+        assert.equal("false", r.headers["x-should-retry"])
+        assert.equal("application/json", r.headers["content-type"])
+        assert.equal("req_case_" .. i, r.headers["request-id"])
+      end
+    end)
+    local w = h:warns("sandbox upstream call failed")
+    assert.equal(#cases, #w)
+    for i, c in ipairs(cases) do
+      assert.same({ c[1], c[2], "req_case_" .. i, c[6], 1 }, { w[i].status, w[i].type, w[i].request_id, w[i].fix, w[i].tries })
+    end
+  end)
+
+  it("issue 26: a 529 five times (upstreamRetries 2) is tried three times, then one final error the worker does not retry", function()
+    local over = { json = { type = "error", error = { type = "overloaded_error", message = "Overloaded" } }, status = 529,
+      headers = { ["retry-after"] = "0" } }
+    run(function()
+      up:push { over, over, over, over, over }
+      h:bind()
+      local r = h:model()
+      assert.equal(400, r.status)
+      assert.equal(fixed("api_error"), r.body)
+      assert.equal("false", r.headers["x-should-retry"])
+      assert.equal(3, #up:messages())
+      up:reset()
+    end)
+    local w = h:warns("sandbox upstream call failed")
+    assert.equal(1, #w)
+    assert.same({ 529, "overloaded_error", 3 }, { w[1].status, w[1].type, w[1].tries })
+  end)
+
+  it("issue 26: 429 with Retry-After: 1 then 200 streams the answer; the try is counted", function()
+    local tries
+    h:stop()
+    h = harness.new { up = up, over = { audit = true } }
+    run(function()
+      up:push { { json = { type = "error", error = { type = "rate_limit_error", message = "slow down" } }, status = 429,
+        headers = { ["retry-after"] = "1" } }, upstream.sse_text("after the wait") }
+      h:bind()
+      local r = h:model({ stream = true, messages = { { role = "user", content = "x" } } })
+      assert.equal(200, r.status)
+      assert.matches("after the wait", r.body, 1, true)
+      assert.equal(2, #up:messages())
+    end)
+    assert.equal(0, #h:warns("sandbox upstream call failed"))
+    for _, l in ipairs(h.logs) do if l.msg == "broker call" then tries = l.fields.tries end end
+    assert.equal(2, tries)
   end)
 
   local function broken(r)
@@ -261,19 +345,27 @@ describe("rich broker: the Anthropic route (11)", function()
     return r.status == nil or not r.raw:find("\r\n0\r\n\r\n", 1, true)
   end
 
-  it("B72/B73: a 500 whose body is the token, and a token split across chunks, break the stream", function()
+  it("B72/B73: a 500 whose body is the token gives the fixed error; a token split across a stream's chunks ends it content-free", function()
+    h:stop()
+    h = harness.new { up = up, over = { upstreamRetries = 0 } }
     run(function()
       up:push {
         { raw = SECRET, status = 500 },
         { chunks = { "data: {\"text\":\"" .. SECRET:sub(1, 12), SECRET:sub(13) .. "\"}\n\n" } },
       }
       h:bind()
-      for _ = 1, 2 do
-        local r = peer.raw(h.sock, peer.bytes("POST", "/anthropic/v1/messages", json.encode(json.jsonable({ messages = { { role = "user", content = "x" } } }))))
-        assert.is_nil(r.data:find(SECRET, 1, true))
-        assert.is_nil(r.data:find(SECRET:sub(1, 12), 1, true))
-        assert.is_true(broken(peer.parse(r.data)))
-      end
+      local r = peer.raw(h.sock, peer.bytes("POST", "/anthropic/v1/messages", json.encode(json.jsonable({ messages = { { role = "user", content = "x" } } }))))
+      assert.is_nil(r.data:find(SECRET, 1, true))
+      assert.is_nil(r.data:find(SECRET:sub(1, 12), 1, true))
+      local p = peer.parse(r.data)
+      assert.equal(400, p.status)
+      assert.equal(fixed("api_error"), p.body)
+      r = peer.raw(h.sock, peer.bytes("POST", "/anthropic/v1/messages", json.encode(json.jsonable({ messages = { { role = "user", content = "x" } } }))))
+      assert.is_nil(r.data:find(SECRET, 1, true))
+      assert.is_nil(r.data:find(SECRET:sub(1, 12), 1, true))
+      p = peer.parse(r.data)
+      assert.equal(200, p.status)
+      assert.equal("event: error\ndata: " .. fixed("api_error") .. "\n\n", p.body)
     end)
     local w = h:warns("sandbox upstream call failed")
     assert.equal("Credential reflected", w[#w].error)
@@ -293,25 +385,46 @@ describe("rich broker: the Anthropic route (11)", function()
     end)
   end)
 
-  it("B75: an error event split across chunks of a 200 stream is logged once; the worker gets the whole stream", function()
-    local ev = upstream.sse({ { type = "message_start", message = { id = "m" } } })
-      .. 'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}\n\n'
+  it("B75: an error event split across chunks of a 200 stream is logged once; the worker gets the events before it and a content-free error event", function()
+    local head = upstream.sse({ { type = "message_start", message = { id = "m" } } })
+    local ev = head .. 'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded, provider text"}}\n\n'
     local cut = #ev - 20
     run(function()
-      up:push { { chunks = { ev:sub(1, cut), ev:sub(cut + 1), upstream.sse({ { type = "error", error = { type = "again" } } }) } } }
+      up:push { { chunks = { ev:sub(1, cut), ev:sub(cut + 1), upstream.sse({ { type = "error", error = { type = "again" } } }) },
+        headers = { ["request-id"] = "req_mid" } } }
       h:bind()
       local r = h:model({ stream = true, messages = { { role = "user", content = "x" } } })
       assert.equal(200, r.status)
-      assert.equal(ev .. upstream.sse({ { type = "error", error = { type = "again" } } }), r.body)
+      assert.equal(head .. "event: error\ndata: " .. fixed("api_error") .. "\n\n", r.body)
+      assert.is_nil(r.body:find("Overloaded", 1, true))
     end)
     local w = h:warns("sandbox upstream call failed")
     assert.equal(1, #w)
-    assert.equal(200, w[1].status)
+    assert.same({ 200, "overloaded_error", "req_mid" }, { w[1].status, w[1].type, w[1].request_id })
     assert.equal('stream error event: {"type":"error"', w[1].body:sub(1, #'stream error event: {"type":"error"'))
   end)
 
-  it("B76/B77: a 529 and a 2 MiB 413 are logged with status, latency and a redacted body; the worker gets them whole", function()
+  it("issue 26: an overloaded_error event arriving a few bytes at a time after text events gives the worker the text and no provider text", function()
+    local text = upstream.sse(upstream.sse_text("partial answer").events):match("^(.-event: content_block_stop.-\n\n)")
+    local err = 'event: error\r\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded: provider says hi"}}\r\n\r\n'
+    local chunks = { text }
+    for i = 1, #err, 3 do chunks[#chunks + 1] = err:sub(i, i + 2) end
+    run(function()
+      up:push { { chunks = chunks } }
+      h:bind()
+      local r = h:model({ stream = true, messages = { { role = "user", content = "x" } } })
+      assert.equal(200, r.status)
+      assert.equal(text .. "event: error\ndata: " .. fixed("api_error") .. "\n\n", r.body)
+      assert.is_nil(r.raw:find("provider says hi", 1, true))
+    end)
+    local w = h:warns("sandbox upstream call failed")
+    assert.same({ 200, "overloaded_error" }, { w[1].status, w[1].type })
+  end)
+
+  it("B76/B77: a 529 and a 2 MiB 413 are logged with status, latency and a redacted body; the worker gets the fixed error (issue 26)", function()
     local big = string.rep("y", 2 * 1024 * 1024)
+    h:stop()
+    h = harness.new { up = up, over = { upstreamRetries = 0 } }
     run(function()
       up:push {
         { json = { type = "error", error = { type = "overloaded_error", message = "Overloaded, try later" } }, status = 529 },
@@ -319,10 +432,11 @@ describe("rich broker: the Anthropic route (11)", function()
       }
       h:bind()
       local r = h:model()
-      assert.equal(529, r.status)
+      assert.equal(400, r.status)
+      assert.equal(fixed("api_error"), r.body)
       r = h:model()
       assert.equal(413, r.status)
-      assert.equal(#big, #r.body)
+      assert.equal(fixed("api_error"), r.body)
     end)
     local w = h:warns("sandbox upstream call failed")
     assert.same({ 529, 413 }, { w[1].status, w[2].status })
@@ -338,15 +452,17 @@ describe("rich broker: the Anthropic route (11)", function()
     end
   end)
 
-  it("B76: a 529 whose body echoes the token raw and in base64 is logged with that body redacted", function()
+  it("B76: a 529 whose body echoes the token raw and in base64 is logged with that body redacted; the worker gets none of it", function()
     local echo = '{"type":"error","error":{"type":"overloaded_error","message":"Overloaded for '
       .. SECRET .. " aka " .. core.base64(SECRET) .. '"}}'
+    h:stop()
+    h = harness.new { up = up, over = { upstreamRetries = 0 } }
     run(function()
       up:push { { raw = echo, status = 529 } }
       h:bind()
       local r = peer.raw(h.sock, peer.bytes("POST", "/anthropic/v1/messages", '{"messages":[{"role":"user","content":"x"}]}'))
       assert.is_nil(r.data:find(SECRET, 1, true))
-      assert.is_true(broken(peer.parse(r.data)))
+      assert.equal(fixed("api_error"), peer.parse(r.data).body)
     end)
     local w = h:warns("sandbox upstream call failed")
     assert.equal(1, #w)
@@ -369,6 +485,7 @@ describe("rich broker: the Anthropic route (11)", function()
       local r = h:model()
       assert.equal(502, r.status)
       assert.equal("Broker call failed", r.body)
+      assert.equal("false", r.headers["x-should-retry"])
     end)
     assert.equal("Error: socket hang up (cause: Error: ECONNRESET)", h:warns("sandbox upstream call failed")[1].error)
     h:stop()

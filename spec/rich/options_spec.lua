@@ -101,6 +101,16 @@ describe("rich construction checks (3)", function()
     assert.equal("Europe/Berlin", options.resolve(base { timeZone = "Europe/Berlin" }).timeZone)
   end)
 
+  it("issue 26: upstreamRetries is the sealed mode's 0-5 check, default 2, and reaches the broker", function()
+    for _, v in ipairs { -1, 6, 2.5, "2" } do
+      assert.equal(errors.UPSTREAM_RETRIES, refusal(base { upstreamRetries = v }))
+    end
+    assert.equal(2, options.resolve(base()).upstreamRetries)
+    assert.equal(0, options.resolve(base { upstreamRetries = 0 }).upstreamRetries)
+    assert.equal(5, options.resolve_broker { model = "claude-sonnet-4-6", oauthToken = function() return "t" end,
+      upstreamRetries = 5 }.upstreamRetries)
+  end)
+
   it("step 7: MCP server names and host tool names have their patterns", function()
     local function server(name) return { servers = { { name = name, url = "https://m.example/mcp", tools = {} } } } end
     assert.equal("Invalid MCP server name", refusal(base { mcp = server("bad name") }))

@@ -121,11 +121,13 @@ describe("rich turns: one record, one reason, one registry (operations.md 3-4)",
     local rt, _, logs = runtime({}, { turn = function(_, _, w)
       local r = peer.request(w.sock, "POST", "/anthropic/v1/messages",
         json.encode(json.jsonable { messages = { { role = "user", content = "hi" } } }))
-      assert(r.status == 401, "the worker sees the provider's status")
+      -- issue 26: the fixed final answer, never the provider's text
+      assert(r.status == 400 and r.headers["x-should-retry"] == "false", "the worker sees the fixed final answer")
+      assert(r.body == '{"type":"error","error":{"type":"authentication_error","message":"Upstream error"}}', r.body)
       return { ok = false, error = "model call failed" }
     end }, up)
     async.run(function()
-      up:push { { json = { type = "error", error = { type = "authentication_error", message = "bad" } }, status = 401 } }
+      up:push { { json = { type = "error", error = { type = "authentication_error", message = "OAuth token has expired" } }, status = 401 } }
       assert.is_false(rt:runTurn(turn("t-401")).ok)
       rt:stopBrokers()
     end)
@@ -135,7 +137,7 @@ describe("rich turns: one record, one reason, one registry (operations.md 3-4)",
     local text = rt:metrics()
     assert.equal(1, P.value(text, 'sbx_turns_total{mode="rich",reason="upstream_status"}'))
     assert.equal(1, P.value(text, 'sbx_upstream_responses_total{route_kind="model",status="401"}'))
-    assert.equal(1, P.value(text, 'sbx_broker_requests_total{route_kind="model",status="401"}'))
+    assert.equal(1, P.value(text, 'sbx_broker_requests_total{route_kind="model",status="400"}'))
     for reason in pairs(require("sandbox.ops.lines").REFUSALS) do   -- a healthy call is no refusal
       assert.equal(0, P.value(text, 'sbx_broker_refusals_total{reason="' .. reason .. '"}'), reason)
     end

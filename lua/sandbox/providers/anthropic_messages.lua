@@ -383,6 +383,16 @@ function M.response_header_kept(name)
   return KEEP[name] == true or name:find("^anthropic%-ratelimit%-") ~= nil
 end
 
+-- Issue 26: the headers of the rich broker's final error answer (the host
+-- already retried): the kept ones minus the upstream's own content type and
+-- retry hints, then NO_RETRY (the Anthropic SDKs' signal to give up).
+M.NO_RETRY = { ["x-should-retry"] = "false" }
+local NOT_FINAL = { ["content-type"] = true, ["x-should-retry"] = true, ["retry-after"] = true }
+
+function M.final_header_kept(name)
+  return not NOT_FINAL[name] and M.response_header_kept(name)
+end
+
 M.error_tokens = error_body.tokens
 
 return M

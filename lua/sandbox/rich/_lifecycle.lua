@@ -60,7 +60,7 @@ local function new_broker(rt, key, profile)
   return broker.new {
     model = prof.model, profile = profile, servers = servers, tools = o.tools, oauthToken = o.oauthToken,
     mcpToken = o.mcp.token, upstream = o.upstream, fetch = rt.fetch, maxCalls = o.maxCalls,
-    maxOutputTokens = o.maxOutputTokens, turnTimeoutMs = o.turnTimeoutMs, workerImage = o.image,
+    maxOutputTokens = o.maxOutputTokens, upstreamRetries = o.upstreamRetries, turnTimeoutMs = o.turnTimeoutMs, workerImage = o.image,
     compaction = o.compaction, logger = rt.log, channel = key,
     clock = rt.clock, idleMs = rt.idle_ms, trace = rt.trace,
   }

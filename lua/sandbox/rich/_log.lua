@@ -48,10 +48,12 @@ function M.new(logger, o)
   return L
 end
 
--- 11.6: fields = {channel, upstream, latencyMs, status?, body?, error?};
+-- 11.6: fields = {channel, upstream, latencyMs, status?, body?, error?, and
+-- (providers.md 4) the provider's error type, request_id, fix and tries};
 -- body and error lose every form of every token, then scrubDiagnostic(2000).
 function M.upstream_failure(L, f, ...)
-  local out = { channel = f.channel, turn = f.turn, upstream = f.upstream, latencyMs = f.latencyMs, status = f.status }
+  local out = { channel = f.channel, turn = f.turn, upstream = f.upstream, latencyMs = f.latencyMs, status = f.status,
+    type = f.type, request_id = f.request_id, fix = f.fix, tries = f.tries }
   if f.body ~= nil then out.body = text.scrub(text.redact(f.body, ...), M.BODY_CHARS) end
   if f.error ~= nil then out.error = text.scrub(text.redact(text.error_text(f.error), ...), M.BODY_CHARS) end
   L.warn(M.UPSTREAM_FAILED, out)

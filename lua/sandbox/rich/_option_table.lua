@@ -28,6 +28,7 @@ M.TABLE = {
   { "turnTimeoutMs", "plain", "number" },
   { "maxCalls", "plain", "number" },
   { "maxOutputTokens", "plain", "number" },
+  { "upstreamRetries", "plain", "number" },
   { "workerImage", "plain", "string" },
   { "logFormat", "plain", '"text" | "json"' },
   { "logLevel", "plain", '"debug" | "info" | "warn" | "error"' },

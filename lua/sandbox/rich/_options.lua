@@ -21,6 +21,7 @@ local container = require "sandbox.runtime.container"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local logmod = require "sandbox.log"
+local retry = require "sandbox.broker._retry"
 local runtime_options = require "sandbox.runtime._options"
 
 local M = {}
@@ -232,10 +233,11 @@ local function broker_part(opts, turn_ms)
   local max_out = opts.maxOutputTokens == nil and d.maxOutputTokens or as_integer(opts.maxOutputTokens)
   if not max_out or max_out < M.MIN_OUTPUT or max_out > M.MAX_OUTPUT then fail(errors.RICH_OUTPUT) end
   local compaction = opts.compaction ~= nil and compactor(opts.compaction, turn_ms) or nil
+  local retries = retry.check(opts.upstreamRetries)         -- the host's one retry policy (0-5, default 2)
   return {
     upstream = upstream, allowHttpMcp = allow_http, servers = servers, by_name = by_name,
     mcp_token = mcp_token, tools = tools, maxCalls = max_calls, maxOutputTokens = max_out,
-    compaction = compaction,
+    compaction = compaction, upstreamRetries = retries,
   }
 end
 
@@ -268,7 +270,7 @@ function M.resolve_broker(opts)
   return {
     model = opts.model, servers = servers, tools = b.tools, oauthToken = opts.oauthToken, mcpToken = b.mcp_token,
     upstream = b.upstream, fetchImpl = opts.fetchImpl, maxCalls = b.maxCalls, maxOutputTokens = b.maxOutputTokens,
-    turnTimeoutMs = turn_ms, workerImage = opts.workerImage, compaction = b.compaction, logger = logger(opts.logger),
+    upstreamRetries = b.upstreamRetries, turnTimeoutMs = turn_ms, workerImage = opts.workerImage, compaction = b.compaction, logger = logger(opts.logger),
     log = log_options(opts),
   }
 end
@@ -350,8 +352,8 @@ function M.resolve(opts, host)
     containerPrefix = prefix, labelChannel = opts.labelChannel or d.labelChannel,
     labelProfile = opts.labelProfile or d.labelProfile, driver = opts.driver, logger = log, log = log_opts,
     compaction = b.compaction, startTimeoutMs = start_ms, turnTimeoutMs = turn_ms,
-    maxCalls = b.maxCalls, maxOutputTokens = b.maxOutputTokens, workerImage = opts.workerImage or opts.image,
-    uid = uid, gid = gid,
+    maxCalls = b.maxCalls, maxOutputTokens = b.maxOutputTokens, upstreamRetries = b.upstreamRetries,
+    workerImage = opts.workerImage or opts.image, uid = uid, gid = gid,
   }
 end
 

@@ -122,13 +122,7 @@ M.INPUT = { [errors.RICH_TURN_INPUT] = true, [errors.RICH_EFFORT] = true, [error
 M.MODEL_REASONS = { upstream_status = true, upstream_unreachable = true, upstream_timeout = true,
   upstream_invalid = true, reflection = true, credential_missing = true, credential_error = true }
 
-M.UPSTREAM_FIX = {
-  [401] = "the provider refused the credential oauthToken returned: refresh the host's login",
-  [403] = "the provider refused the credential oauthToken returned: refresh the host's login",
-  [404] = "check upstream and the profile's model",
-  [429] = "the provider is rate limiting or out of quota",
-  other = "see the preceding `sandbox upstream call failed` line for the provider's answer",
-}
+M.UPSTREAM_FIX = require("sandbox.rich.broker._failure").UPSTREAM_FIX
 
 function M.reason(rec, ok, cause, timed_out, cancelled)
   if ok then return "ok" end

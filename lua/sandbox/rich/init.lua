@@ -93,7 +93,8 @@ function M.broker(opts, seams)
   return broker.new {
     model = o.model, servers = o.servers, tools = o.tools, oauthToken = o.oauthToken, mcpToken = o.mcpToken,
     upstream = o.upstream, fetch = transport.new(o.fetchImpl), maxCalls = o.maxCalls,
-    maxOutputTokens = o.maxOutputTokens, turnTimeoutMs = o.turnTimeoutMs, workerImage = o.workerImage,
+    maxOutputTokens = o.maxOutputTokens, upstreamRetries = o.upstreamRetries, turnTimeoutMs = o.turnTimeoutMs,
+    workerImage = o.workerImage,
     compaction = o.compaction, logger = log.new(o.logger, o.log),
     clock = seams.clock, idleMs = seams.idleMs, headerTimeoutMs = seams.headerTimeoutMs, trace = seams.trace,
   }

@@ -15,7 +15,7 @@
 --                         client gone, silence, destroyed, forced stop)
 --   conn:body(max, sig)   -> bytes | nil, why  (yields; a larger declared
 --                         length is refused unread; sig aborting gives up)
---   conn:reply(status, body, content_type) -> written
+--   conn:reply(status, body, content_type[, extra headers map]) -> written
 --   conn:start(status, {{name, value}, ...}) -> written
 --   conn:write(chunk)     -> true | false (the request ended); yields while
 --                         16 KiB or more are queued unsent (backpressure)
@@ -67,9 +67,11 @@ function Conn:body(max, sig)
   return bytes, why
 end
 
-function Conn:reply(status, body, ctype)
+function Conn:reply(status, body, ctype, extra)
   body = body or ""
-  local ok = self.req:respond(status, { ["content-type"] = ctype or M.PLAIN }, body)
+  local h = { ["content-type"] = ctype or M.PLAIN }
+  for k, v in pairs(extra or {}) do h[k] = v end
+  local ok = self.req:respond(status, h, body)
   if ok then self.status, self.bytes_out = status, #body end
   return ok
 end

@@ -48,13 +48,13 @@ function M.handle(b, conn, call)
   if not token then
     audit.why(call, why or audit.aborted(call))
     failure({ error = errors.RICH_CREDENTIAL })
-    return conn:reply(502, forward.FAILED)
+    return conn:reply(502, forward.FAILED, nil, forward.NO_RETRY)
   end
   local encoded = json.encode(forced)
   if not encoded then
     audit.why(call, "payload")
     failure({ error = "the rebuilt request is not encodable" })
-    return conn:reply(502, forward.FAILED)
+    return conn:reply(502, forward.FAILED, nil, forward.NO_RETRY)
   end
   local url = b.upstream .. path:sub(#"/anthropic" + 1) .. (call.beta and "?beta=true" or "")
   return forward.run(b, conn, {

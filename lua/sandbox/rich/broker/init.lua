@@ -67,7 +67,7 @@ function M.new(cfg)
     workerImage = cfg.workerImage, compaction = cfg.compaction,
     compaction_engine = cfg.compaction_engine or (cfg.compaction and cfg.compaction.engine),
     log = cfg.logger or log.new(nil), clock = clock, idle_ms = cfg.idleMs, header_timeout_ms = cfg.headerTimeoutMs,
-    trace = cfg.trace, channel = cfg.channel,
+    trace = cfg.trace, channel = cfg.channel, upstreamRetries = cfg.upstreamRetries,
     ready = false, caps = { privateTo = false, readerRecords = false }, requirement = false,
     bound = nil, poll = nil, pending = nil, receiving = false,
   }, Broker)
