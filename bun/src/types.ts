@@ -303,6 +303,10 @@ export interface SandboxOptions {
   maxOutputTokens?: number;
   /** The member that carries it: "max_tokens" (default) or "max_completion_tokens" (OpenAI/Azure reasoning models). */
   outputTokensField?: "max_tokens" | "max_completion_tokens";
+  /** How many more times a model call answered 429/5xx, or never sent, is tried (0-5; default 2), after Retry-After or a jittered backoff. */
+  upstreamRetries?: number;
+  /** Further endpoints of the same wire format, tried in order once the one before is exhausted (at most 4). */
+  modelFallbacks?: { modelUrl: string; model: string }[];
   /** The operator log's format on stderr (default "text"); ignored with `logger`. */
   logFormat?: "text" | "json";
   /** The lowest level logged (default "info"). */
