@@ -7,6 +7,9 @@
 --   async.await(register)  inside a task: register(resume) and yield until
 --                          resume(...) is called; returns its arguments
 --   async.sleep(ms)        inside a task
+--   async.sleep_or_abort(ms, sig[, timer])  inside a task: until ms ran out
+--                          or sig aborts; true when the wait ran out (timer:
+--                          a clock's timer(ms, fn), core.timer by default)
 --   async.wait(task)       inside a task: the task's ok, results...
 --   async.wait_or_abort(task, sig)  inside a task: until the task finishes
 --                          or sig aborts; true when the task finished
@@ -69,6 +72,18 @@ end
 
 function M.sleep(ms)
   return M.await(function(resume) core.timer(ms, resume) end)
+end
+
+function M.sleep_or_abort(ms, sig, timer_fn)
+  if sig.aborted then return false end
+  local timer, unhook
+  M.await(function(resume)
+    timer = (timer_fn or core.timer)(ms, function() resume() end)
+    unhook = sig:on_abort(function() resume() end)
+  end)
+  timer:stop()
+  unhook()
+  return not sig.aborted
 end
 
 -- Inside a task: waits for another task; returns ok, results...

@@ -237,16 +237,7 @@ function M.model_call(cfg, key, forced, sig, deadline)
     info.tries = try
     if value ~= nil or try > retries or not retry.retryable(reason, info) then return value, reason, info end
     local wait = retry.delay_ms(try, info)
-    if core.now() + wait >= deadline or sig.aborted then return value, reason, info end
-    local slept = signal.new()
-    local timer = core.timer(wait, function() slept:abort("slept") end)
-    local unhook = sig:on_abort(function() slept:abort("aborted") end)
-    async.await(function(resume)
-      if slept.aborted then resume() else slept:on_abort(function() resume() end) end
-    end)
-    timer:stop()
-    unhook()
-    if sig.aborted then return value, reason, info end
+    if core.now() + wait >= deadline or not async.sleep_or_abort(wait, sig) then return value, reason, info end
   end
 end
 

@@ -25,7 +25,12 @@ function M.resident_bytes()
   return kb and tonumber(kb) * 1024 or nil
 end
 
-local function emit_value(v) return function(emit) if v() then emit(nil, v()) end end end
+local function emit_value(read)
+  return function(emit)
+    local v = read()
+    if v then emit(nil, v) end
+  end
+end
 
 function M.register(reg)
   reg:gauge("sbx_build_info", "The engine's release, as a label; always 1.", { version = version_label },

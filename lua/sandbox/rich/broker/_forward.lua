@@ -35,7 +35,6 @@ local errors = require "sandbox.errors"
 local failure_mod = require "sandbox.rich.broker._failure"
 local log = require "sandbox.rich._log"
 local retry = require "sandbox.broker._retry"
-local upstream_error = require "sandbox.broker._upstream_error"
 
 local M = {}
 
@@ -88,27 +87,13 @@ local function reflection(token)
   return r
 end
 
--- Waits ms (the retry policy's delay) unless the call's signal aborts
--- first: true when the wait ran out.
-function M.sleep(b, ms, sig)
-  if sig.aborted then return false end
-  local timer, unhook
-  async.await(function(resume)
-    timer = b.clock.timer(ms, resume)
-    unhook = sig:on_abort(function() resume() end)
-  end)
-  timer:stop()
-  unhook()
-  return not sig.aborted
-end
-
 -- The one final answer of a model call whose upstream answered an error
 -- status (rich/broker/_failure.lua), and its operator line: status,
 -- provider error type, request id, fix (providers.md 4), tries.
 function M.final(b, conn, o, call, res, body, tries, filter, failure)
   local status = res.status
   if call.rec then call.rec.upstream_status = status end
-  local tokens = upstream_error.tokens(body, filter)
+  local tokens = anthropic.error_tokens(body, filter)   -- the provider seam
   local rid = failure_mod.request_id(res.headers, filter)
   if call.rec then call.rec.request_id = rid end
   failure({ status = status, type = tokens.type, request_id = rid, tries = tries,
@@ -160,7 +145,7 @@ function M.run(b, conn, o)
     if res.cancel then pcall(res.cancel) end
     local info = { status = status, retry_after_ms = failure_mod.retry_after_ms(res.headers) }
     local wait = try <= retries and retry.retryable("upstream_status", info) and retry.delay_ms(try, info) or nil
-    if not wait or b.clock.now() + wait >= (call.deadline or math.huge) or not M.sleep(b, wait, o.signal) then
+    if not wait or b.clock.now() + wait >= (call.deadline or math.huge) or not async.sleep_or_abort(wait, o.signal, b.clock.timer) then
       return M.final(b, conn, o, call, res, body, try, filter, failure)
     end
   end
