@@ -6,7 +6,7 @@
 --   local ms = bare:run()                             -- inside a task
 --   bare:remove()                                     -- the image it built
 local async = require "sandbox.async"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local core = require "sandbox.core"
 local B = require "bench_lib"
 

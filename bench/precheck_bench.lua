@@ -10,7 +10,7 @@
 -- Also prints the image's size. Run as the sbx account:
 --   build/sbx lua bench/precheck_bench.lua [RUNS]
 local async = require "sandbox.async"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 local sandbox = require "sandbox"

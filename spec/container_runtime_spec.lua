@@ -7,7 +7,7 @@
 -- binary on PATH). The same Docker specs run under runsc in `make check`
 -- (scripts/check.sh, suite docker-runsc).
 local async = require "sandbox.async"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local json = require "sandbox.json"

@@ -1,6 +1,6 @@
 -- container_spec.lua: the container as data (spec/runtime.md 4.2-4.4, 8.2;
 -- behaviours 13-16, 46).
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local core = require "sandbox.core"
 local json = require "sandbox.json"
 local spec_fs = require "spec_fs"

@@ -5,7 +5,7 @@
 -- The two real drivers run the same function against a fake docker binary
 -- (driver_cli_spec) and a fake daemon (driver_engine_spec).
 local async = require "sandbox.async"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local contract = require "sandbox.drivers.contract"
 local core = require "sandbox.core"
 local signal = require "sandbox.signal"
@@ -86,7 +86,7 @@ describe("contract.run (spec/runtime.md 4.6)", function()
     assert.same({ "create " .. NAME, "start", "read", "wait", "release", "remove " .. NAME }, d.log)
   end)
 
-  it("hands start the 8.2 bytes of runtime/container.lua", function()
+  it("hands start the 8.2 bytes of drivers/_sealed.lua", function()
     local seen
     local d = scripted { stdout = '{"ok":true,"text":"x"}', exit = 0, on_start = function(h) seen = h.input end }
     run(d)

@@ -4,7 +4,7 @@
 -- (spec/runtime.md 4.5-4.8, 8.3-8.4; behaviours 13, 17-26; broker.md 20).
 local async = require "sandbox.async"
 local cli = require "sandbox.drivers.cli"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local core = require "sandbox.core"
 local signal = require "sandbox.signal"
 local spec_fs = require "spec_fs"

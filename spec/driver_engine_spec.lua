@@ -3,7 +3,7 @@
 -- sequence and body of 4.3/4.6, stdin after the attach 101, frame limits,
 -- the wait status, aborts and the DELETE removal algorithm of 4.7.
 local async = require "sandbox.async"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local core = require "sandbox.core"
 local engine = require "sandbox.drivers.engine"
 local json = require "sandbox.json"

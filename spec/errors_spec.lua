@@ -46,7 +46,7 @@ describe("the catalogue", function()
     local runtime = require "sandbox.runtime"
     local options = require "sandbox.runtime._options"
     local installation = require "sandbox.runtime._installation"
-    local container = require "sandbox.runtime.container"
+    local container = require "sandbox.drivers._sealed"
     local cli = require "sandbox.drivers.cli"
     local contract = require "sandbox.drivers.contract"
     local broker = require "sandbox.broker"

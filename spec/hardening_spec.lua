@@ -128,7 +128,7 @@ describe("options (hardening.md 1, 3, 4, 6)", function()
     if not service_account() then return end
     local argv
     local d = fake.new(function(spec)
-      argv = require("sandbox.runtime.container").args(spec)
+      argv = require("sandbox.drivers._sealed").args(spec)
       return { ok = true, text = "done" }
     end)
     local rt = runtime.new(options_for(tmproot(), { driver = d }))

@@ -3,7 +3,7 @@
 -- Lua fake drivers.
 local async = require "sandbox.async"
 local cleanup = require "sandbox.cli.cleanup"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local core = require "sandbox.core"
 local installation = require "sandbox.runtime._installation"
 local spec_fs = require "spec_fs"

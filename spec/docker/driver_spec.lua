@@ -8,7 +8,7 @@
 local async = require "sandbox.async"
 local cli = require "sandbox.drivers.cli"
 local engine = require "sandbox.drivers.engine"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local core = require "sandbox.core"
 local installation = require "sandbox.runtime._installation"
 local json = require "sandbox.json"

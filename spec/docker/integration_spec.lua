@@ -4,7 +4,7 @@
 -- cases are pending. With it, a missing Linux host, a root uid or a silent
 -- daemon fails the spec rather than skipping it. Runs as the sbx account.
 local async = require "sandbox.async"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local D = require "docker_runtime"
 local core = require "sandbox.core"
 local json = require "sandbox.json"

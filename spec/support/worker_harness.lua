@@ -209,7 +209,7 @@ end
 -- broker may wrap the broker function; edit(bytes) -> bytes the turn.
 function W.driver(mutate, edit)
   local contract = require "sandbox.drivers.contract"
-  local container = require "sandbox.runtime.container"
+  local container = require "sandbox.drivers._sealed"
   local errors = require "sandbox.errors"
   return {
     run = function(_, spec, turn, _, report)

@@ -4,7 +4,7 @@
 -- one whose owner is a live host.
 local args_mod = require "sandbox.cli._args"
 local async = require "sandbox.async"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local installation = require "sandbox.runtime._installation"
 local options = require "sandbox.runtime._options"
 

@@ -5,7 +5,7 @@
 -- are realpath on the two mount sources, the seccomp profile's one read
 -- (drivers/_seccomp.lua) and the OS random source for names. It requires
 -- nothing of sandbox.runtime (the drivers sit below the runtime; the
--- runtime reads this file as sandbox.runtime.container, an alias).
+-- runtime, precheck, the sweep and the CLI require it from here).
 --
 --   container.args(spec)        -> argv for `docker` (43 elements + image;
 --                                  41 without a seccomp profile; 2 more with

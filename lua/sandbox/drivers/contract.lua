@@ -37,7 +37,7 @@
 -- The primitives a driver d provides (each yields; none raises for what the
 -- daemon answered, only for a programming error):
 --   d:create(c, signal) -> h        the container of the checked spec c
---                                   (runtime/container.lua check) exists, or is
+--                                   (drivers/_sealed.lua check) exists, or is
 --                                   ready to be created by start (the CLI's
 --                                   `docker run`); h.failed when the daemon
 --                                   refused. From here on an abort of signal
@@ -197,7 +197,7 @@ function M.list(d, installation)
 end
 
 -- 4.6 step 1 after the 4.2 checks: both labels present, then the turn's
--- stdin bytes (8.2, built by runtime/container.lua).
+-- stdin bytes (8.2, built by drivers/_sealed.lua).
 local function input_of(spec, turn)
   local labels = spec.labels or {}
   for _, k in ipairs { container.LABEL_INSTALLATION, container.LABEL_OWNER } do
@@ -263,7 +263,7 @@ function M.feed(d, h, input)
   return d:feed(h, input) == true
 end
 
--- One run of the checked spec c (runtime/container.lua check) in a fresh
+-- One run of the checked spec c (drivers/_sealed.lua check) in a fresh
 -- container, attached (4.6 steps 2-8 and 10): `input` on stdin, then stdout
 -- once the container exited 0, within o.max_stdout bytes (default
 -- MAX_STDOUT), handed to o.check (4.6 step 9) when given. Raises the abort

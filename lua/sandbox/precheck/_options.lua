@@ -2,10 +2,10 @@
 -- checks (shared/spec/precheck.md 2 and 2.1), in the table's exact order and
 -- with its exact error strings (raised with no position prefix). The root,
 -- user, limits and container-argument rules are the sealed runtime's own
--- (lua/sandbox/runtime/_options.lua, lua/sandbox/runtime/container.lua),
+-- (lua/sandbox/runtime/_options.lua, lua/sandbox/drivers/_sealed.lua),
 -- called with the precheck's parameters.
 local broker_config = require "sandbox.broker._config"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local lines = require "sandbox.ops.lines"

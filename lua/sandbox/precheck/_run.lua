@@ -8,7 +8,7 @@
 -- o: the resolved options (lua/sandbox/precheck/_options.lua). Nothing is
 -- created before step 5; from then on `runRoot` is left empty however the
 -- run ends, and the run settles only after its container has been removed.
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local grants = require "sandbox.precheck._grant"

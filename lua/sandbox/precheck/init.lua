@@ -45,7 +45,7 @@ M.E_TOOL_NAME_YIELD = errors.PRECHECK_TOOL_NAME_YIELD
 
 -- The container arguments of one precheck spec (shared/spec/precheck.md
 -- 6.1), for operators and specs: `docker` + these runs exactly one run.
-M.container_args = function(spec) return require("sandbox.runtime.container").args(spec) end
+M.container_args = function(spec) return require("sandbox.drivers._sealed").args(spec) end
 M.container_spec = options.container_spec
 
 -- Lets `runner.f(...)` and `runner:f(...)` both work.

@@ -17,7 +17,7 @@
 -- for a refused configuration: "Invalid Pi sandbox option: <name>"; so are
 -- the operator log's options sandbox{} takes too (logFormat, logLevel,
 -- audit: spec/operations.md 2-3), with their own messages.
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local logmod = require "sandbox.log"

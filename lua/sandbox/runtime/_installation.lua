@@ -12,7 +12,7 @@
 -- The lock is a flock on the canonical run root itself, opened read-only and
 -- close-on-exec (core.lock_dir): no file is created, the kernel drops it
 -- when the process dies, and no docker child inherits it.
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 

@@ -15,7 +15,7 @@
 local broker = require "sandbox.broker"
 local broker_config = require "sandbox.broker._config"
 local cli = require "sandbox.drivers.cli"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"
 local log = require "sandbox.log"
@@ -37,7 +37,7 @@ M.E_USER = errors.USER
 M.E_SOCKET = errors.SOCKET_TOO_LONG
 M.E_REMOTE = errors.REMOTE
 -- The argument builder's errors (spec/runtime.md 4.2), raised by the dry run
--- of step 12 (lua/sandbox/runtime/container.lua raises them).
+-- of step 12 (lua/sandbox/drivers/_sealed.lua raises them).
 M.E_NAME_IMAGE = errors.NAME_IMAGE
 M.E_NON_ROOT = errors.NON_ROOT
 M.E_MOUNT_PATH = errors.MOUNT_PATH

@@ -34,7 +34,7 @@
 -- here fails a turn except a removal that could not be confirmed.
 local async = require "sandbox.async"
 local broker = require "sandbox.broker"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local contract = require "sandbox.drivers.contract"
 local core = require "sandbox.core"
 local errors = require "sandbox.errors"

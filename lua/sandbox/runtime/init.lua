@@ -49,7 +49,7 @@ local async = require "sandbox.async"
 local broker = require "sandbox.broker"
 local budget = require "sandbox.broker._budget"
 local channel_key = require "sandbox.channels._key"
-local container = require "sandbox.runtime.container"
+local container = require "sandbox.drivers._sealed"
 local contract = require "sandbox.drivers.contract"
 local core = require "sandbox.core"
 local descriptors = require "sandbox.runtime._descriptors"
@@ -317,7 +317,7 @@ function Runtime:_new_run_dir()
 end
 
 -- 5.3 step 7: the turn of 8.2 and its stdin bytes, built once
--- (runtime/container.lua); the limit applies to those bytes.
+-- (drivers/_sealed.lua); the limit applies to those bytes.
 function Runtime:_turn_input(turn, text)
   local o = self.options
   local turn_obj, input = container.turn {
