@@ -92,7 +92,7 @@ describe("the drivers' Docker renderings", function()
       local logcfg = rich_container.check(case[2], case[3])
       local r = engine.new { socket = "/nonexistent" }:render_lasting(case[2], logcfg)
       assert.are.equal(golden["rich_" .. case[1] .. "_body"], r.rendered)
-      assert.are.equal(golden["rich_" .. case[1] .. "_body"], rich_container.create_body(case[2], logcfg))
+      assert.are.equal(golden["rich_" .. case[1] .. "_body"], require("sandbox.drivers._rich").body(case[2], logcfg))
       assert.are.same({ case[2].name, case[2].image, case[2].profile }, { r.name, r.image, r.profile })
     end)
   end

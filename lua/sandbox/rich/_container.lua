@@ -5,8 +5,6 @@
 -- `docker create` argv) are drivers/_rich.lua's.
 --
 --   container.check(spec, log) -> the checked log config {Type, Config}   (raises 5.2's errors)
---   container.create_body(spec, logcfg) -> JSON text of POST /containers/create
---                                         (drivers/_rich.lua's body)
 --   container.log_tag(channel) -> "sandbox/<channel>" with [^A-Za-z0-9_.:/-] as "_"
 local errors = require "sandbox.errors"
 local render = require "sandbox.drivers._rich"
@@ -82,8 +80,5 @@ function M.check(spec, log_option)
   end
   return M.log_config(spec, log_option)
 end
-
-M.env = render.env
-M.create_body = render.body
 
 return M
